@@ -1,0 +1,1 @@
+"""Drafter checkpoint -> mainline llama.cpp GGUF."""

@@ -1,0 +1,179 @@
+"""A z-lab drafter checkpoint folder: config.json plus safetensors (one file or sharded), read lazily."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointError
+from . import layout
+from .safetensors_file import StoredTensor, read_header
+
+INDEX_NAME = "model.safetensors.index.json"
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path}: not valid JSON ({err})") from None
+
+
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """The reference's default taps when a config gives only `num_target_layers` (dflash/model.py)."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [round(start + (i * (end - start)) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+@dataclass
+class DrafterCheckpoint:
+    folder: Path
+
+    def __post_init__(self) -> None:
+        self.folder = Path(self.folder)
+        if not self.folder.is_dir():
+            raise CheckpointError(f"{self.folder}: not a folder (expected a drafter checkpoint with config.json)")
+        self.config_path = self.folder / "config.json"
+        self.config: dict = _load_json(self.config_path)
+        if not isinstance(self.config, dict):
+            raise CheckpointError(f"{self.config_path}: expected a JSON object")
+        self.dflash_config: dict = self.config.get("dflash_config") or {}
+
+    # -- settings ---------------------------------------------------------------------------------
+    def setting(self, name: str, default: Any = None) -> Any:
+        """A DFlash setting: `dflash_config[name]`, else the top-level field (the reference's rule)."""
+        return self.dflash_config.get(name, self.config.get(name, default))
+
+    def required(self, name: str, kind: type = int) -> Any:
+        value = self.setting(name)
+        if value is None:
+            raise CheckpointError(f"{self.config_path}: field {name!r} is missing; add it to config.json")
+        try:
+            return kind(value)
+        except (TypeError, ValueError):
+            raise CheckpointError(f"{self.config_path}: field {name!r} = {value!r} is not a {kind.__name__}") from None
+
+    @cached_property
+    def architecture(self) -> str:
+        archs = self.config.get("architectures") or []
+        arch = archs[0] if archs else None
+        if arch not in layout.ARCHITECTURES:
+            known = ", ".join(layout.ARCHITECTURES)
+            raise CheckpointError(
+                f"{self.config_path}: architectures = {archs!r} is not a DFlash drafter (expected one of {known})")
+        return arch
+
+    @cached_property
+    def variant(self) -> str:
+        return layout.ARCHITECTURES[self.architecture]
+
+    @cached_property
+    def hidden_size(self) -> int:
+        return self.required("hidden_size")
+
+    @cached_property
+    def n_layers(self) -> int:
+        return self.required("num_hidden_layers")
+
+    @cached_property
+    def vocab_size(self) -> int:
+        return self.required("vocab_size")
+
+    @cached_property
+    def head_dim(self) -> int:
+        return int(self.setting("head_dim") or self.hidden_size // self.required("num_attention_heads"))
+
+    @cached_property
+    def block_size(self) -> int:
+        return int(self.setting("block_size", 16))
+
+    @cached_property
+    def mask_token_id(self) -> int | None:
+        value = self.setting("mask_token_id")
+        return None if value is None else int(value)
+
+    @cached_property
+    def target_layer_ids(self) -> list[int]:
+        ids = self.setting("target_layer_ids")
+        if ids is None:
+            if self.setting("num_target_layers") is None:
+                raise CheckpointError(
+                    f"{self.config_path}: neither 'target_layer_ids' nor 'num_target_layers' is set; "
+                    "add the target layer ids the drafter was trained on")
+            return build_target_layer_ids(self.required("num_target_layers"), self.n_layers)
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+            raise CheckpointError(f"{self.config_path}: 'target_layer_ids' must be a non-empty list of integers")
+        return ids
+
+    def pair(self, first: str, second: str) -> tuple[int, int] | None:
+        """Two settings that go together (DFlash 2's conv and selector): both, or neither."""
+        a, b = self.setting(first), self.setting(second)
+        if (a is None) != (b is None):
+            given, missing = (first, second) if a is not None else (second, first)
+            raise CheckpointError(
+                f"{self.config_path}: {given!r} is set but {missing!r} is not; DFlash 2 needs both (or neither)")
+        return None if a is None else (int(a), int(b))
+
+    @cached_property
+    def conv(self) -> tuple[int, int] | None:
+        return self.pair("conv_kernel_size", "conv_group_size")
+
+    @cached_property
+    def selector(self) -> tuple[int, int] | None:
+        return self.pair("selector_rank", "selector_top_k")
+
+    def geometry(self) -> layout.Geometry:
+        n_head = self.required("num_attention_heads")
+        kernel, group = self.conv or (0, 1)
+        return layout.Geometry(
+            hidden=self.hidden_size, n_head=n_head,
+            n_head_kv=int(self.setting("num_key_value_heads") or n_head), head_dim=self.head_dim,
+            ffn=self.required("intermediate_size"), n_taps=len(self.target_layer_ids), vocab=self.vocab_size,
+            conv_kernel=kernel, conv_groups=self.hidden_size // group if group else 0,
+            selector_rank=(self.selector or (0, 0))[0])
+
+    # -- tensors ----------------------------------------------------------------------------------
+    def _shard_files(self) -> list[Path]:
+        index = self.folder / INDEX_NAME
+        if index.is_file():
+            weight_map = _load_json(index).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise CheckpointError(f"{index}: 'weight_map' is missing or empty")
+            files = []
+            for name in dict.fromkeys(weight_map.values()):
+                path = self.folder / name
+                if not path.is_file():
+                    raise CheckpointError(f"{index}: shard {name!r} listed in weight_map is not in {self.folder}")
+                files.append(path)
+            return files
+        files = sorted(self.folder.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(f"{self.folder}: no .safetensors file (and no {INDEX_NAME})")
+        return files
+
+    @cached_property
+    def tensors(self) -> dict[str, StoredTensor]:
+        """Every stored tensor by its normalized name (no "model." prefix); headers validated."""
+        out: dict[str, StoredTensor] = {}
+        for path in self._shard_files():
+            for raw_name, t in read_header(path).items():
+                name = layout.normalize_hf_name(raw_name)
+                if name in out:
+                    raise CheckpointError(f"{path}: tensor {raw_name!r} also appears in {out[name].file.name}")
+                out[name] = t
+        return out
+
+    @cached_property
+    def first_matrix_dtype(self) -> str | None:
+        """The dtype of the first 2-D tensor stored: what `--outtype auto` follows."""
+        for t in self.tensors.values():
+            if len(t.shape) >= 2:
+                return t.dtype
+        return None

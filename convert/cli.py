@@ -1,0 +1,159 @@
+"""`dflash-gguf convert` and `dflash-gguf inspect`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from ..errors import DflashError
+from .converter import OUTTYPES, convert as convert_checkpoint
+from .gguf_file import GGUFFile
+from .inspect import inspect_gguf
+from .legacy import is_legacy, migrate
+from .target import load_target
+
+
+class _ProgressBar:
+    """A byte progress bar on stderr when it is a terminal; silent otherwise."""
+
+    def __init__(self, label: str):
+        self.label, self.bar, self.seen = label, None, 0
+        self.enabled = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int, name: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr,
+                                         show_pos=False, show_percent=True, show_eta=True)
+            self.bar.__enter__()
+        self.bar.update(done - self.seen)
+        self.seen = done
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+
+
+def _default_out(src: Path, outtype: str) -> Path:
+    stem = src.stem if src.is_file() else src.resolve().name
+    return Path(f"{stem}-{outtype.upper()}.gguf" if outtype != "auto" else f"{stem}.gguf")
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if out.exists() and not force:
+        raise DflashError(f"{out}: already exists; pass --force to replace it")
+    if not out.parent.exists():
+        raise DflashError(f"{out.parent}: output folder does not exist")
+
+
+@click.command()
+@click.argument("src", type=click.Path(exists=True, path_type=Path))
+@click.option("--target", "-t", "target", type=click.Path(exists=True, path_type=Path),
+              help="The target model: its GGUF (tokenizer copied verbatim) or its Hugging Face folder "
+                   "(config.json + tokenizer files; no weights needed). Optional for a legacy GGUF.")
+@click.option("-o", "--out", type=click.Path(path_type=Path), help="Output GGUF (default: <src>[-TYPE].gguf).")
+@click.option("--outtype", type=click.Choice(OUTTYPES), default="auto", show_default=True,
+              help="Tensor type for matrices (norms and conv kernels stay F32). auto: bf16 for a bf16 "
+                   "checkpoint, f16 otherwise, as upstream's converter does.")
+@click.option("--license", "license_id", help="Hub license id written as general.license "
+                                               "(default: the `license:` of the checkpoint's README).")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+def convert(src: Path, target: Path | None, out: Path | None, outtype: str, license_id: str | None,
+            force: bool, as_json: bool) -> None:
+    """Convert a DFlash / DFlash 2 drafter to the GGUF mainline llama.cpp loads.
+
+    SRC is a drafter checkpoint folder (config.json with architectures DFlashDraftModel or
+    DFlash2DraftModel, plus one or more .safetensors files, sharded through
+    model.safetensors.index.json), or a legacy fork GGUF (general.architecture = dflash-draft)
+    to migrate without touching its tensor bytes.
+
+    Before writing, the drafter is checked against the target: hidden size, target layer ids
+    within the target's depth, vocabulary size, mask token, and DFlash 2 shapes llama.cpp would
+    reject. Any problem ends with one line on stderr, exit status 2, and no output file.
+
+    \b
+    Examples:
+      dflash-gguf convert Qwen3-8B-DFlash-b16/ --target Qwen3-8B-Q4_K_M.gguf -o dflash-Qwen3-8B-F16.gguf
+      dflash-gguf convert old-dflash-draft.gguf -o dflash-migrated.gguf
+    """
+    started = time.perf_counter()
+    out = out or _default_out(src, outtype)
+    _check_out(out, force)
+    bar = _ProgressBar(f"writing {out.name}")
+    try:
+        if src.is_file():
+            if outtype not in ("auto",):
+                raise DflashError("--outtype applies to checkpoints; a legacy GGUF is migrated as it is")
+            with GGUFFile(src) as probe:
+                if not is_legacy(probe):
+                    raise DflashError(
+                        f"{src}: general.architecture is {probe.architecture!r}; only legacy 'dflash-draft' files "
+                        "are migrated (a checkpoint is given as its folder)")
+            warnings = migrate(src, out, load_target(target) if target else None, progress=bar)
+            summary = {"source": str(src), "kind": "legacy migration", "output": str(out)}
+        else:
+            if target is None:
+                raise DflashError("--target is required for a checkpoint: give the target's GGUF or its HF folder")
+            planned = convert_checkpoint(src, target, out, outtype, license_id, progress=bar)
+            warnings = planned.warnings
+            summary = {"source": str(src), "kind": "checkpoint", "variant": planned.variant,
+                       "outtype": planned.outtype, "output": str(out)}
+    finally:
+        bar.close()
+    summary.update(bytes=out.stat().st_size, seconds=round(time.perf_counter() - started, 3), warnings=warnings)
+    for message in warnings:
+        click.echo(f"warning: {message}", err=True)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        click.echo(f"wrote {out} ({summary['bytes'] / 2**20:.1f} MiB) in {summary['seconds']:.1f} s")
+
+
+def _print_report(r: dict) -> None:
+    click.echo(f"{r['file']}")
+    click.echo(f"  variant         {r['variant']} (general.architecture = {r['architecture']})")
+    click.echo(f"  block size      {r['block_size']}  (draft length {r['draft_length']})")
+    tl = r["target_layers"]
+    click.echo(f"  target layers   HF {tl['hf']}  ->  llama.cpp {tl['llama_cpp']}")
+    click.echo(f"  mask token      {r['mask_token_id']}   vocabulary {r['vocab_size']}")
+    if r["sliding_window"] is not None or r["sliding_window_pattern"] is not None:
+        click.echo(f"  sliding window  {r['sliding_window']}  pattern {r['sliding_window_pattern']}")
+    if r["causal"] is not None:
+        click.echo(f"  causal          {r['causal']}")
+    if r["license"]:
+        click.echo(f"  license         {r['license']}")
+    sizes = ", ".join(f"{t} {b / 2**20:.2f} MiB" for t, b in sorted(r["bytes_by_type"].items()))
+    click.echo(f"  tensors         {r['tensor_count']}: {sizes}")
+    for t in r["tensors"]:
+        click.echo(f"    {t['name']:<36} {t['type']:<6} {str(t['shape']):<18} {t['bytes']:>12,}")
+    if r["problems"]:
+        click.echo("  problems:")
+        for p in r["problems"]:
+            click.echo(f"    - {p}")
+    else:
+        click.echo("  problems        none found")
+
+
+@click.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def inspect(file: Path, as_json: bool) -> None:
+    """Describe a drafter GGUF: variant (DFlash / DFlash 2 / DSpark / legacy), block size, draft
+    length, target layers in both numberings (HF hidden-state ids and llama.cpp's shifted ids), mask
+    token, tensor types and sizes, and the problems it can see (legacy layout, sliding-window layers
+    without window metadata, missing keys or tensors).
+
+    Exit status 0 when no problem is found, 1 when problems are listed.
+    """
+    report = inspect_gguf(file)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        _print_report(report)
+    sys.exit(1 if report["problems"] else 0)

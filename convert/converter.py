@@ -1,0 +1,294 @@
+"""Drafter checkpoint + target -> the GGUF mainline llama.cpp expects, byte-compatible with upstream.
+
+Everything is checked and planned first (metadata, tensor names, shapes, types); only then is the
+file streamed out, tensor by tensor in row chunks, to a temporary file renamed into place.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from gguf import LlamaFileType as FT
+
+from ..errors import CheckpointError
+from . import layout
+from .checkpoint import DrafterCheckpoint
+from .compat import DrafterFacts, check_dflash2_shapes, check_fits_target
+from .gguf_file import GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
+from .safetensors_file import StoredTensor, iter_row_chunks, to_float32
+from .target import TargetInfo, load_target
+
+log = logging.getLogger(__name__)
+
+OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
+_FILE_TYPES = {"f32": FT.ALL_F32, "f16": FT.MOSTLY_F16, "bf16": FT.MOSTLY_BF16, "q8_0": FT.MOSTLY_Q8_0}
+_TENSOR_TYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0}
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class ConversionPlan:
+    plan: GGUFPlan
+    variant: str
+    outtype: str
+    warnings: list[str] = field(default_factory=list)
+
+
+def resolve_outtype(outtype: str, first_matrix_dtype: str | None) -> str:
+    """`auto` follows the first matrix's dtype like upstream: BF16 -> bf16, anything else -> f16."""
+    if outtype != "auto":
+        return outtype
+    return "bf16" if first_matrix_dtype == "BF16" else "f16"
+
+
+def tensor_type(gguf_name: str, shape: tuple[int, ...], outtype: str) -> QT:
+    """The GGML type upstream's converter gives this tensor under this outtype."""
+    if layout.keeps_f32(gguf_name, len(shape)):
+        return QT.F32
+    qtype = _TENSOR_TYPES[outtype]
+    block, _ = gguf.GGML_QUANT_SIZES[qtype]
+    if shape[-1] % block:
+        return QT.F16  # upstream falls back to F16 when rows do not split into quant blocks
+    return qtype
+
+
+def _encode_rows(raw: np.ndarray, src_dtype: str, qtype: QT) -> np.ndarray:
+    if qtype == QT.BF16 and src_dtype == "BF16":
+        # bf16 -> f32 -> bf16 is exact; upstream only changes signalling NaNs to quiet ones.
+        nan = (raw & 0x7FFF) > 0x7F80
+        return np.where(nan, raw | 0x0040, raw).astype(np.uint16) if nan.any() else raw
+    rows = to_float32(raw, src_dtype)
+    if qtype == QT.F32:
+        return rows
+    if qtype == QT.F16:
+        return rows.astype(np.float16)
+    return gguf.quants.quantize(rows, qtype)
+
+
+def _neox_permutation(head_dim: int, n_rows: int) -> np.ndarray:
+    """Row order turning interleaved-RoPE q/k rows into llama.cpp's NeoX layout, per head."""
+    per_head = np.arange(head_dim).reshape(head_dim // 2, 2).T.reshape(-1)
+    return (np.arange(0, n_rows, head_dim)[:, None] + per_head[None, :]).reshape(-1)
+
+
+def _chunks(stored: StoredTensor, qtype: QT, row_order: np.ndarray | None) -> Callable[[], Iterator[np.ndarray]]:
+    def produce() -> Iterator[np.ndarray]:
+        if row_order is None:
+            for raw in iter_row_chunks(stored):
+                yield _encode_rows(raw, stored.dtype, qtype)
+        else:  # small tensors only (q/k projections and norms): read whole, reorder rows
+            whole = np.concatenate([c.reshape(-1) for c in iter_row_chunks(stored)])
+            yield _encode_rows(whole.reshape(stored.shape[0], -1)[row_order], stored.dtype, qtype)
+    return produce
+
+
+def drafter_facts(ckpt: DrafterCheckpoint) -> DrafterFacts:
+    return DrafterFacts(
+        source=str(ckpt.config_path), hidden=ckpt.hidden_size, vocab=ckpt.vocab_size,
+        target_layer_ids=tuple(ckpt.target_layer_ids), mask_token_id=ckpt.mask_token_id,
+        conv_group_size=ckpt.conv[1] if ckpt.conv else None,
+        selector_top_k=ckpt.selector[1] if ckpt.selector else None)
+
+
+def _check_variant_settings(ckpt: DrafterCheckpoint) -> None:
+    conv, selector = ckpt.conv, ckpt.selector  # each raises when only one of its pair is set
+    if ckpt.variant == layout.DFLASH2 and not (conv and selector):
+        missing = "conv_kernel_size/conv_group_size" if not conv else "selector_rank/selector_top_k"
+        raise CheckpointError(f"{ckpt.config_path}: DFlash2DraftModel needs {missing}; add them to dflash_config")
+    if ckpt.variant == layout.DFLASH and (conv or selector):
+        raise CheckpointError(
+            f"{ckpt.config_path}: DFlashDraftModel config sets DFlash 2 fields (conv/selector); "
+            "set architectures to DFlash2DraftModel or remove them")
+    if (ckpt.folder / "mask_embedding.pt").is_file():
+        raise CheckpointError(
+            f"{ckpt.folder / 'mask_embedding.pt'}: drafters with their own mask embedding are not supported yet")
+
+
+def _match_tensors(ckpt: DrafterCheckpoint) -> list[tuple[str, StoredTensor, tuple[int, ...]]]:
+    """(gguf name, stored tensor, expected shape) for every tensor; refuses missing or unexpected ones."""
+    geometry = ckpt.geometry()
+    stored = {n: t for n, t in ckpt.tensors.items() if not n.endswith(layout.IGNORED_HF_SUFFIXES)}
+    expected = layout.expected_tensors(ckpt.variant, ckpt.n_layers)
+    wanted = {rule.hf_name(bid) for rule, bid in expected}
+    missing = [rule.hf_name(bid) for rule, bid in expected if rule.hf_name(bid) not in stored]
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise CheckpointError(
+            f"{ckpt.folder}: missing tensor(s) {', '.join(missing[:5])}{more} for a "
+            f"{layout.VARIANT_NAMES[ckpt.variant]} drafter with {ckpt.n_layers} layers; the checkpoint is incomplete")
+    unexpected = sorted(set(stored) - wanted)
+    if unexpected:
+        more = f" and {len(unexpected) - 5} more" if len(unexpected) > 5 else ""
+        raise CheckpointError(
+            f"{ckpt.folder}: unexpected tensor(s) {', '.join(unexpected[:5])}{more}: not part of a "
+            f"{layout.VARIANT_NAMES[ckpt.variant]} drafter with {ckpt.n_layers} layers (wrong architecture or num_hidden_layers?)")
+    out = []
+    for rule, bid in expected:
+        t = stored[rule.hf_name(bid)]
+        shape = rule.shape(geometry)
+        if t.shape != shape:
+            raise CheckpointError(
+                f"{t.file}: tensor {t.name!r} has shape {list(t.shape)}, expected {list(shape)} from config.json")
+        out.append((rule.gguf_name(bid), t, shape))
+    return out
+
+
+def _hparams_metadata(ckpt: DrafterCheckpoint, target: TargetInfo, file_type: FT,
+                      license_id: str | None) -> gguf.GGUFWriter:
+    """The dflash.* and general.* keys, written through gguf-py so names and types match upstream."""
+    cfg = ckpt.config
+    w = gguf.GGUFWriter(path=None, arch=layout.ARCH)
+    a = layout.ARCH
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name(ckpt.folder.name)
+    if license_id:
+        w.add_license(license_id)
+    if target.name or target.repo:
+        w.add_uint32("general.base_model.count", 1)
+        w.add_string("general.base_model.0.name", target.repo or target.name)
+        if target.repo:
+            url = target.repo if "://" in target.repo else f"https://huggingface.co/{target.repo}"
+            w.add_string("general.base_model.0.repo_url", url)
+    w.add_block_count(ckpt.n_layers)
+    if (n_ctx := cfg.get("max_position_embeddings")) is not None:
+        w.add_context_length(n_ctx)
+    w.add_embedding_length(ckpt.hidden_size)
+    w.add_feed_forward_length(ckpt.required("intermediate_size"))
+    w.add_head_count(ckpt.required("num_attention_heads"))
+    if (n_kv := cfg.get("num_key_value_heads")) is not None:
+        w.add_head_count_kv(n_kv)
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    rope_type = rope.get("rope_type") or rope.get("type")
+    if rope_type == "linear" and rope.get("factor") is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
+    elif rope_type == "yarn" and rope.get("factor") is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        orig = rope.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+        if orig is None:
+            raise CheckpointError(f"{ckpt.config_path}: yarn rope scaling needs original_max_position_embeddings")
+        w.add_rope_scaling_orig_ctx_len(orig)
+    elif rope_type not in (None, "default"):
+        raise CheckpointError(f"{ckpt.config_path}: rope type {rope_type!r} is not supported for DFlash drafters")
+    if (rope_theta := rope.get("rope_theta", cfg.get("rope_theta"))) is not None:
+        w.add_rope_freq_base(rope_theta)
+    if (eps := cfg.get("rms_norm_eps")) is not None:
+        w.add_layer_norm_rms_eps(eps)
+    if (head_dim := cfg.get("head_dim")) is not None:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    w.add_file_type(file_type)
+
+    # DFlash-specific keys, by name (PyPI gguf has no constants for them), mirroring upstream.
+    partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    if partial is not None:
+        w.add_uint32(f"{a}.rope.dimension_count", int(ckpt.head_dim * partial))
+    if (value_scale := ckpt.dflash_config.get("attention_value_scale")) is not None:
+        w.add_float32(f"{a}.attention.value_scale", float(value_scale))
+    w.add_uint32(f"{a}.block_size", ckpt.block_size)
+    if ckpt.conv and ckpt.selector:
+        w.add_uint32(f"{a}.conv_kernel_size", ckpt.conv[0])
+        w.add_uint32(f"{a}.conv_group_size", ckpt.conv[1])
+        w.add_uint32(f"{a}.selector_rank", ckpt.selector[0])
+        w.add_uint32(f"{a}.selector_top_k", ckpt.selector[1])
+    if (multiplier := ckpt.setting("output_multiplier")) is not None:
+        w.add_float32(f"{a}.logit_scale", float(multiplier))
+    if (softcap := ckpt.setting("final_logit_softcapping")) is not None and float(softcap) > 0:
+        w.add_float32(f"{a}.final_logit_softcapping", float(softcap))
+    if (embedding_scale := ckpt.setting("input_embedding_scale")) is not None:
+        w.add_float32(f"{a}.embedding_scale", float(embedding_scale))
+    w.add_array(f"{a}.target_layers", [i + 1 for i in ckpt.target_layer_ids])
+    _sliding_window_metadata(ckpt, w)
+    causal = cfg.get("is_causal")
+    if causal is None:
+        causal = ckpt.dflash_config.get("causal")
+    if causal is not None:
+        w.add_bool(f"{a}.attention.causal", bool(causal))
+    if target.uses_mrope:
+        w.add_array(f"{a}.rope.dimension_sections", [ckpt.head_dim // 2, 0, 0, 0])
+    return w
+
+
+def _sliding_window_metadata(ckpt: DrafterCheckpoint, w: gguf.GGUFWriter) -> None:
+    cfg, a = ckpt.config, layout.ARCH
+    use_swa_everywhere = bool(ckpt.dflash_config.get("use_swa", False))
+    window = ckpt.dflash_config.get("swa_window_size") or cfg.get("sliding_window")
+    if not ((cfg.get("use_sliding_window", False) or use_swa_everywhere) and window):
+        return
+    layer_types = cfg.get("layer_types") or []
+    if use_swa_everywhere:
+        pattern = [True] * ckpt.n_layers
+    else:
+        if len(layer_types) != ckpt.n_layers:
+            raise CheckpointError(
+                f"{ckpt.config_path}: 'layer_types' has {len(layer_types)} entries for {ckpt.n_layers} layers; "
+                "give one per layer")
+        pattern = [t == "sliding_attention" for t in layer_types]
+    w.add_uint32(f"{a}.attention.sliding_window", int(window))
+    w.add_array(f"{a}.attention.sliding_window_pattern", pattern)
+
+
+def plan_conversion(src: str | Path, target: str | Path | TargetInfo, outtype: str = "auto",
+                    license_id: str | None = None) -> ConversionPlan:
+    """Check everything and decide every byte's source, without writing."""
+    if outtype not in OUTTYPES:
+        raise CheckpointError(f"--outtype {outtype!r}: choose one of {', '.join(OUTTYPES)}")
+    ckpt = DrafterCheckpoint(Path(src))
+    ckpt.architecture  # noqa: B018 - refuse unknown architectures first
+    _check_variant_settings(ckpt)
+    facts = drafter_facts(ckpt)
+    check_dflash2_shapes(facts)
+    tensors = _match_tensors(ckpt)
+    target_info = target if isinstance(target, TargetInfo) else load_target(target, ckpt.vocab_size)
+    warnings = check_fits_target(facts, target_info)
+
+    outtype = resolve_outtype(outtype, ckpt.first_matrix_dtype)
+    writer = _hparams_metadata(ckpt, target_info, _FILE_TYPES[outtype], license_id or ckpt_license(ckpt))
+    plan = GGUFPlan()
+    plan.add_kv(kv_from_writer(writer))
+    plan.add_kv(target_info.tokenizer_kv)
+    if ckpt.mask_token_id is not None:
+        mask = gguf.GGUFWriter(path=None, arch=layout.ARCH)
+        mask.add_mask_token_id(ckpt.mask_token_id)
+        plan.add_kv([kv for kv in kv_from_writer(mask) if kv.key == "tokenizer.ggml.mask_token_id"])
+
+    permute = not ckpt.config.get("rope_is_neox_style", True)
+    for gguf_name, stored, shape in tensors:
+        qtype = tensor_type(gguf_name, shape, outtype)
+        order = None
+        if permute and gguf_name.endswith(("attn_q.weight", "attn_k.weight", "attn_q_norm.weight", "attn_k_norm.weight")):
+            order = _neox_permutation(ckpt.head_dim, shape[0])
+        plan.tensors.append(PlannedTensor(TensorInfo(gguf_name, shape, qtype), _chunks(stored, qtype, order)))
+    return ConversionPlan(plan, ckpt.variant, outtype, warnings)
+
+
+def ckpt_license(ckpt: DrafterCheckpoint) -> str | None:
+    """The `license:` of the checkpoint's model card front matter, when it has one."""
+    readme = ckpt.folder / "README.md"
+    if not readme.is_file():
+        return None
+    lines = readme.read_text(encoding="utf-8", errors="replace").splitlines()
+    if not lines or lines[0].strip() != "---":
+        return None
+    for line in lines[1:]:
+        if line.strip() == "---":
+            break
+        key, _, value = line.partition(":")
+        if key.strip() == "license" and value.strip():
+            return value.strip().strip("'\"")
+    return None
+
+
+def convert(src: str | Path, target: str | Path | TargetInfo, out: str | Path, outtype: str = "auto",
+            license_id: str | None = None, progress: Progress | None = None) -> ConversionPlan:
+    planned = plan_conversion(src, target, outtype, license_id)
+    write_gguf(planned.plan, Path(out), progress)
+    return planned

@@ -1,0 +1,322 @@
+"""A small, defensive GGUF reader and a streaming GGUF writer.
+
+The reader keeps each key/value's raw bytes, so tokenizer metadata can be copied verbatim from a
+target GGUF, and checks every length and offset against the file size before trusting it (a
+truncated or corrupt file raises GGUFFormatError naming what is wrong). The writer follows the
+format's order (header, key/values, tensor infos, aligned tensor data) and streams tensor data in
+chunks, so memory stays bounded by one chunk.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+from enum import Enum, auto
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
+
+from ..errors import GGUFFormatError
+
+MAGIC = b"GGUF"
+VERSION = 3
+DEFAULT_ALIGNMENT = 32
+
+_SCALAR = {
+    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b",
+    GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
+    GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q",
+    GGUFValueType.FLOAT32: "<f", GGUFValueType.FLOAT64: "<d",
+    GGUFValueType.BOOL: "<?",
+}
+
+
+@dataclass
+class KV:
+    """One metadata entry: its decoded value and, when read from a file, its exact bytes."""
+
+    key: str
+    type: GGUFValueType
+    value: Any
+    sub_type: GGUFValueType | None = None
+    raw: bytes | None = None  # the serialized type+value, as read
+
+    def encoded(self) -> bytes:
+        """Type tag and value, as they go after the key."""
+        if self.raw is not None:
+            return self.raw
+        return struct.pack("<I", self.type) + _pack_value(self.value, self.type, self.sub_type)
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # numpy / PyTorch order (outermost first)
+    type: GGMLQuantizationType
+    offset: int = 0  # relative to the start of the data section
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def nbytes(self) -> int:
+        block, type_size = GGML_QUANT_SIZES[self.type]
+        return self.n_elements // block * type_size
+
+
+def _pack_value(value: Any, vtype: GGUFValueType, sub_type: GGUFValueType | None) -> bytes:
+    if vtype in _SCALAR:
+        return struct.pack(_SCALAR[vtype], value)
+    if vtype == GGUFValueType.STRING:
+        data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+        return struct.pack("<Q", len(data)) + data
+    if vtype == GGUFValueType.ARRAY:
+        if sub_type is None:
+            sub_type = GGUFValueType.get_type(value[0])
+        items = b"".join(_pack_value(v, sub_type, None) for v in value)
+        return struct.pack("<IQ", sub_type, len(value)) + items
+    raise ValueError(f"unsupported GGUF value type {vtype!r}")
+
+
+def kv_from_writer(writer: GGUFWriter) -> list[KV]:
+    """The metadata a gguf-py writer collected, as KV entries (types exactly as gguf-py chose them)."""
+    return [KV(key, v.type, v.value, v.sub_type) for key, v in writer.kv_data[0].items()]
+
+
+class GGUFFile:
+    """A GGUF file opened read-only through mmap; every structure is bounds-checked."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            self._fh = open(self.path, "rb")
+        except OSError as err:
+            raise GGUFFormatError(f"{self.path}: cannot open ({err.strerror})") from None
+        size = os.fstat(self._fh.fileno()).st_size
+        if size < 24:
+            self.close()
+            raise GGUFFormatError(f"{self.path}: {size} bytes is too short for a GGUF header (truncated?)")
+        self._map = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ)
+        self.size = size
+        self.kv: dict[str, KV] = {}
+        self.tensors: dict[str, TensorInfo] = {}
+        try:
+            self._parse()
+        except GGUFFormatError:
+            self.close()
+            raise
+        except (struct.error, UnicodeDecodeError, ValueError, OverflowError) as err:
+            self.close()
+            raise GGUFFormatError(f"{self.path}: corrupt GGUF ({err})") from None
+
+    # -- parsing --------------------------------------------------------------------------------
+    def _need(self, pos: int, n: int, what: str) -> None:
+        if n < 0 or pos + n > self.size:
+            raise GGUFFormatError(
+                f"{self.path}: {what} runs past the end of the file at byte {pos} "
+                f"(file is {self.size} bytes: truncated or corrupt)")
+
+    def _unpack(self, fmt: str, pos: int, what: str) -> tuple[Any, int]:
+        n = struct.calcsize(fmt)
+        self._need(pos, n, what)
+        return struct.unpack_from(fmt, self._map, pos)[0], pos + n
+
+    def _string(self, pos: int, what: str) -> tuple[bytes, int]:
+        length, pos = self._unpack("<Q", pos, what)
+        self._need(pos, length, what)
+        return self._map[pos:pos + length], pos + length
+
+    def _value(self, vtype: int, pos: int, what: str) -> tuple[Any, GGUFValueType | None, int]:
+        vtype = GGUFValueType(vtype)
+        if vtype in _SCALAR:
+            value, pos = self._unpack(_SCALAR[vtype], pos, what)
+            return value, None, pos
+        if vtype == GGUFValueType.STRING:
+            raw, pos = self._string(pos, what)
+            return raw.decode("utf-8", errors="surrogateescape"), None, pos
+        if vtype == GGUFValueType.ARRAY:
+            sub, pos = self._unpack("<I", pos, what)
+            count, pos = self._unpack("<Q", pos, what)
+            sub = GGUFValueType(sub)
+            if sub in _SCALAR:
+                width = struct.calcsize(_SCALAR[sub])
+                self._need(pos, count * width, what)
+                dtype = np.dtype(_SCALAR[sub].replace("?", "b1"))
+                arr = np.frombuffer(self._map, dtype=dtype, count=count, offset=pos)
+                return arr.tolist(), sub, pos + count * width
+            items = []
+            for _ in range(count):
+                item, _, pos = self._value(sub, pos, what)
+                items.append(item)
+            return items, sub, pos
+        raise GGUFFormatError(f"{self.path}: {what} has unknown value type {vtype}")
+
+    def _parse(self) -> None:
+        if self._map[:4] != MAGIC:
+            raise GGUFFormatError(f"{self.path}: not a GGUF file (magic {bytes(self._map[:4])!r})")
+        version, pos = self._unpack("<I", 4, "header")
+        if version not in (2, 3):
+            raise GGUFFormatError(f"{self.path}: unsupported GGUF version {version}")
+        n_tensors, pos = self._unpack("<Q", pos, "header")
+        n_kv, pos = self._unpack("<Q", pos, "header")
+        if n_kv > self.size or n_tensors > self.size:
+            raise GGUFFormatError(f"{self.path}: header claims {n_kv} keys / {n_tensors} tensors: corrupt")
+        for i in range(n_kv):
+            key_raw, pos = self._string(pos, f"metadata entry {i}")
+            key = key_raw.decode("utf-8", errors="replace")
+            start = pos
+            vtype, pos = self._unpack("<I", pos, f"metadata {key!r}")
+            value, sub, pos = self._value(vtype, pos, f"metadata {key!r}")
+            self.kv[key] = KV(key, GGUFValueType(vtype), value, sub, bytes(self._map[start:pos]))
+        for i in range(n_tensors):
+            name_raw, pos = self._string(pos, f"tensor info {i}")
+            name = name_raw.decode("utf-8", errors="replace")
+            n_dims, pos = self._unpack("<I", pos, f"tensor {name!r}")
+            if n_dims > 8:
+                raise GGUFFormatError(f"{self.path}: tensor {name!r} claims {n_dims} dimensions: corrupt")
+            dims = []
+            for _ in range(n_dims):
+                d, pos = self._unpack("<Q", pos, f"tensor {name!r}")
+                dims.append(d)
+            ttype, pos = self._unpack("<I", pos, f"tensor {name!r}")
+            offset, pos = self._unpack("<Q", pos, f"tensor {name!r}")
+            try:
+                qtype = GGMLQuantizationType(ttype)
+            except ValueError:
+                raise GGUFFormatError(f"{self.path}: tensor {name!r} has unknown type {ttype}") from None
+            self.tensors[name] = TensorInfo(name, tuple(reversed(dims)), qtype, offset)
+        align = self.alignment
+        self.data_offset = -(-pos // align) * align
+        for t in self.tensors.values():
+            self._need(self.data_offset + t.offset, t.nbytes, f"data of tensor {t.name!r}")
+
+    # -- access -----------------------------------------------------------------------------------
+    @property
+    def alignment(self) -> int:
+        kv = self.kv.get("general.alignment")
+        return int(kv.value) if kv else DEFAULT_ALIGNMENT
+
+    @property
+    def architecture(self) -> str | None:
+        kv = self.kv.get("general.architecture")
+        return kv.value if kv else None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        kv = self.kv.get(key)
+        return kv.value if kv is not None else default
+
+    def tensor_bytes(self, name: str) -> memoryview:
+        t = self.tensors[name]
+        start = self.data_offset + t.offset
+        return memoryview(self._map)[start:start + t.nbytes]
+
+    def close(self) -> None:
+        if getattr(self, "_map", None) is not None:
+            self._map.close()
+            self._map = None
+        self._fh.close()
+
+    def __enter__(self) -> "GGUFFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# -- writing ---------------------------------------------------------------------------------------
+class _State(Enum):
+    COLLECTING = auto()
+    WRITING_DATA = auto()
+    DONE = auto()
+
+
+@dataclass
+class PlannedTensor:
+    info: TensorInfo
+    chunks: Any  # () -> Iterable[bytes-like]: the tensor's data, in order, exactly info.nbytes long
+
+
+@dataclass
+class GGUFPlan:
+    """Everything a GGUF will contain, before a byte is written."""
+
+    kv: list[KV] = field(default_factory=list)
+    tensors: list[PlannedTensor] = field(default_factory=list)
+
+    def add_kv(self, items: list[KV]) -> None:
+        """Add entries; a key already present is replaced where it stands."""
+        index = {kv.key: i for i, kv in enumerate(self.kv)}
+        for kv in items:
+            if kv.key in index:
+                self.kv[index[kv.key]] = kv
+            else:
+                index[kv.key] = len(self.kv)
+                self.kv.append(kv)
+
+
+def write_gguf(plan: GGUFPlan, out: Path, progress=None) -> None:
+    """Write `plan` to `out` through a temporary file renamed into place only when complete.
+
+    `progress(done_bytes, total_bytes, tensor_name)` is called as data is written.
+    """
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    try:
+        with open(tmp, "wb") as fh:
+            _GGUFStreamWriter(fh).write(plan, progress)
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class _GGUFStreamWriter:
+    def __init__(self, fh: BinaryIO, alignment: int = DEFAULT_ALIGNMENT):
+        self.fh = fh
+        self.alignment = alignment
+        self.state = _State.COLLECTING
+
+    def _pad(self, n: int) -> None:
+        pad = -n % self.alignment
+        if pad:
+            self.fh.write(b"\0" * pad)
+
+    def write(self, plan: GGUFPlan, progress=None) -> None:
+        if self.state is not _State.COLLECTING:
+            raise RuntimeError("GGUF writer already used")
+        fh = self.fh
+        fh.write(MAGIC + struct.pack("<IQQ", VERSION, len(plan.tensors), len(plan.kv)))
+        for kv in plan.kv:
+            key = kv.key.encode("utf-8")
+            fh.write(struct.pack("<Q", len(key)) + key + kv.encoded())
+        offset = 0
+        for t in plan.tensors:
+            t.info.offset = offset
+            name = t.info.name.encode("utf-8")
+            dims = tuple(reversed(t.info.shape))
+            fh.write(struct.pack("<Q", len(name)) + name + struct.pack("<I", len(dims))
+                     + struct.pack(f"<{len(dims)}Q", *dims) + struct.pack("<IQ", t.info.type, offset))
+            offset += -(-t.info.nbytes // self.alignment) * self.alignment
+        self._pad(fh.tell())
+        self.state = _State.WRITING_DATA
+        total = sum(t.info.nbytes for t in plan.tensors)
+        done = 0
+        for t in plan.tensors:
+            written = 0
+            for chunk in t.chunks():
+                fh.write(chunk)
+                n = memoryview(chunk).nbytes
+                written += n
+                done += n
+                if progress:
+                    progress(done, total, t.info.name)
+            if written != t.info.nbytes:
+                raise RuntimeError(f"tensor {t.info.name}: wrote {written} bytes, expected {t.info.nbytes}")
+            self._pad(written)
+        self.state = _State.DONE

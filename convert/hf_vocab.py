@@ -1,0 +1,98 @@
+"""Tokenizer metadata from a target's Hugging Face folder, the way llama.cpp's converter writes it.
+
+Reads `tokenizer.json` directly (no transformers needed) for byte-level BPE tokenizers whose
+pre-tokenizer llama.cpp knows; special ids, merges and the chat template come from gguf-py's
+`SpecialVocab`, the same code upstream uses. Anything else: convert against the target's GGUF.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+
+from ..errors import TargetError
+from .gguf_file import KV, kv_from_writer
+
+# Pre-tokenizer split regexes -> llama.cpp's `tokenizer.ggml.pre` name.
+KNOWN_PRE_TOKENIZERS = {
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+":
+        "qwen2",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+":
+        "llama-bpe",
+}
+
+
+def _looks_special(token: str) -> bool:
+    """Upstream's `does_token_look_special`: added tokens that ought to be control tokens."""
+    return (token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+            or (token.startswith("<|") and token.endswith("|>"))
+            or (token.startswith("<｜") and token.endswith("｜>"))
+            or (token.startswith("<unused") and token.endswith(">")))
+
+
+def _pre_tokenizer_name(tokenizer_path: Path, spec: dict | None) -> str:
+    splits = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("type") == "Split":
+                splits.append((node.get("pattern") or {}).get("Regex"))
+            for child in node.get("pretokenizers") or []:
+                walk(child)
+
+    walk(spec)
+    for regex in splits:
+        if regex in KNOWN_PRE_TOKENIZERS:
+            return KNOWN_PRE_TOKENIZERS[regex]
+    raise TargetError(
+        f"{tokenizer_path}: pre-tokenizer is not one this converter recognises from a folder "
+        "(known: " + ", ".join(sorted(set(KNOWN_PRE_TOKENIZERS.values()))) + "); pass the target's GGUF as --target")
+
+
+def tokenizer_metadata(folder: Path, vocab_size: int) -> list[KV]:
+    path = folder / "tokenizer.json"
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TargetError(f"{path}: not found; the target folder needs tokenizer.json (or pass the target GGUF)") from None
+    except json.JSONDecodeError as err:
+        raise TargetError(f"{path}: not valid JSON ({err})") from None
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+        raise TargetError(f"{path}: model.type {model.get('type')!r} is not byte-level BPE; pass the target's GGUF")
+    pre = _pre_tokenizer_name(path, spec.get("pre_tokenizer"))
+
+    by_id: dict[int, str] = {i: tok for tok, i in model["vocab"].items()}
+    added = {t["id"]: t for t in spec.get("added_tokens") or []}
+    for i, t in added.items():
+        by_id[i] = t["content"]
+    if by_id and max(by_id) >= vocab_size:
+        raise TargetError(f"{path}: token id {max(by_id)} is beyond the vocabulary size {vocab_size} in config.json")
+
+    tokens: list[str] = []
+    types: list[int] = []
+    for i in range(vocab_size):
+        token = by_id.get(i)
+        if token is None:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+        elif i in added:
+            if added[i].get("special") or _looks_special(token):
+                types.append(gguf.TokenType.CONTROL)
+            else:
+                token = token.replace("\u2581", " ")
+                types.append(gguf.TokenType.USER_DEFINED)
+            tokens.append(token)
+        else:
+            tokens.append(token)
+            types.append(gguf.TokenType.NORMAL)
+
+    writer = gguf.GGUFWriter(path=None, arch="dflash")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    gguf.SpecialVocab(folder, load_merges=True).add_to_gguf(writer, quiet=True)
+    return [kv for kv in kv_from_writer(writer) if kv.key.startswith("tokenizer.")]

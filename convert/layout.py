@@ -1,0 +1,139 @@
+"""The HF -> GGUF correspondence for DFlash drafters, as data.
+
+One row per tensor: its name in a z-lab checkpoint, its name in the mainline llama.cpp GGUF, the
+shape the checkpoint must have, and the variants that carry it. The converter, the inspector and the
+legacy migration all read this table; adding a drafter variant means adding rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+ARCH = "dflash"
+LEGACY_ARCH = "dflash-draft"
+
+DFLASH = "dflash"
+DFLASH2 = "dflash2"
+DSPARK = "dspark"
+LEGACY = "legacy"
+
+VARIANT_NAMES = {DFLASH: "DFlash", DFLASH2: "DFlash 2", DSPARK: "DSpark", LEGACY: "legacy fork"}
+ARCHITECTURES = {"DFlashDraftModel": DFLASH, "DFlash2DraftModel": DFLASH2}
+
+# Tensors whose presence tells the variants of a mainline GGUF apart (FACTS §2).
+VARIANT_MARKERS = {"selector_hidden.weight": DFLASH2, "markov_w1.weight": DSPARK}
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The sizes a drafter's tensor shapes are made of."""
+
+    hidden: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    ffn: int
+    n_taps: int
+    vocab: int
+    conv_kernel: int = 0
+    conv_groups: int = 0
+    selector_rank: int = 0
+
+
+@dataclass(frozen=True)
+class TensorRule:
+    hf: str  # name in the checkpoint ("{bid}" is the layer index), without any "model." prefix
+    gguf: str  # name in the GGUF
+    shape: Callable[[Geometry], tuple[int, ...]]
+    variants: frozenset[str]
+    per_layer: bool = False
+
+    def hf_name(self, bid: int | None = None) -> str:
+        return self.hf.format(bid=bid)
+
+    def gguf_name(self, bid: int | None = None) -> str:
+        return self.gguf.format(bid=bid)
+
+
+_BOTH = frozenset({DFLASH, DFLASH2})
+_V2 = frozenset({DFLASH2})
+
+
+def _row(hf, gguf, shape, variants=_BOTH):
+    return TensorRule(hf, gguf, shape, variants, per_layer="{bid}" in hf)
+
+
+TENSORS: tuple[TensorRule, ...] = (
+    _row("fc.weight", "fc.weight", lambda g: (g.hidden, g.n_taps * g.hidden)),
+    _row("hidden_norm.weight", "enc.output_norm.weight", lambda g: (g.hidden,)),
+    _row("norm.weight", "output_norm.weight", lambda g: (g.hidden,)),
+    _row("layers.{bid}.input_layernorm.weight", "blk.{bid}.attn_norm.weight", lambda g: (g.hidden,)),
+    _row("layers.{bid}.self_attn.q_proj.weight", "blk.{bid}.attn_q.weight",
+         lambda g: (g.n_head * g.head_dim, g.hidden)),
+    _row("layers.{bid}.self_attn.k_proj.weight", "blk.{bid}.attn_k.weight",
+         lambda g: (g.n_head_kv * g.head_dim, g.hidden)),
+    _row("layers.{bid}.self_attn.v_proj.weight", "blk.{bid}.attn_v.weight",
+         lambda g: (g.n_head_kv * g.head_dim, g.hidden)),
+    _row("layers.{bid}.self_attn.o_proj.weight", "blk.{bid}.attn_output.weight",
+         lambda g: (g.hidden, g.n_head * g.head_dim)),
+    _row("layers.{bid}.self_attn.q_norm.weight", "blk.{bid}.attn_q_norm.weight", lambda g: (g.head_dim,)),
+    _row("layers.{bid}.self_attn.k_norm.weight", "blk.{bid}.attn_k_norm.weight", lambda g: (g.head_dim,)),
+    _row("layers.{bid}.post_attention_layernorm.weight", "blk.{bid}.ffn_norm.weight", lambda g: (g.hidden,)),
+    _row("layers.{bid}.mlp.gate_proj.weight", "blk.{bid}.ffn_gate.weight", lambda g: (g.ffn, g.hidden)),
+    _row("layers.{bid}.mlp.up_proj.weight", "blk.{bid}.ffn_up.weight", lambda g: (g.ffn, g.hidden)),
+    _row("layers.{bid}.mlp.down_proj.weight", "blk.{bid}.ffn_down.weight", lambda g: (g.hidden, g.ffn)),
+    # DFlash 2: grouped dynamic causal convolutions and the candidate selector.
+    _row("layers.{bid}.attention_conv.base_kernel", "blk.{bid}.attn_conv_base",
+         lambda g: (2, g.conv_kernel, g.hidden), _V2),
+    _row("layers.{bid}.attention_conv.kernel_projection.weight", "blk.{bid}.attn_conv_proj.weight",
+         lambda g: (2 * g.conv_kernel * g.conv_groups, g.hidden), _V2),
+    _row("layers.{bid}.mlp_conv.base_kernel", "blk.{bid}.ffn_conv_base",
+         lambda g: (2, g.conv_kernel, g.hidden), _V2),
+    _row("layers.{bid}.mlp_conv.kernel_projection.weight", "blk.{bid}.ffn_conv_proj.weight",
+         lambda g: (2 * g.conv_kernel * g.conv_groups, g.hidden), _V2),
+    _row("candidate_selector.predecessor_codebook", "selector_predecessor.weight",
+         lambda g: (g.vocab, g.selector_rank), _V2),
+    _row("candidate_selector.successor_codebook", "selector_successor.weight",
+         lambda g: (g.vocab, g.selector_rank), _V2),
+    _row("candidate_selector.hidden_projection.weight", "selector_hidden.weight",
+         lambda g: (g.selector_rank, g.hidden), _V2),
+)
+
+# Checkpoint names that carry nothing llama.cpp needs.
+IGNORED_HF_SUFFIXES = (".rotary_emb.inv_freq", ".attention.masked_bias", ".attention.bias")
+
+# Names some exports use for the same tensor (transformers' key_mapping for nn.Embedding codebooks).
+HF_ALIASES = {
+    "candidate_selector.predecessor_codebook.weight": "candidate_selector.predecessor_codebook",
+    "candidate_selector.successor_codebook.weight": "candidate_selector.successor_codebook",
+}
+
+# The legacy fork's tensor names that differ from mainline; everything else is already mainline.
+LEGACY_TENSOR_RENAMES = {
+    "dflash_fc.weight": "fc.weight",
+    "dflash_hidden_norm.weight": "enc.output_norm.weight",
+}
+
+
+def normalize_hf_name(name: str) -> str:
+    name = name.removeprefix("model.")
+    return HF_ALIASES.get(name, name)
+
+
+def expected_tensors(variant: str, n_layers: int) -> list[tuple[TensorRule, int | None]]:
+    """Every (rule, layer) a drafter of this variant must have, in writing order."""
+    out: list[tuple[TensorRule, int | None]] = []
+    for rule in TENSORS:
+        if variant in rule.variants and not rule.per_layer:
+            out.append((rule, None))
+    for bid in range(n_layers):
+        for rule in TENSORS:
+            if variant in rule.variants and rule.per_layer:
+                out.append((rule, bid))
+    return out
+
+
+def keeps_f32(gguf_name: str, n_dims: int) -> bool:
+    """Tensors upstream always writes as F32: 1-D tensors, norms, and names without `.weight`."""
+    return n_dims <= 1 or gguf_name.endswith("_norm.weight") or not gguf_name.endswith(".weight")

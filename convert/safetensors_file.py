@@ -1,0 +1,110 @@
+"""A defensive, streaming safetensors reader: sizes and offsets are checked before they are trusted,
+and tensor data is read in row chunks with `pread`, so memory stays bounded whatever the model size."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from ..errors import CheckpointError
+
+# safetensors dtype -> (numpy dtype used to read it, bytes per element)
+DTYPES = {
+    "F32": (np.dtype("<f4"), 4),
+    "F16": (np.dtype("<f2"), 2),
+    "BF16": (np.dtype("<u2"), 2),  # read as raw bits; see `to_float32`
+    "F64": (np.dtype("<f8"), 8),
+    "I64": (np.dtype("<i8"), 8),
+    "I32": (np.dtype("<i4"), 4),
+}
+
+MAX_HEADER = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    file: Path
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int  # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes per row of the last dimension (the unit chunks are cut in)."""
+        return (self.shape[-1] if self.shape else 1) * DTYPES[self.dtype][1]
+
+
+def read_header(path: Path) -> dict[str, StoredTensor]:
+    """Parse and validate one safetensors file's header. Raises CheckpointError on anything off."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"{path}: {size} bytes is too short for safetensors (truncated?)")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER or 8 + n > size:
+                raise CheckpointError(
+                    f"{path}: header length {n} does not fit in the file ({size} bytes): truncated or corrupt")
+            header = json.loads(fh.read(n))
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot read ({err.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path}: safetensors header is not valid JSON ({err}): corrupt file") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: safetensors header is not a JSON object: corrupt file")
+    data_start = 8 + n
+    tensors: dict[str, StoredTensor] = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = meta["dtype"], tuple(int(d) for d in meta["shape"]), meta["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry: corrupt file") from None
+        if dtype not in DTYPES:
+            raise CheckpointError(f"{path}: tensor {name!r} has dtype {dtype}, which this converter does not read")
+        expected = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][1]
+        if not (0 <= begin <= end) or end - begin != expected:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} offsets {begin}..{end} do not match its shape {list(shape)} "
+                f"and dtype {dtype}: corrupt file")
+        if data_start + end > size:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} ends at byte {data_start + end} but the file has {size} bytes: "
+                "truncated download? fetch the file again")
+        tensors[name] = StoredTensor(path, name, dtype, shape, data_start + begin, expected)
+    return tensors
+
+
+def to_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "BF16":
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+    return raw.astype(np.float32, copy=False)
+
+
+def iter_row_chunks(t: StoredTensor, max_bytes: int = 16 << 20) -> Iterator[np.ndarray]:
+    """Yield the tensor as consecutive blocks of whole rows (raw dtype, shape [rows, last_dim])."""
+    np_dtype, width = DTYPES[t.dtype]
+    row = t.row_bytes
+    n_rows = t.nbytes // row if row else 0
+    rows_per_chunk = max(1, max_bytes // max(row, 1))
+    fd = os.open(t.file, os.O_RDONLY)
+    try:
+        for first in range(0, n_rows, rows_per_chunk):
+            count = min(rows_per_chunk, n_rows - first)
+            want = count * row
+            buf = os.pread(fd, want, t.start + first * row)
+            if len(buf) != want:
+                raise CheckpointError(f"{t.file}: tensor {t.name!r} is cut short: truncated file")
+            yield np.frombuffer(buf, dtype=np_dtype).reshape(count, row // width)
+    finally:
+        os.close(fd)

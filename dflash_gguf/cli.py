@@ -1,0 +1,53 @@
+"""The `dflash-gguf` command line: parse, call the library, print. Errors become one line and exit 2."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from . import __version__
+from .errors import DflashError
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except DflashError as err:
+            click.echo(f"error: {err}", err=True)
+            sys.exit(err.exit_code)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="dflash-gguf")
+@click.option("-v", "--verbose", is_flag=True, help="Log progress details to stderr.")
+def main(verbose: bool) -> None:
+    """DFlash / DFlash 2 drafters: Hugging Face checkpoint to llama.cpp GGUF, run and validated.
+
+    \b
+    Typical flow:
+      dflash-gguf convert DRAFTER_DIR --target TARGET.gguf -o drafter.gguf
+      dflash-gguf inspect drafter.gguf
+      dflash-gguf llama build
+      dflash-gguf serve --target TARGET.gguf --draft drafter.gguf
+    """
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+
+def _register() -> None:
+    # Each package owns its commands; this file only gathers them.
+    from .convert.cli import convert, inspect
+    main.add_command(convert)
+    main.add_command(inspect)
+    try:
+        from .runner.cli import commands as runner_commands
+    except ImportError:  # runner commands not present in this build of the package
+        runner_commands = []
+    for command in runner_commands:
+        main.add_command(command)
+
+
+_register()

@@ -1,0 +1,23 @@
+"""Typed errors. The command line turns each into one line on stderr and exit status 2."""
+
+
+class DflashError(Exception):
+    """Bad input the user can fix: the message names the file, the field and the fix."""
+
+    exit_code = 2
+
+
+class CheckpointError(DflashError):
+    """The drafter checkpoint (config.json, safetensors) is unusable."""
+
+
+class TargetError(DflashError):
+    """The target (GGUF or HF folder) is unusable or does not fit the drafter."""
+
+
+class GGUFFormatError(DflashError):
+    """A GGUF file is truncated, corrupt or not what was expected."""
+
+
+class LlamaBuildError(DflashError):
+    """Fetching, patching or building llama.cpp failed."""

@@ -1,0 +1,1 @@
+"""Quantized variants, license rules, release folders and Hub publishing."""

@@ -1,0 +1,1 @@
+"""The pinned llama.cpp: fetch, patch, build, run llama-server, validate."""
