@@ -23,7 +23,14 @@ test-unit: setup
 	$(PY) -m pytest -q -m "not integration and not upstream"
 
 bench-convert: setup
-	$(PY) benchmarks/bench_convert.py
+	$(PY) -m benchmarks.bench_convert
 
 clean:
 	rm -rf build
+
+# The patched llama.cpp (pinned tree + ggml_patches/series) in the cache; prints its bin folder.
+# LLAMA_BACKEND=cpu|cuda|metal overrides the default (metal on macOS, cuda when nvcc/CUDA_HOME, else cpu).
+LLAMA_BACKEND ?=
+.PHONY: llama
+llama: setup
+	$(PY) -m dflash_gguf.cli llama build $(if $(LLAMA_BACKEND),--backend $(LLAMA_BACKEND))

@@ -2,7 +2,10 @@
 
 Reads `tokenizer.json` directly (no transformers needed) for byte-level BPE tokenizers whose
 pre-tokenizer llama.cpp knows; special ids, merges and the chat template come from gguf-py's
-`SpecialVocab`, the same code upstream uses. Anything else: convert against the target's GGUF.
+`SpecialVocab`. PyPI's gguf 0.19.0 lags the pinned tree's copy in one rule that matters here: with
+a `ByteLevel` post-processor the pinned converter writes add_bos/add_eos = false whatever
+tokenizer_config.json says. That rule is applied below; tokenizers whose post-processor or
+normalizer would need more of the pinned rules are refused (convert against the target's GGUF).
 """
 
 from __future__ import annotations
@@ -51,6 +54,21 @@ def _pre_tokenizer_name(tokenizer_path: Path, spec: dict | None) -> str:
         "(known: " + ", ".join(sorted(set(KNOWN_PRE_TOKENIZERS.values()))) + "); pass the target's GGUF as --target")
 
 
+def _check_post_processing(path: Path, spec: dict) -> bool:
+    """True for a ByteLevel-only post-processor; refuse the ones whose pinned rules differ from PyPI's."""
+    post = spec.get("post_processor") or {}
+    kinds = {p.get("type") for p in post.get("processors", [post])} if post else set()
+    if kinds - {"ByteLevel"}:
+        raise TargetError(
+            f"{path}: post_processor {sorted(k for k in kinds if k)} is not supported from a folder; "
+            "pass the target's GGUF as --target")
+    normalizer = json.dumps(spec.get("normalizer") or {})
+    if any(t in normalizer for t in ('"Lowercase"', '"StripAccents"', '"BertNormalizer"')):
+        raise TargetError(f"{path}: lowercasing/accent-stripping normalizers are not supported from a folder; "
+                          "pass the target's GGUF as --target")
+    return "ByteLevel" in kinds
+
+
 def tokenizer_metadata(folder: Path, vocab_size: int) -> list[KV]:
     path = folder / "tokenizer.json"
     try:
@@ -63,6 +81,7 @@ def tokenizer_metadata(folder: Path, vocab_size: int) -> list[KV]:
     if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
         raise TargetError(f"{path}: model.type {model.get('type')!r} is not byte-level BPE; pass the target's GGUF")
     pre = _pre_tokenizer_name(path, spec.get("pre_tokenizer"))
+    byte_level_post = _check_post_processing(path, spec)
 
     by_id: dict[int, str] = {i: tok for tok, i in model["vocab"].items()}
     added = {t["id"]: t for t in spec.get("added_tokens") or []}
@@ -94,5 +113,8 @@ def tokenizer_metadata(folder: Path, vocab_size: int) -> list[KV]:
     writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    gguf.SpecialVocab(folder, load_merges=True).add_to_gguf(writer, quiet=True)
+    special = gguf.SpecialVocab(folder, load_merges=True)
+    if byte_level_post:
+        special.add_special_token.update(bos=False, eos=False)
+    special.add_to_gguf(writer, quiet=True)
     return [kv for kv in kv_from_writer(writer) if kv.key.startswith("tokenizer.")]

@@ -1,0 +1,76 @@
+"""Shared test fixtures: the tiny models, the target as a GGUF, and the pinned upstream converter."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflash_gguf.runner.sdist import upstream_converter
+from tests.fixtures.tiny_models import cached_fixtures
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_upstream_converter(src: Path, out: Path, outtype: str, target_dir: Path | None = None) -> Path:
+    """Run the pinned llama.cpp `convert_hf_to_gguf.py` (from the llama-cpp-python sdist)."""
+    script, gguf_py = upstream_converter()
+    cmd = [sys.executable, str(script), str(src), "--outfile", str(out), "--outtype", outtype]
+    if target_dir is not None:
+        cmd += ["--target-model-dir", str(target_dir)]
+    proc = subprocess.run(cmd, cwd=script.parent, env={**os.environ, "PYTHONPATH": str(gguf_py)},
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise AssertionError(f"upstream converter failed on {src}:\n{proc.stderr[-3000:]}")
+    return out
+
+
+def dflash_gguf(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the real command line, as a user would."""
+    return subprocess.run([sys.executable, "-m", "dflash_gguf.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture(scope="session")
+def fixtures() -> Path:
+    return cached_fixtures()
+
+
+@pytest.fixture(scope="session")
+def target_gguf(fixtures: Path) -> Path:
+    """The tiny target converted by the pinned upstream converter (cached beside the fixtures)."""
+    out = fixtures.parent / f"{fixtures.name}-target-f16.gguf"
+    if not out.is_file():
+        tmp = out.with_suffix(f".{os.getpid()}.partial")
+        run_upstream_converter(fixtures / "target-hf", tmp, "f16")
+        os.replace(tmp, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def upstream_gguf(fixtures: Path, tmp_path_factory):
+    """upstream_gguf(drafter, outtype): the pinned converter's output for a fixture drafter."""
+    made: dict[tuple[str, str], Path] = {}
+    folder = tmp_path_factory.mktemp("upstream")
+
+    def get(drafter: str, outtype: str) -> Path:
+        if (drafter, outtype) not in made:
+            out = folder / f"{drafter}-{outtype}.gguf"
+            made[drafter, outtype] = run_upstream_converter(fixtures / drafter, out, outtype, fixtures / "target-hf")
+        return made[drafter, outtype]
+
+    return get
+
+
+@pytest.fixture
+def drafter_copy(fixtures: Path, tmp_path: Path):
+    """drafter_copy(name): a private, editable copy of a fixture drafter folder."""
+    def copy(name: str) -> Path:
+        dst = tmp_path / name
+        shutil.copytree(fixtures / name, dst)
+        return dst
+    return copy
