@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-unit demo bench-convert clean
+.PHONY: setup test test-unit demo fixtures bench-convert clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,14 @@ test: setup
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not integration and not upstream"
+
+# The tiny fixture models (cached under ~/.cache/dflash-gguf/fixtures) and the target as a GGUF.
+fixtures: setup
+	$(PY) -m tests.fixtures.tiny_models
+	$(PY) -m tests.upstream
+
+demo: setup
+	$(PY) -m examples.demo
 
 bench-convert: setup
 	$(PY) -m benchmarks.bench_convert

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import struct
 import subprocess
 import sys
@@ -64,7 +63,7 @@ def _write_random_bf16_safetensors(path: Path, shapes: dict[str, tuple[int, ...]
     tmp = path.with_suffix(".partial")
     with open(tmp, "wb") as fh:
         fh.write(struct.pack("<Q", len(blob)) + blob)
-        for name, shape in shapes.items():
+        for shape in shapes.values():
             n = int(np.prod(shape))
             for start in range(0, n, 1 << 24):
                 count = min(1 << 24, n - start)

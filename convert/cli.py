@@ -115,7 +115,7 @@ def convert(src: Path, target: Path | None, out: Path | None, outtype: str, lice
         click.echo(f"wrote {out} ({summary['bytes'] / 2**20:.1f} MiB) in {summary['seconds']:.1f} s")
 
 
-def _print_report(r: dict) -> None:
+def _print_report(r: dict, list_tensors: bool) -> None:
     click.echo(f"{r['file']}")
     click.echo(f"  variant         {r['variant']} (general.architecture = {r['architecture']})")
     click.echo(f"  block size      {r['block_size']}  (draft length {r['draft_length']})")
@@ -130,7 +130,7 @@ def _print_report(r: dict) -> None:
         click.echo(f"  license         {r['license']}")
     sizes = ", ".join(f"{t} {b / 2**20:.2f} MiB" for t, b in sorted(r["bytes_by_type"].items()))
     click.echo(f"  tensors         {r['tensor_count']}: {sizes}")
-    for t in r["tensors"]:
+    for t in r["tensors"] if list_tensors else []:
         click.echo(f"    {t['name']:<36} {t['type']:<6} {str(t['shape']):<18} {t['bytes']:>12,}")
     if r["problems"]:
         click.echo("  problems:")
@@ -142,8 +142,9 @@ def _print_report(r: dict) -> None:
 
 @click.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def inspect(file: Path, as_json: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (always lists every tensor).")
+@click.option("--tensors", "list_tensors", is_flag=True, help="List every tensor with its type, shape and size.")
+def inspect(file: Path, as_json: bool, list_tensors: bool) -> None:
     """Describe a drafter GGUF: variant (DFlash / DFlash 2 / DSpark / legacy), block size, draft
     length, target layers in both numberings (HF hidden-state ids and llama.cpp's shifted ids), mask
     token, tensor types and sizes, and the problems it can see (legacy layout, sliding-window layers
@@ -155,5 +156,5 @@ def inspect(file: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
-        _print_report(report)
+        _print_report(report, list_tensors)
     sys.exit(1 if report["problems"] else 0)

@@ -20,8 +20,8 @@ from ..errors import CheckpointError
 from . import layout
 from .checkpoint import DrafterCheckpoint
 from .compat import DrafterFacts, check_dflash2_shapes, check_fits_target
-from .gguf_file import GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
-from .safetensors_file import StoredTensor, iter_row_chunks, to_float32
+from .gguf_file import FileSpan, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
+from .safetensors_file import StoredTensor, iter_row_chunks, iter_spans, to_float32
 from .target import TargetInfo, load_target
 
 log = logging.getLogger(__name__)
@@ -78,9 +78,26 @@ def _neox_permutation(head_dim: int, n_rows: int) -> np.ndarray:
     return (np.arange(0, n_rows, head_dim)[:, None] + per_head[None, :]).reshape(-1)
 
 
-def _chunks(stored: StoredTensor, qtype: QT, row_order: np.ndarray | None) -> Callable[[], Iterator[np.ndarray]]:
-    def produce() -> Iterator[np.ndarray]:
-        if row_order is None:
+_IDENTITY = {("BF16", QT.BF16), ("F16", QT.F16), ("F32", QT.F32)}
+
+
+def _has_signalling_nan(bf16_bits: np.ndarray) -> bool:
+    return bool(((bf16_bits & 0x7FFF) > 0x7F80).any())
+
+
+def _verbatim(stored: StoredTensor) -> Iterator[FileSpan | np.ndarray]:
+    """The stored bytes are already what upstream writes: let the kernel copy them. Only bf16 needs
+    a look, for the rare signalling NaN that upstream turns quiet."""
+    rewrite = _has_signalling_nan if stored.dtype == "BF16" else None
+    for chunk in iter_spans(stored, rewrite):
+        yield chunk if isinstance(chunk, FileSpan) else _encode_rows(chunk, "BF16", QT.BF16)
+
+
+def _chunks(stored: StoredTensor, qtype: QT, row_order: np.ndarray | None) -> Callable[[], Iterator]:
+    def produce() -> Iterator[FileSpan | np.ndarray]:
+        if row_order is None and (stored.dtype, qtype) in _IDENTITY:
+            yield from _verbatim(stored)
+        elif row_order is None:
             for raw in iter_row_chunks(stored):
                 yield _encode_rows(raw, stored.dtype, qtype)
         else:  # small tensors only (q/k projections and norms): read whole, reorder rows

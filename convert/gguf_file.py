@@ -36,6 +36,15 @@ _SCALAR = {
 }
 
 
+@dataclass(frozen=True)
+class FileSpan:
+    """Bytes to copy verbatim from a file: the writer hands these to the kernel (copy_file_range)."""
+
+    path: Path
+    offset: int
+    nbytes: int
+
+
 @dataclass
 class KV:
     """One metadata entry: its decoded value and, when read from a file, its exact bytes."""
@@ -239,7 +248,7 @@ class _State(Enum):
 @dataclass
 class PlannedTensor:
     info: TensorInfo
-    chunks: Any  # () -> Iterable[bytes-like]: the tensor's data, in order, exactly info.nbytes long
+    chunks: Any  # () -> Iterable[bytes-like | FileSpan]: the tensor's data, in order, info.nbytes long
 
 
 @dataclass
@@ -310,8 +319,11 @@ class _GGUFStreamWriter:
         for t in plan.tensors:
             written = 0
             for chunk in t.chunks():
-                fh.write(chunk)
-                n = memoryview(chunk).nbytes
+                if isinstance(chunk, FileSpan):
+                    n = self._copy_span(chunk)
+                else:
+                    fh.write(chunk)
+                    n = memoryview(chunk).nbytes
                 written += n
                 done += n
                 if progress:
@@ -320,3 +332,21 @@ class _GGUFStreamWriter:
                 raise RuntimeError(f"tensor {t.info.name}: wrote {written} bytes, expected {t.info.nbytes}")
             self._pad(written)
         self.state = _State.DONE
+
+    def _copy_span(self, span: FileSpan) -> int:
+        """Copy file bytes in the kernel where it can (copy_file_range), else through a buffer."""
+        self.fh.flush()
+        out_fd = self.fh.fileno()
+        with open(span.path, "rb") as src:
+            offset, left = span.offset, span.nbytes
+            while left:
+                try:
+                    n = os.copy_file_range(src.fileno(), out_fd, left, offset)
+                except (AttributeError, OSError):
+                    n = os.write(out_fd, os.pread(src.fileno(), min(left, 16 << 20), offset))
+                if n == 0:
+                    raise OSError(f"{span.path}: unexpected end of file at byte {offset}")
+                offset += n
+                left -= n
+        self.fh.seek(0, os.SEEK_END)
+        return span.nbytes

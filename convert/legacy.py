@@ -8,19 +8,16 @@ the *input* of layer L), and `dflash_fc` / `dflash_hidden_norm` get their mainli
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
-
 import gguf
 
 from ..errors import GGUFFormatError
 from . import layout
 from .compat import DrafterFacts, check_fits_target
-from .gguf_file import GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
+from .gguf_file import FileSpan, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
 from .target import TargetInfo
 
 _OLD = layout.LEGACY_ARCH + "."
 _NESTED = _OLD + "dflash."
-_CHUNK = 16 << 20
 
 
 def is_legacy(gguf_file: GGUFFile) -> bool:
@@ -41,11 +38,8 @@ def legacy_facts(src: GGUFFile) -> DrafterFacts:
 
 
 def _copy(src: GGUFFile, name: str):
-    def produce() -> Iterator[memoryview]:
-        data = src.tensor_bytes(name)
-        for start in range(0, len(data), _CHUNK):
-            yield data[start:start + _CHUNK]
-    return produce
+    info = src.tensors[name]
+    return lambda: [FileSpan(src.path, src.data_offset + info.offset, info.nbytes)]
 
 
 def plan_migration(src: GGUFFile, target: TargetInfo | None = None) -> tuple[GGUFPlan, list[str]]:

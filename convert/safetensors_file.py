@@ -4,15 +4,17 @@ and tensor data is read in row chunks with `pread`, so memory stays bounded what
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
 from ..errors import CheckpointError
+from .gguf_file import FileSpan
 
 # safetensors dtype -> (numpy dtype used to read it, bytes per element)
 DTYPES = {
@@ -108,3 +110,31 @@ def iter_row_chunks(t: StoredTensor, max_bytes: int = 16 << 20) -> Iterator[np.n
             yield np.frombuffer(buf, dtype=np_dtype).reshape(count, row // width)
     finally:
         os.close(fd)
+
+
+def iter_spans(t: StoredTensor, rewrite: Callable[[np.ndarray], bool] | None = None,
+               max_bytes: int = 16 << 20) -> Iterator[FileSpan | np.ndarray]:
+    """Walk the tensor in spans of whole rows. Each span is yielded as a FileSpan to copy verbatim,
+    or, when `rewrite(values)` says so, as a copy of its raw values. Values are looked at through a
+    short-lived mapping: no copy, and memory bounded by one span."""
+    np_dtype, width = DTYPES[t.dtype]
+    row = max(t.row_bytes, 1)
+    step = max(1, max_bytes // row) * row
+    page = mmap.ALLOCATIONGRANULARITY
+    with open(t.file, "rb") as fh:
+        for start in range(0, t.nbytes, step):
+            length = min(step, t.nbytes - start)
+            offset = t.start + start
+            if rewrite is None:
+                yield FileSpan(t.file, offset, length)
+                continue
+            base = offset - offset % page
+            try:
+                mapped = mmap.mmap(fh.fileno(), length + offset - base, access=mmap.ACCESS_READ, offset=base)
+            except ValueError:
+                raise CheckpointError(f"{t.file}: tensor {t.name!r} is cut short: truncated file") from None
+            values = np.frombuffer(mapped, dtype=np_dtype, count=length // width, offset=offset - base)
+            chunk = values.copy() if rewrite(values) else FileSpan(t.file, offset, length)
+            del values
+            mapped.close()
+            yield chunk

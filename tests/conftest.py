@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -10,23 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from dflash_gguf.runner.sdist import upstream_converter
 from tests.fixtures.tiny_models import cached_fixtures
+from tests.upstream import cached_target_gguf, run_upstream_converter
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def run_upstream_converter(src: Path, out: Path, outtype: str, target_dir: Path | None = None) -> Path:
-    """Run the pinned llama.cpp `convert_hf_to_gguf.py` (from the llama-cpp-python sdist)."""
-    script, gguf_py = upstream_converter()
-    cmd = [sys.executable, str(script), str(src), "--outfile", str(out), "--outtype", outtype]
-    if target_dir is not None:
-        cmd += ["--target-model-dir", str(target_dir)]
-    proc = subprocess.run(cmd, cwd=script.parent, env={**os.environ, "PYTHONPATH": str(gguf_py)},
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise AssertionError(f"upstream converter failed on {src}:\n{proc.stderr[-3000:]}")
-    return out
 
 
 def dflash_gguf(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -43,12 +29,7 @@ def fixtures() -> Path:
 @pytest.fixture(scope="session")
 def target_gguf(fixtures: Path) -> Path:
     """The tiny target converted by the pinned upstream converter (cached beside the fixtures)."""
-    out = fixtures.parent / f"{fixtures.name}-target-f16.gguf"
-    if not out.is_file():
-        tmp = out.with_suffix(f".{os.getpid()}.partial")
-        run_upstream_converter(fixtures / "target-hf", tmp, "f16")
-        os.replace(tmp, out)
-    return out
+    return cached_target_gguf("f16")
 
 
 @pytest.fixture(scope="session")

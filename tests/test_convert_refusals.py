@@ -1,0 +1,109 @@
+"""Every malformed input: exit status 2, one line on stderr naming the problem, no traceback, and no
+output file (nor a temporary one) left behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import dflash_gguf
+from tests.malformed import copy_file, edit_config, edit_tensors, regenerate_weights, truncate
+
+
+def assert_refused(proc, out: Path, *needles: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert not out.exists()
+    assert not list(out.parent.glob(f".{out.name}*")), "a temporary file was left behind"
+
+
+# (drafter fixture, how to break it, words the one-line message must contain)
+CASES = {
+    "unknown-architecture": ("dflash-b16", lambda d: edit_config(d, architectures=["LlamaForCausalLM"]),
+                             ["architectures", "LlamaForCausalLM"]),
+    "missing-fc": ("dflash-b16", lambda d: edit_tensors(d, drop=("fc.weight",)), ["missing tensor", "fc.weight"]),
+    "unexpected-tensor": ("dflash-b16",
+                          lambda d: edit_tensors(d, add={"lm_head.weight": np.zeros((4, 64), np.float16)}),
+                          ["unexpected tensor", "lm_head.weight"]),
+    "conv-pair-half": ("dflash2-b8", lambda d: edit_config(d, dflash__conv_group_size=None),
+                       ["conv_kernel_size", "conv_group_size"]),
+    "selector-pair-half": ("dflash2-b8", lambda d: edit_config(d, dflash__selector_rank=None),
+                           ["selector_top_k", "selector_rank"]),
+    "mask-outside-vocab": ("dflash-b16", lambda d: edit_config(d, dflash__mask_token_id=151936),
+                           ["mask_token_id 151936", "outside the vocabulary"]),
+    "layer-beyond-target": ("dflash-b16", lambda d: edit_config(d, dflash__target_layer_ids=[0, 2, 6]),
+                            ["target_layer_ids [6]", "6 layers"]),
+    "hidden-size-mismatch": ("dflash-b16", lambda d: regenerate_weights(edit_config(d, hidden_size=128)),
+                             ["hidden size 128", "embedding length 64"]),
+    "vocab-mismatch": ("dflash-b16", lambda d: edit_config(d, vocab_size=152064),
+                       ["vocabulary size 152064", "151936"]),
+    "dflash2-group-not-dividing": ("dflash2-b8", lambda d: regenerate_weights(edit_config(d, dflash__conv_group_size=24)),
+                                   ["conv_group_size 24", "multiple"]),
+    "dflash2-top-k-too-big": ("dflash2-b8", lambda d: regenerate_weights(edit_config(d, dflash__selector_top_k=8)),
+                              ["selector_top_k", "72"]),
+    "truncated-safetensors": ("dflash-b16", lambda d: (truncate(d / "model.safetensors"), d)[1],
+                              ["model.safetensors", "truncated"]),
+    "corrupt-safetensors": ("dflash-b16", lambda d: ((d / "model.safetensors").write_bytes(b"\x10\0\0\0\0\0\0\0{not json!!}...."), d)[1],
+                            ["model.safetensors", "corrupt"]),
+    "missing-shard": ("dflash-sharded", lambda d: ((d / "weights-part-b.safetensors").unlink(), d)[1],
+                      ["weights-part-b.safetensors"]),
+    "wrong-shape": ("dflash-b16", lambda d: edit_tensors(d, add={"norm.weight": np.ones(32, np.float16)}),
+                    ["norm.weight", "[32]", "[64]"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_refuses_broken_drafter(case, drafter_copy, target_gguf, tmp_path):
+    fixture, breaker, needles = CASES[case]
+    drafter = breaker(drafter_copy(fixture))
+    out = tmp_path / "out" / "drafter.gguf"
+    out.parent.mkdir()
+    assert_refused(dflash_gguf("convert", drafter, "--target", target_gguf, "-o", out), out, *needles)
+
+
+@pytest.mark.parametrize("target_kind", ["gguf", "hf"])
+def test_refuses_broken_target(target_kind, fixtures, target_gguf, tmp_path):
+    if target_kind == "gguf":
+        target = truncate(copy_file(target_gguf, tmp_path), 0.3)
+        needles = ["truncated"]
+    else:
+        target = tmp_path / "target-hf"
+        target.mkdir()
+        copy_file(fixtures / "target-hf" / "config.json", target)
+        needles = ["tokenizer.json", "not found"]
+    out = tmp_path / "drafter.gguf"
+    assert_refused(dflash_gguf("convert", fixtures / "dflash-b16", "--target", target, "-o", out), out, *needles)
+
+
+def test_refuses_truncated_legacy_gguf(target_gguf, tmp_path):
+    broken = truncate(copy_file(target_gguf, tmp_path), 0.5)
+    out = tmp_path / "migrated.gguf"
+    assert_refused(dflash_gguf("convert", broken, "-o", out), out, "truncated")
+
+
+def test_refuses_non_legacy_gguf_as_source(target_gguf, tmp_path):
+    out = tmp_path / "migrated.gguf"
+    assert_refused(dflash_gguf("convert", target_gguf, "-o", out), out, "qwen3", "legacy")
+
+
+def test_warns_when_mask_token_is_pad(drafter_copy, target_gguf, tmp_path):
+    drafter = edit_config(drafter_copy("dflash-b16"), dflash__mask_token_id=151643)  # <|endoftext|> = pad
+    out = tmp_path / "drafter.gguf"
+    proc = dflash_gguf("convert", drafter, "--target", target_gguf, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning:" in proc.stderr and "padding token" in proc.stderr
+    assert out.is_file()
+
+
+def test_existing_output_needs_force(fixtures, target_gguf, tmp_path):
+    out = tmp_path / "drafter.gguf"
+    out.write_bytes(b"keep me")
+    assert_refused_keep = dflash_gguf("convert", fixtures / "dflash-b16", "--target", target_gguf, "-o", out)
+    assert assert_refused_keep.returncode == 2 and "--force" in assert_refused_keep.stderr
+    assert out.read_bytes() == b"keep me"
