@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test]'
+	# the z-lab PyTorch reference, without its unpinned dependencies (torch is pinned above)
+	$(PIP) install -q --no-deps dflash==0.1.0
+	# llama-cpp-python's bindings only: they load the patched libllama (runner/engine.py)
+	CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" $(PIP) install -q "$$($(PY) -m dflash_gguf.runner.sdist)"
 	touch $@
 
 test: setup

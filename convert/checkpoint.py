@@ -1,7 +1,9 @@
-"""A z-lab drafter checkpoint folder: config.json plus safetensors (one file or sharded), read lazily."""
+"""Hugging Face checkpoint folders (config.json plus safetensors, one file or sharded), read lazily:
+the generic reader, and the z-lab drafter on top of it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from functools import cached_property
@@ -33,23 +35,20 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
 
 
 @dataclass
-class DrafterCheckpoint:
+class Checkpoint:
     folder: Path
 
     def __post_init__(self) -> None:
         self.folder = Path(self.folder)
         if not self.folder.is_dir():
-            raise CheckpointError(f"{self.folder}: not a folder (expected a drafter checkpoint with config.json)")
+            raise CheckpointError(f"{self.folder}: not a folder (expected a checkpoint with config.json)")
         self.config_path = self.folder / "config.json"
         self.config: dict = _load_json(self.config_path)
         if not isinstance(self.config, dict):
             raise CheckpointError(f"{self.config_path}: expected a JSON object")
-        self.dflash_config: dict = self.config.get("dflash_config") or {}
 
-    # -- settings ---------------------------------------------------------------------------------
     def setting(self, name: str, default: Any = None) -> Any:
-        """A DFlash setting: `dflash_config[name]`, else the top-level field (the reference's rule)."""
-        return self.dflash_config.get(name, self.config.get(name, default))
+        return self.config.get(name, default)
 
     def required(self, name: str, kind: type = int) -> Any:
         value = self.setting(name)
@@ -59,20 +58,6 @@ class DrafterCheckpoint:
             return kind(value)
         except (TypeError, ValueError):
             raise CheckpointError(f"{self.config_path}: field {name!r} = {value!r} is not a {kind.__name__}") from None
-
-    @cached_property
-    def architecture(self) -> str:
-        archs = self.config.get("architectures") or []
-        arch = archs[0] if archs else None
-        if arch not in layout.ARCHITECTURES:
-            known = ", ".join(layout.ARCHITECTURES)
-            raise CheckpointError(
-                f"{self.config_path}: architectures = {archs!r} is not a DFlash drafter (expected one of {known})")
-        return arch
-
-    @cached_property
-    def variant(self) -> str:
-        return layout.ARCHITECTURES[self.architecture]
 
     @cached_property
     def hidden_size(self) -> int:
@@ -89,6 +74,85 @@ class DrafterCheckpoint:
     @cached_property
     def head_dim(self) -> int:
         return int(self.setting("head_dim") or self.hidden_size // self.required("num_attention_heads"))
+
+    def geometry(self) -> layout.Geometry:
+        n_head = self.required("num_attention_heads")
+        return layout.Geometry(
+            hidden=self.hidden_size, n_head=n_head,
+            n_head_kv=int(self.setting("num_key_value_heads") or n_head), head_dim=self.head_dim,
+            ffn=self.required("intermediate_size"), n_taps=0, vocab=self.vocab_size)
+
+    # -- tensors ----------------------------------------------------------------------------------
+    def tensor_name(self, stored_name: str) -> str:
+        """The name the HF->GGUF table uses for a stored tensor."""
+        return stored_name
+
+    def _shard_files(self) -> list[Path]:
+        index = self.folder / INDEX_NAME
+        if index.is_file():
+            weight_map = _load_json(index).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise CheckpointError(f"{index}: 'weight_map' is missing or empty")
+            files = []
+            for name in dict.fromkeys(weight_map.values()):
+                path = self.folder / name
+                if not path.is_file():
+                    raise CheckpointError(f"{index}: shard {name!r} listed in weight_map is not in {self.folder}")
+                files.append(path)
+            return files
+        files = sorted(self.folder.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(f"{self.folder}: no .safetensors file (and no {INDEX_NAME})")
+        return files
+
+    @cached_property
+    def tensors(self) -> dict[str, StoredTensor]:
+        """Every stored tensor by its table name; headers validated."""
+        out: dict[str, StoredTensor] = {}
+        for path in self._shard_files():
+            for raw_name, t in read_header(path).items():
+                name = self.tensor_name(raw_name)
+                if name in out:
+                    raise CheckpointError(f"{path}: tensor {raw_name!r} also appears in {out[name].file.name}")
+                out[name] = t
+        return out
+
+    @cached_property
+    def first_matrix_dtype(self) -> str | None:
+        """The dtype of the first 2-D tensor stored: what `--outtype auto` follows."""
+        for t in self.tensors.values():
+            if len(t.shape) >= 2:
+                return t.dtype
+        return None
+
+
+class DrafterCheckpoint(Checkpoint):
+    """A z-lab DFlash / DFlash 2 drafter: settings in `dflash_config` or at the top level."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.dflash_config: dict = self.config.get("dflash_config") or {}
+
+    def setting(self, name: str, default: Any = None) -> Any:
+        """A DFlash setting: `dflash_config[name]`, else the top-level field (the reference's rule)."""
+        return self.dflash_config.get(name, self.config.get(name, default))
+
+    def tensor_name(self, stored_name: str) -> str:
+        return layout.normalize_hf_name(stored_name)
+
+    @cached_property
+    def architecture(self) -> str:
+        archs = self.config.get("architectures") or []
+        arch = archs[0] if archs else None
+        if arch not in layout.ARCHITECTURES:
+            known = ", ".join(layout.ARCHITECTURES)
+            raise CheckpointError(
+                f"{self.config_path}: architectures = {archs!r} is not a DFlash drafter (expected one of {known})")
+        return arch
+
+    @cached_property
+    def variant(self) -> str:
+        return layout.ARCHITECTURES[self.architecture]
 
     @cached_property
     def block_size(self) -> int:
@@ -130,50 +194,7 @@ class DrafterCheckpoint:
         return self.pair("selector_rank", "selector_top_k")
 
     def geometry(self) -> layout.Geometry:
-        n_head = self.required("num_attention_heads")
         kernel, group = self.conv or (0, 1)
-        return layout.Geometry(
-            hidden=self.hidden_size, n_head=n_head,
-            n_head_kv=int(self.setting("num_key_value_heads") or n_head), head_dim=self.head_dim,
-            ffn=self.required("intermediate_size"), n_taps=len(self.target_layer_ids), vocab=self.vocab_size,
-            conv_kernel=kernel, conv_groups=self.hidden_size // group if group else 0,
-            selector_rank=(self.selector or (0, 0))[0])
-
-    # -- tensors ----------------------------------------------------------------------------------
-    def _shard_files(self) -> list[Path]:
-        index = self.folder / INDEX_NAME
-        if index.is_file():
-            weight_map = _load_json(index).get("weight_map")
-            if not isinstance(weight_map, dict) or not weight_map:
-                raise CheckpointError(f"{index}: 'weight_map' is missing or empty")
-            files = []
-            for name in dict.fromkeys(weight_map.values()):
-                path = self.folder / name
-                if not path.is_file():
-                    raise CheckpointError(f"{index}: shard {name!r} listed in weight_map is not in {self.folder}")
-                files.append(path)
-            return files
-        files = sorted(self.folder.glob("*.safetensors"))
-        if not files:
-            raise CheckpointError(f"{self.folder}: no .safetensors file (and no {INDEX_NAME})")
-        return files
-
-    @cached_property
-    def tensors(self) -> dict[str, StoredTensor]:
-        """Every stored tensor by its normalized name (no "model." prefix); headers validated."""
-        out: dict[str, StoredTensor] = {}
-        for path in self._shard_files():
-            for raw_name, t in read_header(path).items():
-                name = layout.normalize_hf_name(raw_name)
-                if name in out:
-                    raise CheckpointError(f"{path}: tensor {raw_name!r} also appears in {out[name].file.name}")
-                out[name] = t
-        return out
-
-    @cached_property
-    def first_matrix_dtype(self) -> str | None:
-        """The dtype of the first 2-D tensor stored: what `--outtype auto` follows."""
-        for t in self.tensors.values():
-            if len(t.shape) >= 2:
-                return t.dtype
-        return None
+        return dataclasses.replace(
+            super().geometry(), n_taps=len(self.target_layer_ids), conv_kernel=kernel,
+            conv_groups=self.hidden_size // group if group else 0, selector_rank=(self.selector or (0, 0))[0])

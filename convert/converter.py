@@ -18,7 +18,7 @@ from gguf import LlamaFileType as FT
 
 from ..errors import CheckpointError
 from . import layout
-from .checkpoint import DrafterCheckpoint
+from .checkpoint import Checkpoint, DrafterCheckpoint
 from .compat import DrafterFacts, check_dflash2_shapes, check_fits_target
 from .gguf_file import FileSpan, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
 from .safetensors_file import StoredTensor, iter_row_chunks, iter_spans, to_float32
@@ -128,24 +128,26 @@ def _check_variant_settings(ckpt: DrafterCheckpoint) -> None:
             f"{ckpt.folder / 'mask_embedding.pt'}: drafters with their own mask embedding are not supported yet")
 
 
-def _match_tensors(ckpt: DrafterCheckpoint) -> list[tuple[str, StoredTensor, tuple[int, ...]]]:
+def match_tensors(ckpt: Checkpoint, variant: str, table: tuple[layout.TensorRule, ...] = layout.TENSORS,
+                  ) -> list[tuple[str, StoredTensor, tuple[int, ...]]]:
     """(gguf name, stored tensor, expected shape) for every tensor; refuses missing or unexpected ones."""
     geometry = ckpt.geometry()
     stored = {n: t for n, t in ckpt.tensors.items() if not n.endswith(layout.IGNORED_HF_SUFFIXES)}
-    expected = layout.expected_tensors(ckpt.variant, ckpt.n_layers)
+    expected = layout.expected_tensors(variant, ckpt.n_layers, table)
     wanted = {rule.hf_name(bid) for rule, bid in expected}
     missing = [rule.hf_name(bid) for rule, bid in expected if rule.hf_name(bid) not in stored]
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise CheckpointError(
             f"{ckpt.folder}: missing tensor(s) {', '.join(missing[:5])}{more} for a "
-            f"{layout.VARIANT_NAMES[ckpt.variant]} drafter with {ckpt.n_layers} layers; the checkpoint is incomplete")
+            f"{layout.VARIANT_NAMES.get(variant, variant)} model with {ckpt.n_layers} layers; the checkpoint is incomplete")
     unexpected = sorted(set(stored) - wanted)
     if unexpected:
         more = f" and {len(unexpected) - 5} more" if len(unexpected) > 5 else ""
         raise CheckpointError(
             f"{ckpt.folder}: unexpected tensor(s) {', '.join(unexpected[:5])}{more}: not part of a "
-            f"{layout.VARIANT_NAMES[ckpt.variant]} drafter with {ckpt.n_layers} layers (wrong architecture or num_hidden_layers?)")
+            f"{layout.VARIANT_NAMES.get(variant, variant)} model with {ckpt.n_layers} layers "
+            "(wrong architecture or num_hidden_layers?)")
     out = []
     for rule, bid in expected:
         t = stored[rule.hf_name(bid)]
@@ -157,22 +159,13 @@ def _match_tensors(ckpt: DrafterCheckpoint) -> list[tuple[str, StoredTensor, tup
     return out
 
 
-def _hparams_metadata(ckpt: DrafterCheckpoint, target: TargetInfo, file_type: FT,
-                      license_id: str | None) -> gguf.GGUFWriter:
-    """The dflash.* and general.* keys, written through gguf-py so names and types match upstream."""
+def qwen3_hparams(ckpt: Checkpoint, arch: str, file_type: FT) -> tuple[gguf.GGUFWriter, dict]:
+    """general.* and the Qwen3 hyperparameters, written through gguf-py as upstream's TextModel does;
+    returns the writer and the rope parameters."""
     cfg = ckpt.config
-    w = gguf.GGUFWriter(path=None, arch=layout.ARCH)
-    a = layout.ARCH
+    w = gguf.GGUFWriter(path=None, arch=arch)
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(ckpt.folder.name)
-    if license_id:
-        w.add_license(license_id)
-    if target.name or target.repo:
-        w.add_uint32("general.base_model.count", 1)
-        w.add_string("general.base_model.0.name", target.repo or target.name)
-        if target.repo:
-            url = target.repo if "://" in target.repo else f"https://huggingface.co/{target.repo}"
-            w.add_string("general.base_model.0.repo_url", url)
     w.add_block_count(ckpt.n_layers)
     if (n_ctx := cfg.get("max_position_embeddings")) is not None:
         w.add_context_length(n_ctx)
@@ -203,6 +196,22 @@ def _hparams_metadata(ckpt: DrafterCheckpoint, target: TargetInfo, file_type: FT
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_file_type(file_type)
+    return w, rope
+
+
+def _dflash_metadata(ckpt: DrafterCheckpoint, target: TargetInfo, file_type: FT,
+                     license_id: str | None) -> gguf.GGUFWriter:
+    """The general.* and dflash.* keys, with names and types as upstream writes them."""
+    cfg, a = ckpt.config, layout.ARCH
+    w, rope = qwen3_hparams(ckpt, a, file_type)
+    if license_id:
+        w.add_license(license_id)
+    if target.name or target.repo:
+        w.add_uint32("general.base_model.count", 1)
+        w.add_string("general.base_model.0.name", target.repo or target.name)
+        if target.repo:
+            url = target.repo if "://" in target.repo else f"https://huggingface.co/{target.repo}"
+            w.add_string("general.base_model.0.repo_url", url)
 
     # DFlash-specific keys, by name (PyPI gguf has no constants for them), mirroring upstream.
     partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
@@ -263,12 +272,12 @@ def plan_conversion(src: str | Path, target: str | Path | TargetInfo, outtype: s
     _check_variant_settings(ckpt)
     facts = drafter_facts(ckpt)
     check_dflash2_shapes(facts)
-    tensors = _match_tensors(ckpt)
+    tensors = match_tensors(ckpt, ckpt.variant)
     target_info = target if isinstance(target, TargetInfo) else load_target(target, ckpt.vocab_size)
     warnings = check_fits_target(facts, target_info)
 
     outtype = resolve_outtype(outtype, ckpt.first_matrix_dtype)
-    writer = _hparams_metadata(ckpt, target_info, _FILE_TYPES[outtype], license_id or ckpt_license(ckpt))
+    writer = _dflash_metadata(ckpt, target_info, _FILE_TYPES[outtype], license_id or ckpt_license(ckpt))
     plan = GGUFPlan()
     plan.add_kv(kv_from_writer(writer))
     plan.add_kv(target_info.tokenizer_kv)
@@ -277,14 +286,19 @@ def plan_conversion(src: str | Path, target: str | Path | TargetInfo, outtype: s
         mask.add_mask_token_id(ckpt.mask_token_id)
         plan.add_kv([kv for kv in kv_from_writer(mask) if kv.key == "tokenizer.ggml.mask_token_id"])
 
+    add_tensors(plan, tensors, outtype, ckpt)
+    return ConversionPlan(plan, ckpt.variant, outtype, warnings)
+
+
+def add_tensors(plan: GGUFPlan, tensors: list[tuple[str, StoredTensor, tuple[int, ...]]], outtype: str,
+                ckpt: Checkpoint) -> None:
+    """Plan each matched tensor with the type upstream gives it and a producer of its bytes."""
     permute = not ckpt.config.get("rope_is_neox_style", True)
+    rope_rows = ("attn_q.weight", "attn_k.weight", "attn_q_norm.weight", "attn_k_norm.weight")
     for gguf_name, stored, shape in tensors:
         qtype = tensor_type(gguf_name, shape, outtype)
-        order = None
-        if permute and gguf_name.endswith(("attn_q.weight", "attn_k.weight", "attn_q_norm.weight", "attn_k_norm.weight")):
-            order = _neox_permutation(ckpt.head_dim, shape[0])
+        order = _neox_permutation(ckpt.head_dim, shape[0]) if permute and gguf_name.endswith(rope_rows) else None
         plan.tensors.append(PlannedTensor(TensorInfo(gguf_name, shape, qtype), _chunks(stored, qtype, order)))
-    return ConversionPlan(plan, ckpt.variant, outtype, warnings)
 
 
 def ckpt_license(ckpt: DrafterCheckpoint) -> str | None:

@@ -64,25 +64,32 @@ def _row(hf, gguf, shape, variants=_BOTH):
     return TensorRule(hf, gguf, shape, variants, per_layer="{bid}" in hf)
 
 
+# A Qwen3 decoder layer: the drafter's layers and the target's have the same rows.
+_DECODER_LAYER = (
+    ("input_layernorm.weight", "attn_norm.weight", lambda g: (g.hidden,)),
+    ("self_attn.q_proj.weight", "attn_q.weight", lambda g: (g.n_head * g.head_dim, g.hidden)),
+    ("self_attn.k_proj.weight", "attn_k.weight", lambda g: (g.n_head_kv * g.head_dim, g.hidden)),
+    ("self_attn.v_proj.weight", "attn_v.weight", lambda g: (g.n_head_kv * g.head_dim, g.hidden)),
+    ("self_attn.o_proj.weight", "attn_output.weight", lambda g: (g.hidden, g.n_head * g.head_dim)),
+    ("self_attn.q_norm.weight", "attn_q_norm.weight", lambda g: (g.head_dim,)),
+    ("self_attn.k_norm.weight", "attn_k_norm.weight", lambda g: (g.head_dim,)),
+    ("post_attention_layernorm.weight", "ffn_norm.weight", lambda g: (g.hidden,)),
+    ("mlp.gate_proj.weight", "ffn_gate.weight", lambda g: (g.ffn, g.hidden)),
+    ("mlp.up_proj.weight", "ffn_up.weight", lambda g: (g.ffn, g.hidden)),
+    ("mlp.down_proj.weight", "ffn_down.weight", lambda g: (g.hidden, g.ffn)),
+)
+
+
+def _layer_rows(hf_prefix: str, variants=_BOTH) -> tuple[TensorRule, ...]:
+    return tuple(_row(f"{hf_prefix}layers.{{bid}}.{hf}", f"blk.{{bid}}.{gguf}", shape, variants)
+                 for hf, gguf, shape in _DECODER_LAYER)
+
+
 TENSORS: tuple[TensorRule, ...] = (
     _row("fc.weight", "fc.weight", lambda g: (g.hidden, g.n_taps * g.hidden)),
     _row("hidden_norm.weight", "enc.output_norm.weight", lambda g: (g.hidden,)),
     _row("norm.weight", "output_norm.weight", lambda g: (g.hidden,)),
-    _row("layers.{bid}.input_layernorm.weight", "blk.{bid}.attn_norm.weight", lambda g: (g.hidden,)),
-    _row("layers.{bid}.self_attn.q_proj.weight", "blk.{bid}.attn_q.weight",
-         lambda g: (g.n_head * g.head_dim, g.hidden)),
-    _row("layers.{bid}.self_attn.k_proj.weight", "blk.{bid}.attn_k.weight",
-         lambda g: (g.n_head_kv * g.head_dim, g.hidden)),
-    _row("layers.{bid}.self_attn.v_proj.weight", "blk.{bid}.attn_v.weight",
-         lambda g: (g.n_head_kv * g.head_dim, g.hidden)),
-    _row("layers.{bid}.self_attn.o_proj.weight", "blk.{bid}.attn_output.weight",
-         lambda g: (g.hidden, g.n_head * g.head_dim)),
-    _row("layers.{bid}.self_attn.q_norm.weight", "blk.{bid}.attn_q_norm.weight", lambda g: (g.head_dim,)),
-    _row("layers.{bid}.self_attn.k_norm.weight", "blk.{bid}.attn_k_norm.weight", lambda g: (g.head_dim,)),
-    _row("layers.{bid}.post_attention_layernorm.weight", "blk.{bid}.ffn_norm.weight", lambda g: (g.hidden,)),
-    _row("layers.{bid}.mlp.gate_proj.weight", "blk.{bid}.ffn_gate.weight", lambda g: (g.ffn, g.hidden)),
-    _row("layers.{bid}.mlp.up_proj.weight", "blk.{bid}.ffn_up.weight", lambda g: (g.ffn, g.hidden)),
-    _row("layers.{bid}.mlp.down_proj.weight", "blk.{bid}.ffn_down.weight", lambda g: (g.hidden, g.ffn)),
+    *_layer_rows(""),
     # DFlash 2: grouped dynamic causal convolutions and the candidate selector.
     _row("layers.{bid}.attention_conv.base_kernel", "blk.{bid}.attn_conv_base",
          lambda g: (2, g.conv_kernel, g.hidden), _V2),
@@ -98,6 +105,17 @@ TENSORS: tuple[TensorRule, ...] = (
          lambda g: (g.vocab, g.selector_rank), _V2),
     _row("candidate_selector.hidden_projection.weight", "selector_hidden.weight",
          lambda g: (g.selector_rank, g.hidden), _V2),
+)
+
+# The target side: a Qwen3ForCausalLM (what `make fixtures` converts for the trained pair).
+QWEN3 = "qwen3"
+QWEN3_TIED = "qwen3-tied"
+_Q3 = frozenset({QWEN3, QWEN3_TIED})
+TARGET_TENSORS: tuple[TensorRule, ...] = (
+    _row("model.embed_tokens.weight", "token_embd.weight", lambda g: (g.vocab, g.hidden), _Q3),
+    _row("model.norm.weight", "output_norm.weight", lambda g: (g.hidden,), _Q3),
+    _row("lm_head.weight", "output.weight", lambda g: (g.vocab, g.hidden), frozenset({QWEN3})),
+    *_layer_rows("model.", _Q3),
 )
 
 # Checkpoint names that carry nothing llama.cpp needs.
@@ -117,18 +135,20 @@ LEGACY_TENSOR_RENAMES = {
 
 
 def normalize_hf_name(name: str) -> str:
+    """A drafter tensor's name as the table spells it (exports differ in prefix and suffix)."""
     name = name.removeprefix("model.")
     return HF_ALIASES.get(name, name)
 
 
-def expected_tensors(variant: str, n_layers: int) -> list[tuple[TensorRule, int | None]]:
-    """Every (rule, layer) a drafter of this variant must have, in writing order."""
+def expected_tensors(variant: str, n_layers: int,
+                     table: tuple[TensorRule, ...] = TENSORS) -> list[tuple[TensorRule, int | None]]:
+    """Every (rule, layer) a model of this variant must have, in writing order."""
     out: list[tuple[TensorRule, int | None]] = []
-    for rule in TENSORS:
+    for rule in table:
         if variant in rule.variants and not rule.per_layer:
             out.append((rule, None))
     for bid in range(n_layers):
-        for rule in TENSORS:
+        for rule in table:
             if variant in rule.variants and rule.per_layer:
                 out.append((rule, bid))
     return out

@@ -83,3 +83,7 @@ def upstream_converter() -> tuple[Path, Path]:
     """(convert_hf_to_gguf.py, its gguf-py folder) of the pinned tree."""
     tree = pinned_tree()
     return tree / "convert_hf_to_gguf.py", tree / "gguf-py"
+
+
+if __name__ == "__main__":
+    print(sdist_path())

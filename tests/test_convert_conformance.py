@@ -55,3 +55,13 @@ def test_migrated_legacy_matches_upstream(drafter, fixtures, upstream_gguf, tmp_
     proc = dflash_gguf("convert", legacy, "-o", out)
     assert proc.returncode == 0, proc.stderr
     assert differences(out, upstream_gguf(drafter, "f16")) == []
+
+
+@pytest.mark.parametrize("outtype", ["f16", "q8_0"])
+def test_target_converter_matches_upstream(outtype, fixtures, tmp_path):
+    from dflash_gguf.convert.target_model import convert_target
+    from tests.upstream import run_upstream_converter
+
+    ours = convert_target(fixtures / "target-hf", tmp_path / "ours.gguf", outtype)
+    theirs = run_upstream_converter(fixtures / "target-hf", tmp_path / "theirs.gguf", outtype)
+    assert differences(ours, theirs) == []

@@ -1,0 +1,57 @@
+"""The z-lab PyTorch reference (PyPI `dflash==0.1.0`, extra `dflash-gguf[reference]`) run greedily
+on given token ids: what acceptance a checkpoint has before any conversion.
+
+A conversion bug can keep llama.cpp's output exact while losing acceptance; comparing tau from
+both sides on the same prompts shows it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import DflashError
+
+
+@dataclass
+class ReferenceRun:
+    tokens: list[int]  # new tokens, prompt excluded
+    acceptance_lengths: list[int]  # tokens produced per target verification step, bonus included
+
+    @property
+    def tau(self) -> float:
+        return sum(self.acceptance_lengths) / len(self.acceptance_lengths) if self.acceptance_lengths else 0.0
+
+
+def _load(draft_dir: Path, target_dir: Path):
+    try:
+        import torch
+        from dflash import model as dflash_model
+        from transformers import AutoModelForCausalLM
+    except ImportError as err:
+        raise DflashError(f"the PyTorch reference needs `pip install 'dflash-gguf[reference]'` ({err.name} missing)") from None
+    if not torch.cuda.is_available():
+        # return_stats times with torch.cuda.synchronize(); on a CPU-only machine use the wall clock.
+        dflash_model._cuda_time = time.perf_counter
+    import json
+    arch = (json.loads((Path(draft_dir) / "config.json").read_text()).get("architectures") or [""])[0]
+    cls = dflash_model.DFlash2DraftModel if arch == "DFlash2DraftModel" else dflash_model.DFlashDraftModel
+    target = AutoModelForCausalLM.from_pretrained(str(target_dir), torch_dtype=torch.float32).eval()
+    draft = cls.from_pretrained(str(draft_dir), torch_dtype=torch.float32).eval()
+    return torch, dflash_model, target, draft
+
+
+def run_reference(draft_dir: str | Path, target_dir: str | Path, prompts: list[list[int]], n_new: int,
+                  stop_token_ids: list[int] | None = None) -> list[ReferenceRun]:
+    """Greedy speculative generation with the reference drafter, one run per prompt (token ids)."""
+    torch, dflash_model, target, draft = _load(Path(draft_dir), Path(target_dir))
+    runs = []
+    with torch.inference_mode():
+        for ids in prompts:
+            out = dflash_model.dflash_generate(
+                draft, target=target, input_ids=torch.tensor([ids], dtype=torch.long), max_new_tokens=n_new,
+                stop_token_ids=stop_token_ids, temperature=0.0, return_stats=True)
+            new = out.output_ids[0, out.num_input_tokens:].tolist()
+            runs.append(ReferenceRun(tokens=new, acceptance_lengths=list(out.acceptance_lengths)))
+    return runs
