@@ -42,10 +42,7 @@ def _register() -> None:
     from .convert.cli import convert, inspect
     main.add_command(convert)
     main.add_command(inspect)
-    try:
-        from .runner.cli import commands as runner_commands
-    except ImportError:  # runner commands not present in this build of the package
-        runner_commands = []
+    from .runner.cli import commands as runner_commands
     for command in runner_commands:
         main.add_command(command)
 

@@ -1,0 +1,552 @@
+"""Build the patched llama.cpp: pinned tree (or a checkout) + `ggml_patches/series` -> CMake -> cache.
+
+Layout under `cache_dir()/llama/`:
+
+    <key>/bin/            llama-server, llama-cli, llama-quantize, llama-speculative-simple,
+                          llama-bench and every shared library they load (rpath $ORIGIN, so the
+                          folder is self-contained; `runtime_env()` adds the library path anyway)
+    <key>/build.json      the manifest: key, backend, source, patches, cmake flags, date
+    work/<source>-<backend>/src/     the patched sources, rewritten file by file only where the
+                                     content changed, so make recompiles only what a patch touched
+    work/<source>-<backend>/build/   the persistent CMake build folder
+    work/<source>-<backend>/build.log
+
+`<key>` is the first 16 hex digits of sha256 over (source tree hash, patch series hash, backend).
+The source tree hash is cheap for the pinned tree (the sdist's pinned sha256). For `--source DIR`
+it is, in a git checkout, `git rev-parse HEAD` plus the bytes of `git diff HEAD` plus the path and
+content hash of every untracked, not ignored file; outside git it is the (path, size, mtime) list of
+every file (no content read), so touching a file changes the key.
+
+A finished build is published by renaming a complete temporary folder onto `<key>`; a key folder
+that exists is always whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from ..errors import LlamaBuildError
+from ..paths import cache_dir
+from . import sdist
+
+BACKENDS = ("cpu", "cuda", "metal")
+TARGETS = ("llama-server", "llama-cli", "llama-quantize", "llama-speculative-simple", "llama-bench")
+LIBRARY_TARGETS = ("llama", "ggml")  # built anyway as dependencies; named so a lib-only change relinks
+KEY_LENGTH = 16
+
+# folders of a user checkout that are never part of the source (build outputs, VCS data)
+_SKIP_DIRS = {".git", ".github", "__pycache__", ".venv", "node_modules"}
+_SKIP_DIR_PREFIXES = ("build",)
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Backend selection and CMake flags: pure functions of (backend, platform), unit tested.
+# ---------------------------------------------------------------------------------------------
+
+def nvidia_gpu_present(driver_file: Path = Path("/proc/driver/nvidia/version")) -> bool:
+    """An NVIDIA driver is loaded (a toolkit alone, as on CI machines, is not a GPU)."""
+    return driver_file.exists()
+
+
+def cuda_available(env: dict[str, str] | None = None, *, gpu: bool | None = None) -> bool:
+    """A CUDA toolkit (`nvcc` on PATH or CUDA_HOME set) and an NVIDIA GPU to run what it builds."""
+    env = os.environ if env is None else env
+    if not (gpu if gpu is not None else nvidia_gpu_present()):
+        return False
+    if env.get("CUDA_HOME"):
+        return True
+    return shutil.which("nvcc", path=env.get("PATH", "")) is not None
+
+
+def default_backend(platform: str = sys.platform, *, cuda: bool | None = None) -> str:
+    """metal on macOS, cuda where a CUDA toolkit and an NVIDIA GPU are found, else cpu."""
+    if platform == "darwin":
+        return "metal"
+    if cuda is None:
+        cuda = cuda_available()
+    return "cuda" if cuda else "cpu"
+
+
+def rpath_origin(platform: str = sys.platform) -> str:
+    return "@loader_path" if platform == "darwin" else "$ORIGIN"
+
+
+def cmake_flags(backend: str, platform: str = sys.platform, *, curl_option: bool = False) -> list[str]:
+    """The CMake `-D` flags for a backend on a platform (`sys.platform` spelling).
+
+    `curl_option`: the tree still has a live `LLAMA_CURL` option (newer trees only carry a
+    deprecation stub for it, which warns when set).
+    """
+    if backend not in BACKENDS:
+        raise LlamaBuildError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if backend == "metal" and platform != "darwin":
+        raise LlamaBuildError(f"the metal backend needs macOS; this platform is {platform}")
+    flags = [
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DLLAMA_OPENSSL=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DBUILD_SHARED_LIBS=ON",
+    ]
+    if curl_option:
+        flags.append("-DLLAMA_CURL=OFF")
+    # binaries and libraries share one folder, in the build tree and once installed
+    flags += ["-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", f"-DCMAKE_INSTALL_RPATH={rpath_origin(platform)}"]
+    if backend == "cuda":
+        flags.append("-DGGML_CUDA=ON")
+    elif backend == "metal":
+        flags.append("-DGGML_METAL=ON")
+    elif platform == "darwin":  # cpu on macOS: Metal is on by default there
+        flags.append("-DGGML_METAL=OFF")
+    return flags
+
+
+def tree_has_curl_option(tree: Path) -> bool:
+    """Whether the tree's top CMakeLists declares a real `option(LLAMA_CURL ...)`."""
+    try:
+        text = (tree / "CMakeLists.txt").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return re.search(r"^\s*option\s*\(\s*LLAMA_CURL\b", text, re.MULTILINE) is not None
+
+
+def runtime_env(bin_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """An environment in which the binaries of `bin_dir` find its shared libraries."""
+    env = dict(os.environ if base is None else base)
+    var = "DYLD_LIBRARY_PATH" if sys.platform == "darwin" else "LD_LIBRARY_PATH"
+    if sys.platform == "win32":
+        var = "PATH"
+    parts = [str(bin_dir)] + [p for p in env.get(var, "").split(os.pathsep) if p]
+    env[var] = os.pathsep.join(parts)
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# Patches
+# ---------------------------------------------------------------------------------------------
+
+def patches_dir() -> Path:
+    """`ggml_patches/` of this checkout (the folder sits beside `runner/`)."""
+    return Path(__file__).resolve().parent.parent / "ggml_patches"
+
+
+def read_series(folder: Path | None = None) -> list[Path]:
+    """The patch files named in `series`, in order (blank lines and `#` comments skipped)."""
+    folder = patches_dir() if folder is None else folder
+    series = folder / "series"
+    if not series.is_file():
+        raise LlamaBuildError(f"{series}: missing; it lists the patches to apply, one per line")
+    patches = []
+    for lineno, line in enumerate(series.read_text(encoding="utf-8").splitlines(), 1):
+        name = line.split("#", 1)[0].strip()
+        if not name:
+            continue
+        path = folder / name
+        if not path.is_file():
+            raise LlamaBuildError(f"{series}:{lineno}: patch {name} does not exist in {folder}")
+        patches.append(path)
+    return patches
+
+
+def patches_hash(patches: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in patches:
+        digest.update(path.name.encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def patched_paths(patch: Path) -> list[str]:
+    """Paths (relative to the tree root, -p1) that a unified diff writes."""
+    paths = []
+    for line in patch.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith("+++ "):
+            name = line[4:].split("\t", 1)[0].strip()
+            if name == "/dev/null":
+                continue
+            parts = name.split("/", 1)
+            if len(parts) == 2:
+                paths.append(parts[1])
+    return paths
+
+
+def _apply_patch(patch: Path, root: Path) -> None:
+    """Apply one -p1 patch inside `root`; LlamaBuildError names the patch when it does not apply."""
+    if shutil.which("patch"):
+        cmd = ["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-s", "-i", str(patch)]
+    elif shutil.which("git"):
+        cmd = ["git", "apply", "-p1", "--whitespace=nowarn", str(patch)]
+    else:
+        raise LlamaBuildError("neither `patch` nor `git` is installed; one of them applies ggml_patches/")
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    if proc.returncode != 0:
+        detail = (proc.stdout + proc.stderr).strip().splitlines()
+        failed = [line for line in detail if "FAILED" in line or "error" in line.lower()
+                  or "Reversed" in line or "can't find" in line.lower()]
+        first = (failed or detail or ["no output"])[0].strip()
+        raise LlamaBuildError(
+            f"patch {patch.name} no longer applies to this llama.cpp tree ({first}); "
+            f"refresh it against the tree or drop it from {patch.parent / 'series'}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Source trees
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Source:
+    """A llama.cpp tree to build: the pinned sdist tree or a user checkout."""
+
+    tree: Path
+    ident: str          # what build.json records: "llama-cpp-python==0.3.36 sdist" or the path
+    work_name: str      # names the persistent work folder (stable per location, not per content)
+    tree_hash: str      # changes whenever the tree's content (or, outside git, an mtime) does
+
+
+def _git(tree: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(tree), *args], capture_output=True)
+
+
+def source_tree_hash(tree: Path) -> str:
+    """See the module docstring: git HEAD + diff + untracked files, else a (path, size, mtime) list."""
+    digest = hashlib.sha256()
+    head = _git(tree, "rev-parse", "HEAD") if shutil.which("git") else None
+    top = _git(tree, "rev-parse", "--show-toplevel") if head is not None else None
+    if head is not None and head.returncode == 0 and top is not None and \
+            Path(top.stdout.decode().strip()).resolve() == tree.resolve():
+        digest.update(b"git\0" + head.stdout.strip() + b"\0")
+        diff = _git(tree, "diff", "HEAD", "--binary")
+        digest.update(hashlib.sha256(diff.stdout).digest())
+        untracked = _git(tree, "ls-files", "--others", "--exclude-standard", "-z")
+        for name in sorted(n for n in untracked.stdout.split(b"\0") if n):
+            path = tree / name.decode(errors="surrogateescape")
+            digest.update(name + b"\0")
+            if path.is_file():
+                digest.update(bytes.fromhex(sdist.sha256_file(path)))
+        return digest.hexdigest()
+    digest.update(b"files\0")
+    for rel, path in _walk_files(tree):
+        st = path.stat()
+        digest.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\0".encode(errors="surrogateescape"))
+    return digest.hexdigest()
+
+
+def pinned_source() -> Source:
+    tree = sdist.pinned_tree()
+    return Source(tree=tree, ident=f"{sdist.PACKAGE}=={sdist.VERSION} sdist (sha256 {sdist.SDIST_SHA256})",
+                  work_name=f"pinned-{sdist.VERSION}", tree_hash=f"sdist:{sdist.SDIST_SHA256}")
+
+
+def user_source(path: Path) -> Source:
+    tree = Path(path).expanduser().resolve()
+    if not (tree / "CMakeLists.txt").is_file() or not (tree / "src").is_dir():
+        raise LlamaBuildError(f"{tree}: not a llama.cpp checkout (no CMakeLists.txt and src/ at its root)")
+    place = hashlib.sha256(str(tree).encode()).hexdigest()[:12]
+    return Source(tree=tree, ident=str(tree), work_name=f"src-{place}", tree_hash=source_tree_hash(tree))
+
+
+def build_key(source_hash: str, series_hash: str, backend: str) -> str:
+    blob = json.dumps({"source": source_hash, "patches": series_hash, "backend": backend}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:KEY_LENGTH]
+
+
+def llama_root() -> Path:
+    return cache_dir() / "llama"
+
+
+def build_dir_for(key: str) -> Path:
+    return llama_root() / key
+
+
+def _walk_files(root: Path) -> Iterator[tuple[str, Path]]:
+    """(relative posix path, path) of every file under root, build outputs and VCS data skipped."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if here == root:
+            dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS and not d.startswith(_SKIP_DIR_PREFIXES)]
+        else:
+            dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+        dirnames.sort()
+        for name in sorted(filenames):
+            if name == ".git":  # a submodule's gitlink file (the sdist tree carries one)
+                continue
+            path = here / name
+            if path.is_symlink() and not path.exists():
+                continue
+            yield path.relative_to(root).as_posix(), path
+
+
+def _same_content(a: Path, b: Path) -> bool:
+    try:
+        if a.stat().st_size != b.stat().st_size:
+            return False
+    except FileNotFoundError:
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        while True:
+            ca, cb = fa.read(1 << 20), fb.read(1 << 20)
+            if ca != cb:
+                return False
+            if not ca:
+                return True
+
+
+def sync_tree(files: dict[str, Path], dest: Path) -> tuple[int, int]:
+    """Make `dest` hold exactly `files` (relative path -> source file).
+
+    Only files whose content differs are rewritten (with a fresh mtime, so make rebuilds their
+    dependants); unchanged files keep their mtime. Files under dest that are not in `files` are
+    removed. Returns (written, removed).
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    written = removed = 0
+    for rel, src in files.items():
+        target = dest / rel
+        if target.is_file() and not target.is_symlink() and _same_content(src, target):
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.is_symlink() or target.exists():
+            target.unlink()
+        shutil.copyfile(src, target)
+        shutil.copymode(src, target)
+        written += 1
+    for rel, path in list(_walk_files(dest)):
+        if rel not in files:
+            path.unlink()
+            removed += 1
+    return written, removed
+
+
+def patched_file_map(tree: Path, patches: list[Path], staging: Path) -> dict[str, Path]:
+    """Apply `patches` to copies of the files they touch (in `staging`); return the full file map
+    of the patched tree: every file of `tree`, the patched ones pointing into `staging`."""
+    files = dict(_walk_files(tree))
+    touched = sorted({p for patch in patches for p in patched_paths(patch)})
+    for rel in touched:
+        if rel in files:
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(files[rel], staging / rel)
+    for patch in patches:
+        _apply_patch(patch, staging)
+    for rel, path in _walk_files(staging):
+        files[rel] = path
+    return files
+
+
+# ---------------------------------------------------------------------------------------------
+# The build
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class BuildResult:
+    key: str
+    root: Path                      # cache_dir()/llama/<key>
+    manifest: dict = field(default_factory=dict)
+    built: bool = True              # False: the key was already in the cache
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.root / "bin"
+
+
+def plan(backend: str | None = None, source_dir: Path | None = None) -> tuple[Source, list[Path], str, str]:
+    """(source, patches, backend, key) for a build request, without building anything."""
+    backend = backend or default_backend()
+    if backend not in BACKENDS:
+        raise LlamaBuildError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    source = user_source(source_dir) if source_dir is not None else pinned_source()
+    patches = read_series()
+    key = build_key(source.tree_hash, patches_hash(patches), backend)
+    return source, patches, backend, key
+
+
+def key_for(backend: str | None = None, source_dir: Path | None = None) -> str:
+    """The key a build would have, computed without touching the network for the pinned tree."""
+    backend = backend or default_backend()
+    if source_dir is not None:
+        tree_hash = user_source(source_dir).tree_hash
+    else:
+        tree_hash = f"sdist:{sdist.SDIST_SHA256}"
+    return build_key(tree_hash, patches_hash(read_series()), backend)
+
+
+def find_build(backend: str | None = None, source_dir: Path | None = None) -> Path | None:
+    """The bin folder of the finished build for the current key, or None."""
+    root = build_dir_for(key_for(backend, source_dir))
+    if (root / "build.json").is_file() and (root / "bin").is_dir():
+        return root / "bin"
+    return None
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            import fcntl
+        except ImportError:  # Windows: no advisory lock, builds of one work folder must not overlap
+            yield
+            return
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _run_logged(cmd: list[str], log: Path, progress: Progress, label: str, cwd: Path | None = None) -> None:
+    """Run a build step, its output appended to `log`; report its percentage as it moves."""
+    with open(log, "a", encoding="utf-8") as out:
+        out.write(f"\n$ {' '.join(cmd)}\n")
+        out.flush()
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace")
+        try:
+            last = -10
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out.write(line)
+                match = re.match(r"\[\s*(\d+)%\]", line) or re.match(r"\[(\d+)/(\d+)\]", line)
+                if match:
+                    pct = int(match.group(1)) if match.lastindex == 1 else \
+                        100 * int(match.group(1)) // max(1, int(match.group(2)))
+                    if pct >= last + 10:
+                        last = pct - pct % 10
+                        progress(f"{label}: {pct}%")
+            rc = proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    if rc != 0:
+        tail = [line for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+        errors = [line for line in tail if "error" in line.lower()]
+        hint = (errors or tail or ["no output"])[-1].strip()
+        raise LlamaBuildError(f"{label} failed (exit {rc}): {hint[:300]} (full log: {log})")
+
+
+def _install(build: Path, dest_bin: Path) -> list[str]:
+    """Copy the target executables and every shared library of the build's bin folder."""
+    out_bin = build / "bin"
+    dest_bin.mkdir(parents=True)
+    installed = []
+    exe = ".exe" if sys.platform == "win32" else ""
+    for name in TARGETS:
+        src = out_bin / f"{name}{exe}"
+        if not src.is_file():
+            raise LlamaBuildError(f"the build did not produce {src}")
+        shutil.copy2(src, dest_bin / src.name)
+        installed.append(src.name)
+    lib_dirs = [out_bin] + [p for p in (build / "src", build / "ggml" / "src", build / "common") if p.is_dir()]
+    seen = set(installed)
+    for folder in lib_dirs:
+        for path in sorted(folder.iterdir()):
+            if path.name in seen or not re.search(r"\.(so(\.\d+)*|dylib|dll)$", path.name):
+                continue
+            if path.is_symlink():
+                os.symlink(os.readlink(path), dest_bin / path.name)
+            else:
+                shutil.copy2(path, dest_bin / path.name)
+            seen.add(path.name)
+            installed.append(path.name)
+    return installed
+
+
+def build(backend: str | None = None, source_dir: Path | None = None, jobs: int | None = None,
+          progress: Progress | None = None, force: bool = False) -> BuildResult:
+    """Patch, configure, build and publish llama.cpp; return where it landed.
+
+    A key already in the cache is returned as is (`built=False`) unless `force`.
+    """
+    progress = progress or _quiet
+    source, patches, backend, key = plan(backend, source_dir)
+    root = build_dir_for(key)
+    if not force and (root / "build.json").is_file():
+        manifest = json.loads((root / "build.json").read_text(encoding="utf-8"))
+        return BuildResult(key=key, root=root, manifest=manifest, built=False)
+    if shutil.which("cmake") is None:
+        raise LlamaBuildError("cmake is not installed; install it (e.g. `apt-get install cmake`, `brew install cmake`)")
+
+    platform = sys.platform
+    flags = cmake_flags(backend, platform, curl_option=tree_has_curl_option(source.tree))
+    work = llama_root() / "work" / f"{source.work_name}-{backend}"
+    jobs = jobs or os.cpu_count() or 2
+
+    with _locked(work / ".lock"):
+        log = work / "build.log"
+        log.write_text(f"dflash-gguf llama build {key} ({backend}) {_dt.datetime.now().isoformat()}\n",
+                       encoding="utf-8")
+
+        progress(f"patching {source.ident} with {len(patches)} patch(es)")
+        with tempfile.TemporaryDirectory(dir=work, prefix=".stage-") as staging:
+            files = patched_file_map(source.tree, patches, Path(staging))
+            written, removed = sync_tree(files, work / "src")
+        progress(f"source folder {work / 'src'}: {written} file(s) rewritten, {removed} removed")
+
+        build_dir = work / "build"
+        generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+        stamp = build_dir / ".dflash-configure.json"
+        wanted = {"flags": flags, "generator": generator, "source": str(work / "src")}
+        configured = stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")) == wanted \
+            and (build_dir / "CMakeCache.txt").is_file()
+        if not configured:
+            if build_dir.exists():
+                shutil.rmtree(build_dir)
+            build_dir.mkdir(parents=True)
+            progress(f"configuring ({backend}): cmake {' '.join(flags)}")
+            _run_logged(["cmake", "-S", str(work / "src"), "-B", str(build_dir), *generator, *flags],
+                        log, progress, "cmake configure")
+            stamp.write_text(json.dumps(wanted), encoding="utf-8")
+
+        progress(f"building {' '.join(TARGETS)} with {jobs} job(s) (log: {log})")
+        _run_logged(["cmake", "--build", str(build_dir), "--config", "Release", "-j", str(jobs),
+                     "--target", *TARGETS, *LIBRARY_TARGETS], log, progress, "cmake build")
+
+        llama_root().mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=llama_root(), prefix=f".tmp-{key}-"))
+        tmp.chmod(0o755)  # mkdtemp makes it private; the build is for every user of this cache
+        try:
+            installed = _install(build_dir, tmp / "bin")
+            manifest = {
+                "key": key,
+                "backend": backend,
+                "platform": platform,
+                "source": source.ident,
+                "source_hash": source.tree_hash,
+                "patches": [{"name": p.name, "sha256": sdist.sha256_file(p)} for p in patches],
+                "patches_hash": patches_hash(patches),
+                "cmake_flags": flags,
+                "targets": list(TARGETS),
+                "files": installed,
+                "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            }
+            (tmp / "build.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+            if root.exists():  # --force, or a concurrent build of the same key finished first
+                old = Path(tempfile.mkdtemp(dir=llama_root(), prefix=f".old-{key}-"))
+                os.rename(root, old / "x")
+                os.rename(tmp, root)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp, root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    progress(f"installed {root / 'bin'}")
+    return BuildResult(key=key, root=root, manifest=manifest, built=True)

@@ -1,0 +1,86 @@
+"""`dflash-gguf llama ...`: build the patched llama.cpp and find it."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from . import build as _build
+
+_backend_option = click.option(
+    "--backend", type=click.Choice(_build.BACKENDS), default=None,
+    help="GPU backend to compile in. Default: metal on macOS, cuda when nvcc is on PATH or "
+         "CUDA_HOME is set, else cpu.")
+_source_option = click.option(
+    "--source", "source_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+    help="A llama.cpp checkout to patch and build instead of the pinned tree "
+         "(llama-cpp-python 0.3.36's vendor/llama.cpp).")
+
+
+@click.group("llama")
+def llama_group() -> None:
+    """The patched llama.cpp this project runs drafters with.
+
+    \b
+    The pinned tree plus ggml_patches/series is built with CMake into the cache
+    (~/.cache/dflash-gguf/llama/<key>/bin), where <key> hashes the source tree, the
+    patches and the backend: changing a patch gives a new key, and the rebuild only
+    recompiles what the patch touched.
+    """
+
+
+@llama_group.command("build")
+@_backend_option
+@_source_option
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Parallel compile jobs. Default: the number of CPUs.")
+@click.option("--force", is_flag=True, help="Rebuild and republish even if this key is already built.")
+@click.option("--json", "as_json", is_flag=True, help="Print the build manifest as JSON.")
+def build_command(backend: str | None, source_dir: Path | None, jobs: int | None, force: bool,
+                  as_json: bool) -> None:
+    """Patch, configure and build llama.cpp, then print the folder of its binaries.
+
+    \b
+    Builds llama-server, llama-cli, llama-quantize, llama-speculative-simple and
+    llama-bench with their shared libraries. A build that already exists for the
+    current key is reused. Progress goes to stderr; the bin folder to stdout.
+
+    \b
+    Examples:
+      dflash-gguf llama build
+      dflash-gguf llama build --backend cpu -j 4
+      dflash-gguf llama build --source ~/src/llama.cpp --backend cuda
+    """
+    started = time.monotonic()
+
+    def progress(message: str) -> None:
+        click.echo(f"[{time.monotonic() - started:6.1f}s] {message}", err=True)
+
+    result = _build.build(backend=backend, source_dir=source_dir, jobs=jobs, progress=progress, force=force)
+    if not result.built:
+        progress(f"build {result.key} is up to date")
+    if as_json:
+        click.echo(json.dumps({**result.manifest, "bin_dir": str(result.bin_dir)}, indent=2))
+    else:
+        click.echo(str(result.bin_dir))
+
+
+@llama_group.command("path")
+@_backend_option
+@_source_option
+def path_command(backend: str | None, source_dir: Path | None) -> None:
+    """Print the bin folder of the build for the current key (exit 1 if it is not built)."""
+    found = _build.find_build(backend, source_dir)
+    if found is None:
+        key = _build.key_for(backend, source_dir)
+        click.echo(f"error: no llama.cpp build for key {key} (backend {backend or _build.default_backend()}); "
+                   "run `dflash-gguf llama build` first", err=True)
+        sys.exit(1)
+    click.echo(str(found))
+
+
+commands = [llama_group]
