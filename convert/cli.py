@@ -158,3 +158,6 @@ def inspect(file: Path, as_json: bool, list_tensors: bool) -> None:
     else:
         _print_report(report, list_tensors)
     sys.exit(1 if report["problems"] else 0)
+
+
+commands = [convert, inspect]

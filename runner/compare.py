@@ -24,7 +24,7 @@ class Divergence:
     speculative_token: int | None  # None: the speculative run stopped here
     target_token: int | None  # None: the target-only run stopped here
     top2_margin: float | None  # target's logit(top1) - logit(top2) at that position
-    speculative_is_runner_up: bool
+    both_in_top2: bool  # the two diverging tokens are the target's top two, in either order
     kind: str  # TIE or MISMATCH
 
     def to_dict(self) -> dict:
@@ -41,26 +41,30 @@ def first_divergence(speculative: list[int], target: list[int]) -> int | None:
 
 def classify(logits: np.ndarray | None, position: int, speculative: list[int], target: list[int],
              tolerance: float = DEFAULT_TIE_TOLERANCE) -> Divergence:
-    """A divergence is a tie when the speculative token is the target's runner-up and the target's
-    top-two logit gap there is below `tolerance`; anything else is a mismatch."""
+    """A divergence is a tie when the two diverging tokens are the target's top two and their logit
+    gap is below `tolerance`; anything else is a mismatch. Either order counts: the logits here are
+    computed by a separate, unbatched pass, which may itself land on the other side of the tie."""
     spec_tok = speculative[position] if position < len(speculative) else None
     tgt_tok = target[position] if position < len(target) else None
-    margin, runner_up = None, False
+    margin, both = None, False
     if logits is not None:
         order = np.argsort(logits)[::-1][:2]
         margin = float(logits[order[0]] - logits[order[1]])
-        runner_up = spec_tok is not None and int(order[1]) == spec_tok and int(order[0]) == tgt_tok
-    kind = TIE if runner_up and margin is not None and margin < tolerance else MISMATCH
-    return Divergence(position, spec_tok, tgt_tok, margin, runner_up, kind)
+        both = {int(order[0]), int(order[1])} == {spec_tok, tgt_tok}
+    kind = TIE if both and margin is not None and margin < tolerance else MISMATCH
+    return Divergence(position, spec_tok, tgt_tok, margin, both, kind)
 
 
-def mean_acceptance_length(produced: int, accepted: int) -> float:
+def mean_acceptance_length(produced: int, accepted: int, requests: int = 0) -> float:
     """tau: tokens produced per target verification step, the bonus token included (DFlash paper).
 
     Every step yields its accepted draft tokens plus one token of the target's own, so the number
-    of steps is produced - accepted."""
-    steps = produced - accepted
-    return produced / steps if steps > 0 else 0.0
+    of steps is produced - accepted. Each request's first token comes from the prompt's prefill,
+    not from a verification step; `requests` leaves those out, as the reference's
+    `acceptance_lengths` does."""
+    tokens = produced - requests
+    steps = tokens - accepted
+    return tokens / steps if steps > 0 else 0.0
 
 
 def acceptance_rate(drafted: int, accepted: int) -> float:

@@ -26,7 +26,13 @@ def test_first_divergence():
 
 def test_near_tie_between_the_top_two_is_a_tie():
     d = classify(logits_with(top=3, runner_up=7, gap=0.01), 2, [1, 2, 7], [1, 2, 3], tolerance=0.05)
-    assert d.kind == TIE and d.speculative_is_runner_up and abs(d.top2_margin - 0.01) < 1e-6
+    assert d.kind == TIE and d.both_in_top2 and abs(d.top2_margin - 0.01) < 1e-6
+
+
+def test_near_tie_seen_the_other_way_round_is_a_tie():
+    # the unbatched pass may put the speculative token first: still the same two tokens
+    d = classify(logits_with(top=7, runner_up=3, gap=0.01), 2, [1, 2, 7], [1, 2, 3], tolerance=0.05)
+    assert d.kind == TIE
 
 
 def test_wide_gap_is_a_mismatch():
@@ -36,7 +42,7 @@ def test_wide_gap_is_a_mismatch():
 
 def test_token_outside_the_top_two_is_a_mismatch_even_with_a_small_gap():
     d = classify(logits_with(top=3, runner_up=7, gap=0.001), 2, [1, 2, 8], [1, 2, 3], tolerance=0.05)
-    assert d.kind == MISMATCH and not d.speculative_is_runner_up
+    assert d.kind == MISMATCH and not d.both_in_top2
 
 
 def test_acceptance_maths():
@@ -44,3 +50,5 @@ def test_acceptance_maths():
     assert mean_acceptance_length(produced=10, accepted=6) == 2.5
     assert acceptance_rate(drafted=28, accepted=6) == 6 / 28
     assert mean_acceptance_length(produced=0, accepted=0) == 0.0
+    # two requests: their first tokens come from prefill, not from a verification step
+    assert mean_acceptance_length(produced=12, accepted=6, requests=2) == 2.5

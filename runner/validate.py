@@ -1,0 +1,181 @@
+"""`dflash-gguf validate`: is speculative output exactly the target's, and what does the drafter buy?
+
+The patched llama-server runs the same prompts (as token ids) twice, with the drafter and without,
+greedy. Token ids are compared; at a first divergence the target's own logits there (computed
+in-process through llama-cpp-python on the same patched libllama) tell a floating-point near-tie
+from a real mismatch. Acceptance comes from the server's per-request `timings`; speed from a
+sequential pass of each server on the same build and prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..errors import DflashError
+from . import compare
+from .server import Completion, LlamaServer, check_pair, find_bin_dir, read_draft, speculative_args
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str], None]
+
+
+@dataclass
+class ServerRun:
+    """One server's answers to every prompt: in flight together (-np P) and, for speed, one by one."""
+
+    completions: list[Completion]
+    sequential: list[Completion]
+
+    def totals(self) -> dict:
+        produced = sum(c.n_predicted for c in self.completions)
+        drafted = sum(c.draft_n for c in self.completions)
+        accepted = sum(c.draft_n_accepted for c in self.completions)
+        return {"produced": produced, "drafted": drafted, "accepted": accepted}
+
+    def tokens_per_second(self) -> float:
+        tokens = sum(c.n_predicted for c in self.sequential)
+        ms = sum(float(c.timings.get("predicted_ms", 0.0)) for c in self.sequential)
+        return tokens / (ms / 1000.0) if ms > 0 else 0.0
+
+
+@dataclass
+class ValidationSettings:
+    n_predict: int = 64
+    parallel: int = 1
+    temperature: float = 0.0
+    tie_tolerance: float = compare.DEFAULT_TIE_TOLERANCE
+    threads: int | None = None
+    backend: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+    reference_draft: Path | None = None  # z-lab HF checkpoints: run the PyTorch reference too
+    reference_target: Path | None = None
+
+
+def _reference_parity(settings: ValidationSettings, prompt_ids: list[list[int]], progress: Progress) -> dict | None:
+    if settings.reference_draft is None:
+        return None
+    from .reference import run_reference
+
+    progress("reference: running the z-lab PyTorch drafter on the same token ids")
+    runs = run_reference(settings.reference_draft, settings.reference_target, prompt_ids, settings.n_predict)
+    steps = sum(len(r.acceptance_lengths) for r in runs)
+    tau = sum(sum(r.acceptance_lengths) for r in runs) / steps if steps else 0.0
+    return {"mean_acceptance_length": round(tau, 4), "draft": str(settings.reference_draft),
+            "target": str(settings.reference_target),
+            "prompts": [{"tokens": len(r.tokens), "mean_acceptance_length": round(r.tau, 4)} for r in runs]}
+
+
+def _server_args(settings: ValidationSettings, prompt_tokens: int) -> list[str]:
+    per_slot = prompt_tokens + settings.n_predict + 64
+    args = ["-np", str(settings.parallel), "-c", str(per_slot * settings.parallel), "--metrics",
+            "--no-warmup", "-fa", "off"]
+    if settings.threads:
+        args += ["-t", str(settings.threads)]
+    return args + settings.extra_args
+
+
+def _run_server(model: Path, args: list[str], prompts: list[list[int]], settings: ValidationSettings,
+                bin_dir: Path, label: str, progress: Progress) -> ServerRun:
+    def ask(server: LlamaServer, ids: list[int]) -> Completion:
+        return server.complete(ids, settings.n_predict, temperature=settings.temperature, seed=0, cache_prompt=False)
+
+    with LlamaServer(model, args, bin_dir=bin_dir) as server:
+        progress(f"{label}: server up at {server.url}; {len(prompts)} prompts, {settings.parallel} in flight")
+        ask(server, prompts[0][:8])  # warm-up, not measured
+        with ThreadPoolExecutor(max_workers=settings.parallel) as pool:
+            completions = list(pool.map(lambda ids: ask(server, ids), prompts))
+        sequential = completions if settings.parallel == 1 else [ask(server, ids) for ids in prompts]
+        progress(f"{label}: done")
+    return ServerRun(completions, sequential)
+
+
+def _tokenize(target: Path, prompts: Sequence[str], bin_dir: Path) -> list[list[int]]:
+    with LlamaServer(target, ["-np", "1", "-c", "256", "--no-warmup"], bin_dir=bin_dir) as server:
+        ids = [server.tokenize(p, add_special=True, parse_special=True) for p in prompts]
+    for prompt, tokens in zip(prompts, ids):
+        if not tokens:
+            raise DflashError(f"prompt {prompt[:40]!r} tokenizes to nothing; give a non-empty prompt")
+    return ids
+
+
+def _divergence_logits(target: Path, prompt: list[int], prefix: list[int], backend: str | None):
+    """The target's logits for the token after prompt+prefix, computed alone (no batching)."""
+    import numpy as np
+
+    from .engine import load_model
+
+    llm = load_model(target, backend=backend, n_ctx=len(prompt) + len(prefix) + 8, logits_all=True, n_threads=2)
+    try:
+        llm.reset()
+        llm.eval(prompt + prefix)
+        return np.array(llm.scores[len(prompt) + len(prefix) - 1], dtype=np.float32)
+    finally:
+        llm.close()
+
+
+def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], settings: ValidationSettings,
+             baseline: str | Path | None = None, progress: Progress | None = None) -> dict:
+    """Run both servers and build the report (the JSON `--json` writes)."""
+    progress = progress or (lambda msg: log.info(msg))
+    target, draft = Path(target), Path(draft)
+    baseline = Path(baseline) if baseline else target
+    warnings = check_pair(target, draft)
+    info = read_draft(draft)
+    bin_dir = find_bin_dir(settings.backend)
+    prompt_ids = _tokenize(target, prompts, bin_dir)
+    base_args = _server_args(settings, max(len(p) for p in prompt_ids))
+
+    spec = _run_server(target, base_args + speculative_args(draft), prompt_ids, settings, bin_dir,
+                       "speculative", progress)
+    alone = _run_server(baseline, base_args, prompt_ids, settings, bin_dir, "target alone", progress)
+
+    results, divergences = [], []
+    for text, ids, s, t in zip(prompts, prompt_ids, spec.completions, alone.completions):
+        position = compare.first_divergence(s.tokens, t.tokens)
+        entry = {"prompt": text, "exact": position is None, "tokens": len(t.tokens),
+                 "draft_n": s.draft_n, "draft_n_accepted": s.draft_n_accepted, "first_divergence": None}
+        if position is not None:
+            logits = _divergence_logits(baseline, ids, t.tokens[:position], settings.backend)
+            d = compare.classify(logits, position, s.tokens, t.tokens, settings.tie_tolerance)
+            entry["first_divergence"] = d.to_dict()
+            divergences.append({"prompt": text, **d.to_dict()})
+        results.append(entry)
+
+    totals = spec.totals()
+    reference = _reference_parity(settings, prompt_ids, progress)
+    tps_target, tps_spec = alone.tokens_per_second(), spec.tokens_per_second()
+    manifest = bin_dir.parent / "build.json"
+    build = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    return {
+        "exact": all(r["exact"] for r in results),
+        "prompts": results,
+        "mean_acceptance_length": round(compare.mean_acceptance_length(
+            totals["produced"], totals["accepted"], len(prompt_ids)), 4),
+        "acceptance_rate": round(compare.acceptance_rate(totals["drafted"], totals["accepted"]), 4),
+        "drafted": totals["drafted"], "accepted": totals["accepted"], "produced": totals["produced"],
+        "tokens_per_second": {"target": round(tps_target, 2), "speculative": round(tps_spec, 2)},
+        "speedup": round(tps_spec / tps_target, 3) if tps_target else None,
+        "divergences": divergences,
+        "settings": {"n_predict": settings.n_predict, "parallel": settings.parallel,
+                     "temperature": settings.temperature, "tie_tolerance": settings.tie_tolerance,
+                     "draft_max": info.draft_max, "baseline": str(baseline)},
+        "llama": {"backend": build.get("backend", settings.backend), "build": build.get("key", bin_dir.parent.name),
+                  "bin": str(bin_dir)},
+        "reference": reference,
+        "warnings": warnings,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def verdict(report: dict, strict: bool) -> int:
+    """Exit status: 0 when every prompt is exact (ties allowed unless strict), 1 otherwise."""
+    kinds = {d["kind"] for d in report["divergences"]}
+    if compare.MISMATCH in kinds or (strict and compare.TIE in kinds):
+        return 1
+    return 0

@@ -1,0 +1,107 @@
+"""`dflash-gguf validate`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import DflashError
+from . import build as _build
+from .compare import DEFAULT_TIE_TOLERANCE
+from .prompts import BUILTIN_PROMPTS, read_prompts
+from .validate import ValidationSettings, validate, verdict
+
+
+def _print_table(report: dict) -> None:
+    click.echo(f"{'#':>2}  {'result':<9} {'tokens':>6} {'drafted':>7} {'accepted':>8}  prompt")
+    for i, r in enumerate(report["prompts"], 1):
+        d = r["first_divergence"]
+        result = "exact" if r["exact"] else d["kind"]
+        prompt = r["prompt"].replace("\n", "\\n")[:48]
+        click.echo(f"{i:>2}  {result:<9} {r['tokens']:>6} {r['draft_n']:>7} {r['draft_n_accepted']:>8}  {prompt}")
+        if d:
+            margin = "n/a" if d["top2_margin"] is None else f"{d['top2_margin']:.4f}"
+            click.echo(f"    first divergence at new token {d['position']}: speculative {d['speculative_token']} "
+                       f"vs target {d['target_token']} (target top-2 margin {margin})")
+    tps = report["tokens_per_second"]
+    click.echo("")
+    click.echo(f"exact output            {'yes' if report['exact'] else 'no'}")
+    click.echo(f"mean acceptance length  {report['mean_acceptance_length']:.3f} tokens per target step (tau)")
+    if report.get("reference"):
+        click.echo(f"  reference (PyTorch)   {report['reference']['mean_acceptance_length']:.3f}")
+    click.echo(f"acceptance rate         {report['acceptance_rate']:.3f} ({report['accepted']} / {report['drafted']})")
+    click.echo(f"tokens/s target alone   {tps['target']:.1f}")
+    click.echo(f"tokens/s speculative    {tps['speculative']:.1f}")
+    click.echo(f"speedup                 {report['speedup']}x")
+    click.echo(f"llama.cpp               {report['llama']['backend']} build {report['llama']['build']}")
+
+
+@click.command("validate")
+@click.option("--target", "-t", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The target GGUF.")
+@click.option("--draft", "-d", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The drafter GGUF.")
+@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help=r"One prompt per line (\n for a newline). Default: a built-in mix of code, math, prose and chat.")
+@click.option("-n", "n_predict", type=click.IntRange(1, 4096), default=64, show_default=True,
+              help="New tokens per prompt.")
+@click.option("--parallel", "-np", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Requests in flight (llama-server -np).")
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="Sampling temperature; token-level exactness is defined for greedy decoding, so only 0.")
+@click.option("--tie-tolerance", type=float, default=DEFAULT_TIE_TOLERANCE, show_default=True,
+              help="Target top-2 logit gap below which a divergence is a numerical tie, not a mismatch.")
+@click.option("--strict", is_flag=True, help="Fail on ties too.")
+@click.option("--baseline", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Compare against this model alone instead of TARGET (e.g. an F16 copy of a quantized target).")
+@click.option("--backend", type=click.Choice(_build.BACKENDS), help="Which patched build to run.")
+@click.option("--threads", type=click.IntRange(1), help="llama-server threads (-t).")
+@click.option("--reference-draft", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="The drafter's HF checkpoint: also run the z-lab PyTorch reference and report its tau.")
+@click.option("--reference-target", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="The target's HF folder (with weights), for --reference-draft.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the full report as JSON to this file ('-' for stdout).")
+def validate_command(target, draft, prompts_file, n_predict, parallel, temperature, tie_tolerance, strict,
+                     baseline, backend, threads, reference_draft, reference_target, json_out) -> None:
+    """Prove a drafter is lossless in llama.cpp, and measure what it buys.
+
+    Runs the patched llama-server on the same prompts (as token ids) with the drafter and
+    without it, greedy, N new tokens each, P requests in flight, and compares token ids. A
+    prompt is exact, or reports its first divergence: position, both tokens, and the target's
+    top-2 logit margin there (computed alone, in-process); a margin under --tie-tolerance with
+    the speculative token as the runner-up is a numerical `tie`, anything else a `mismatch`.
+
+    Also reports the mean acceptance length tau (tokens per target verification step, bonus
+    included, prefill tokens left out), the acceptance rate (accepted / drafted), tokens per
+    second for the target alone and with the drafter (each measured one prompt at a time on the
+    same build) and their ratio.
+
+    Exit status: 0 when every prompt is exact (ties allowed unless --strict), 1 on a mismatch,
+    2 on bad input.
+    """
+    if temperature != 0:
+        raise DflashError("--temperature: validate compares token ids, which is defined for greedy decoding; use 0")
+    if (reference_draft is None) != (reference_target is None):
+        raise DflashError("--reference-draft and --reference-target go together")
+    prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
+    settings = ValidationSettings(n_predict=n_predict, parallel=parallel, temperature=temperature,
+                                  tie_tolerance=tie_tolerance, threads=threads, backend=backend,
+                                  reference_draft=reference_draft, reference_target=reference_target)
+    report = validate(target, draft, prompts, settings, baseline,
+                      progress=lambda msg: click.echo(msg, err=True))
+    for message in report["warnings"]:
+        click.echo(f"warning: {message}", err=True)
+    if json_out is not None and str(json_out) == "-":
+        click.echo(json.dumps(report, indent=2))
+    else:
+        _print_table(report)
+        if json_out is not None:
+            json_out.write_text(json.dumps(report, indent=2))
+    sys.exit(verdict(report, strict))
+
+
+commands = [validate_command]
