@@ -40,10 +40,11 @@ def main(verbose: bool) -> None:
 def _register() -> None:
     # Each package owns its commands; this file only gathers them.
     from .convert.cli import commands as convert_commands
+    from .quantize.cli import commands as quantize_commands
     from .runner.cli import commands as llama_commands
     from .runner.serve_cli import commands as serve_commands
     from .runner.validate_cli import commands as validate_commands
-    for command in convert_commands + llama_commands + serve_commands + validate_commands:
+    for command in convert_commands + llama_commands + serve_commands + validate_commands + quantize_commands:
         main.add_command(command)
 
 

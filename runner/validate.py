@@ -80,24 +80,26 @@ def _server_args(settings: ValidationSettings, prompt_tokens: int) -> list[str]:
     return args + settings.extra_args
 
 
-def _run_server(model: Path, args: list[str], prompts: list[list[int]], settings: ValidationSettings,
-                bin_dir: Path, label: str, progress: Progress) -> ServerRun:
+def _run_server(model: Path, args: list[str], prompts: list[list[int]] | Sequence[str], settings: ValidationSettings,
+                bin_dir: Path, label: str, progress: Progress) -> tuple[ServerRun, list[list[int]]]:
+    """Answer every prompt; text prompts are tokenized by this server first (returned with the run)."""
     def ask(server: LlamaServer, ids: list[int]) -> Completion:
         return server.complete(ids, settings.n_predict, temperature=settings.temperature, seed=0, cache_prompt=False)
 
     with LlamaServer(model, args, bin_dir=bin_dir) as server:
+        if prompts and isinstance(prompts[0], str):
+            prompts = _tokenize(server, prompts)
         progress(f"{label}: server up at {server.url}; {len(prompts)} prompts, {settings.parallel} in flight")
         ask(server, prompts[0][:8])  # warm-up, not measured
         with ThreadPoolExecutor(max_workers=settings.parallel) as pool:
             completions = list(pool.map(lambda ids: ask(server, ids), prompts))
         sequential = completions if settings.parallel == 1 else [ask(server, ids) for ids in prompts]
         progress(f"{label}: done")
-    return ServerRun(completions, sequential)
+    return ServerRun(completions, sequential), prompts
 
 
-def _tokenize(target: Path, prompts: Sequence[str], bin_dir: Path) -> list[list[int]]:
-    with LlamaServer(target, ["-np", "1", "-c", "256", "--no-warmup"], bin_dir=bin_dir) as server:
-        ids = [server.tokenize(p, add_special=True, parse_special=True) for p in prompts]
+def _tokenize(server: LlamaServer, prompts: Sequence[str]) -> list[list[int]]:
+    ids = [server.tokenize(p, add_special=True, parse_special=True) for p in prompts]
     for prompt, tokens in zip(prompts, ids):
         if not tokens:
             raise DflashError(f"prompt {prompt[:40]!r} tokenizes to nothing; give a non-empty prompt")
@@ -128,12 +130,11 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
     warnings = check_pair(target, draft)
     info = read_draft(draft)
     bin_dir = find_bin_dir(settings.backend)
-    prompt_ids = _tokenize(target, prompts, bin_dir)
-    base_args = _server_args(settings, max(len(p) for p in prompt_ids))
-
-    spec = _run_server(target, base_args + speculative_args(draft), prompt_ids, settings, bin_dir,
-                       "speculative", progress)
-    alone = _run_server(baseline, base_args, prompt_ids, settings, bin_dir, "target alone", progress)
+    # context per slot: a generous bound on the prompt length (bytes) plus the new tokens
+    base_args = _server_args(settings, max(len(p.encode()) for p in prompts))
+    spec, prompt_ids = _run_server(target, base_args + speculative_args(draft), list(prompts), settings, bin_dir,
+                                   "speculative", progress)
+    alone, _ = _run_server(baseline, base_args, prompt_ids, settings, bin_dir, "target alone", progress)
 
     results, divergences = [], []
     for text, ids, s, t in zip(prompts, prompt_ids, spec.completions, alone.completions):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,38 @@ def dflash_gguf(*args: str | Path, cwd: Path | None = None) -> subprocess.Comple
     """Run the real command line, as a user would."""
     return subprocess.run([sys.executable, "-m", "dflash_gguf.cli", *map(str, args)],
                           capture_output=True, text=True, cwd=cwd)
+
+
+LLAMA_BACKEND = os.environ.get("DFLASH_TEST_BACKEND", "cpu")
+LLAMA_BIN_ENV = "DFLASH_GGUF_TEST_LLAMA_BIN"
+
+
+@pytest.fixture(scope="session")
+def llama_bin() -> Path:
+    """bin/ of the patched llama.cpp for the current ggml_patches/series, built when the cache
+    lacks it (minutes from scratch, incremental after a patch change). `DFLASH_GGUF_TEST_LLAMA_BIN`
+    points the tests at another build instead, e.g. an unpatched one, to see what they catch."""
+    from dflash_gguf.runner import build
+
+    explicit = os.environ.get(LLAMA_BIN_ENV)
+    if explicit:
+        return Path(explicit)
+    found = build.find_build(LLAMA_BACKEND)
+    return Path(found) if found is not None else build.build(backend=LLAMA_BACKEND).bin_dir
+
+
+@pytest.fixture(scope="session")
+def converted(fixtures: Path, target_gguf: Path, tmp_path_factory) -> dict[str, Path]:
+    """Every fixture drafter converted for the tiny target (F16), by the real command line."""
+    from tests.fixtures.tiny_models import DRAFTERS
+
+    folder = tmp_path_factory.mktemp("converted")
+    out = {}
+    for name in sorted(DRAFTERS):
+        out[name] = folder / f"dflash-{name}.gguf"
+        proc = dflash_gguf("convert", fixtures / name, "--target", target_gguf, "-o", out[name], "--outtype", "f16")
+        assert proc.returncode == 0, proc.stderr
+    return out
 
 
 @pytest.fixture(scope="session")

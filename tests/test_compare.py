@@ -10,6 +10,7 @@ from dflash_gguf.runner.compare import (
     first_divergence,
     mean_acceptance_length,
 )
+from dflash_gguf.runner.validate import verdict
 
 
 def logits_with(top: int, runner_up: int, gap: float, vocab: int = 10) -> np.ndarray:
@@ -52,3 +53,10 @@ def test_acceptance_maths():
     assert mean_acceptance_length(produced=0, accepted=0) == 0.0
     # two requests: their first tokens come from prefill, not from a verification step
     assert mean_acceptance_length(produced=12, accepted=6, requests=2) == 2.5
+
+
+def test_verdict_allows_ties_unless_strict():
+    tie = {"divergences": [{"kind": TIE}]}
+    assert verdict(tie, strict=False) == 0 and verdict(tie, strict=True) == 1
+    assert verdict({"divergences": [{"kind": MISMATCH}]}, strict=False) == 1
+    assert verdict({"divergences": []}, strict=True) == 0

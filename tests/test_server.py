@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from dflash_gguf.errors import DflashError
-from dflash_gguf.runner import build as llama_build
 from dflash_gguf.runner.server import (
     LlamaClient,
     LlamaServer,
@@ -32,11 +31,11 @@ from dflash_gguf.runner.server import (
     read_draft,
     speculative_args,
 )
-from tests.conftest import REPO, dflash_gguf
+from tests.conftest import LLAMA_BACKEND, REPO, dflash_gguf
 from tests.malformed import edit_config, regenerate_weights
 
 # the build the integration tests run; a GPU machine sets DFLASH_TEST_BACKEND=cuda
-BACKEND = os.environ.get("DFLASH_TEST_BACKEND", "cpu")
+BACKEND = LLAMA_BACKEND
 SMALL = ["-c", "512"]  # keep the KV cache of the tiny target small
 
 
@@ -85,15 +84,6 @@ def convert(fixtures: Path, drafter: str | Path, target: Path, out: Path) -> Pat
     proc = dflash_gguf("convert", src, "--target", target, "-o", out)
     assert proc.returncode == 0, proc.stderr
     return out
-
-
-@pytest.fixture(scope="session")
-def llama_bin() -> Path:
-    """The patched build's bin folder, built (minutes) when it is missing."""
-    found = llama_build.find_build(BACKEND)
-    if found is None:
-        found = llama_build.build(backend=BACKEND).bin_dir
-    return Path(found)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,213 @@
+"""`dflash-gguf quantize`, `dflash-gguf release` and `dflash-gguf publish`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections import Counter
+from pathlib import Path
+
+import click
+
+from ..errors import DflashError
+from .quantize import ALL_TYPES, DEFAULT_RECIPE, RECIPES
+from .quantize import quantize as quantize_file
+
+log = logging.getLogger(__name__)
+
+_RECIPE_HELP = "; ".join(f"{r.name}: {r.description}" for r in RECIPES.values())
+
+_llama_bin_option = click.option(
+    "--llama-bin", type=click.Path(exists=True, file_okay=False, path_type=Path), envvar="DFLASH_GGUF_LLAMA_BIN",
+    help="Bin folder of the llama.cpp build whose llama-quantize to run (env DFLASH_GGUF_LLAMA_BIN). "
+         "Default: the patched build made by `dflash-gguf llama build`.")
+_recipe_option = click.option(
+    "--recipe", type=click.Choice(list(RECIPES)), default=DEFAULT_RECIPE, show_default=True,
+    help=f"Which tensors keep a higher precision. {_RECIPE_HELP}.")
+_threads_option = click.option("--threads", type=click.IntRange(min=1), default=None,
+                               help="Threads for llama-quantize (default: every CPU).")
+_json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON report on stdout.")
+
+
+def _progress(message: str) -> None:
+    if sys.stderr.isatty():
+        click.echo(message, err=True)
+    log.info("%s", message)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _counts(items) -> str:
+    return ", ".join(f"{t} {n}" for t, n in sorted(Counter(items).items()))
+
+
+@click.command()
+@click.argument("src", metavar="IN.gguf", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("out", metavar="OUT.gguf", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--type", "qtype", required=True, metavar="TYPE",
+              help=f"llama-quantize file type: {', '.join(ALL_TYPES)}.")
+@_recipe_option
+@_llama_bin_option
+@_threads_option
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@_json_option
+def quantize(src: Path, out: Path, qtype: str, recipe: str, llama_bin: Path | None, threads: int | None,
+             force: bool, as_json: bool) -> None:
+    """Quantize a drafter GGUF with llama-quantize, keeping acceptance-critical tensors precise.
+
+    IN.gguf is a drafter written by `dflash-gguf convert` (F16, BF16 or F32 tensors). The
+    recipe pins the feature projection (fc.weight) and DFlash 2's selector_* and *_conv_*
+    tensors to a higher precision than the rest. The result is read back and every tensor's
+    type checked against the recipe before OUT.gguf appears; the report lists the types
+    actually written, because llama-quantize gives rows its blocks do not divide another type
+    (K-quants need rows that are a multiple of 256 values, Q8_0 and Q4_0 a multiple of 32).
+
+    Refused with exit status 2: an input whose general.license is NoDerivatives
+    (cc-by-nd-*, cc-by-nc-nd-*), an input that is already quantized, a legacy dflash-draft file.
+
+    \b
+    Examples:
+      dflash-gguf quantize dflash-Qwen3-8B-F16.gguf dflash-Qwen3-8B-Q4_K_M.gguf --type Q4_K_M
+      dflash-gguf quantize in.gguf out.gguf --type Q8_0 --recipe plain --json
+    """
+    if out.exists() and not force:
+        raise DflashError(f"{out}: already exists; pass --force to replace it")
+    if not out.resolve().parent.is_dir():
+        raise DflashError(f"{out.parent}: output folder does not exist")
+    r = quantize_file(src, out, qtype, recipe, llama_bin, threads, progress=_progress)
+    if as_json:
+        click.echo(json.dumps(r.to_dict(), indent=2))
+        return
+    click.echo(f"wrote {out} ({_mib(r.bytes)}) as {r.type} with recipe {r.recipe} in {r.seconds:.1f} s")
+    click.echo(f"  tensor types   {_counts(t.type for t in r.tensors)}")
+    kept = [t for t in r.tensors if t.role == "kept"]
+    if kept:
+        click.echo(f"  kept           {len(kept)} tensors: {_counts(t.type for t in kept)}")
+    main = ALL_TYPES[r.type].name
+    if r.off_type:
+        off = [t for t in r.tensors if t.name in set(r.off_type)]
+        click.echo(f"  not {main:<10} {len(off)} tensors: {_counts(t.type for t in off)} "
+                   "(llama-quantize's mixture, or rows its blocks do not divide; --json lists them)")
+    if r.fallbacks:
+        click.echo(f"  fallbacks      {len(r.fallbacks)} tensors had rows too short for the wanted type")
+
+
+@click.command()
+@click.argument("draft_dir", metavar="DRAFT_DIR", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--target", "-t", required=True, type=click.Path(exists=True, path_type=Path),
+              help="The target model: its GGUF or its Hugging Face folder (config.json, tokenizer, README.md).")
+@click.option("--types", default="F16,Q8_0,Q4_K_M", show_default=True, metavar="T1,T2,...",
+              help=f"Variants to write, comma-separated: {', '.join(ALL_TYPES)}.")
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Release folder to create (built beside it, renamed into place when complete).")
+@click.option("--license", "license_id", metavar="ID",
+              help="The drafter's Hub license id, when its README.md declares none or one this tool does not "
+                   "know. It never overrides a license the card declares.")
+@click.option("--target-license", "target_license_id", metavar="ID",
+              help="The target's Hub license id, when its README.md / general.license declares none or an "
+                   "unknown one. It never overrides a declared license.")
+@click.option("--name", metavar="NAME",
+              help="The <Target> part of the file names dflash-<Target>-<QUANT>.gguf (default: the target's "
+                   "repo or file name, quantization suffix removed).")
+@click.option("--base-model", metavar="ORG/NAME",
+              help="The drafter's Hub repo for the card's base_model (default: from the Hub cache path or "
+                   "config.json's _name_or_path).")
+@_recipe_option
+@click.option("--skip-validate", is_flag=True,
+              help="Do not run the variants beside the target; the card says \"not validated\".")
+@_llama_bin_option
+@_threads_option
+@click.option("--force", is_flag=True,
+              help="Replace an earlier release folder (one holding only files a release writes).")
+@_json_option
+def release(draft_dir: Path, target: Path, types: str, out_dir: Path, license_id: str | None,
+            target_license_id: str | None, name: str | None, base_model: str | None, recipe: str,
+            skip_validate: bool, llama_bin: Path | None, threads: int | None, force: bool, as_json: bool) -> None:
+    """Build a release folder: every variant, a model card and the license files.
+
+    Converts DRAFT_DIR against the target, quantizes each requested type with the recipe,
+    validates each variant beside the target (unless --skip-validate), and writes
+
+    \b
+      OUT/dflash-<Target>-<QUANT>.gguf  one file per type
+      OUT/README.md                     card: license, base_model, base_model_relation:
+                                        quantized, tags, gating fields, a table of variants
+                                        (size, sha256, acceptance, speedup), how to run it
+      OUT/NOTICE                        when a Llama license applies
+      OUT/LICENSE...                    license files found in the drafter / target folders
+
+    The terms are the drafter's and the target's together (the GGUF embeds the target's
+    tokenizer). Refused with exit status 2, writing nothing: a NoDerivatives license on either
+    side; a missing or unknown license unless --license / --target-license names it.
+    Non-commercial licenses are carried to the card; Llama licenses add "Built with Llama",
+    the agreement's link and NOTICE.
+
+    \b
+    Example:
+      dflash-gguf release Qwen3-8B-DFlash-b16/ --target Qwen3-8B-Q4_K_M.gguf \\
+          --types F16,Q8_0,Q4_K_M -o release/ --target-license apache-2.0
+    """
+    from .release import release as build_release
+
+    r = build_release(draft_dir, target, types, out_dir, license_id=license_id,
+                      target_license_id=target_license_id, name=name, base_model=base_model, recipe=recipe,
+                      skip_validate=skip_validate, llama_bin=llama_bin, threads=threads, force=force,
+                      progress=_progress)
+    for message in r.warnings:
+        click.echo(f"warning: {message}", err=True)
+    if as_json:
+        click.echo(json.dumps(r.to_dict(), indent=2))
+        return
+    license_label = r.license.get("license_name") or r.license["license"]
+    click.echo(f"wrote {out_dir} in {r.seconds:.1f} s  (license {license_label})")
+    for v in r.variants:
+        note = v.validation.get("note", "")
+        click.echo(f"  {v.file:<48} {_mib(v.bytes):>10}  {v.recipe or '-':<12} {note}")
+    others = [f for f in r.files if not f.endswith(".gguf")]
+    click.echo(f"  and {', '.join(others)}")
+
+
+@click.command()
+@click.argument("folder", metavar="DIR", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--repo", required=True, metavar="ORG/NAME", help="The Hub model repository (created if missing).")
+@click.option("--private", is_flag=True, help="Create the repository private (an existing one keeps its visibility).")
+@click.option("--dry-run", is_flag=True, help="Check the folder and list the commit's files; send nothing.")
+@click.option("--message", "-m", metavar="TEXT", help="Commit message (default: 'Upload N files with dflash-gguf').")
+@_json_option
+def publish(folder: Path, repo: str, private: bool, dry_run: bool, message: str | None, as_json: bool) -> None:
+    """Upload a release folder to the Hugging Face Hub in one commit.
+
+    DIR is a folder written by `dflash-gguf release`. It is checked first: its README.md must
+    declare a license that allows sharing (never NoDerivatives, never missing or unknown), a
+    Llama license needs its NOTICE file, a license_link naming a file needs that file, and the
+    drafters must be dflash-*.gguf files at the root, never split. Then the repository is
+    created if needed and every file is committed at once (HfApi.create_commit), so the
+    repository is never visible without its card and license.
+
+    The token is huggingface_hub's (HF_TOKEN, or the login stored by `hf auth login`); it is
+    never printed. HF_ENDPOINT selects another Hub.
+
+    \b
+    Examples:
+      dflash-gguf publish release/ --repo my-org/Qwen3-8B-DFlash-GGUF --dry-run
+      dflash-gguf publish release/ --repo my-org/Qwen3-8B-DFlash-GGUF --private
+    """
+    from .publish import publish as publish_folder
+
+    r = publish_folder(folder, repo, private=private, dry_run=dry_run, message=message)
+    if as_json:
+        click.echo(json.dumps(r.to_dict(), indent=2))
+        return
+    verb = "would commit" if dry_run else "committed"
+    click.echo(f"{verb} {len(r.files)} files ({_mib(r.total_bytes)}) to {repo}"
+               + (" (private)" if private else ""))
+    for f in r.files:
+        click.echo(f"  {f['path']:<52} {f['bytes']:>14,} bytes")
+    if r.commit_url:
+        click.echo(f"commit {r.commit_url}")
+
+
+commands = [quantize, release, publish]

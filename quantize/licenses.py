@@ -1,0 +1,387 @@
+"""License rules for sharing drafter files: one small module, read by `release` and `publish`.
+
+A drafter GGUF carries the drafter's weights *and* the target's tokenizer, so the terms that apply
+to it are the drafter's and the target's together:
+
+    no-derivatives   cc-by-nd-*, cc-by-nc-nd-*        refused: a converted or quantized copy is
+                                                      adapted material, it may not be shared
+    missing/unknown  no license, or one not known     refused unless --license / --target-license
+                                                      names it
+    non-commercial   cc-by-nc-*, research-only terms  allowed, carried to the card and flagged there
+    llama            llama2 ... llama4                allowed with the agreement referenced, "Built
+                                                      with Llama" on the card and a NOTICE file
+    other            license: other                   allowed when license_name and license_link
+                                                      say what it is
+    permissive       apache-2.0, mit, cc-by-4.0, ...  allowed, carried to the card
+
+Gating fields (`extra_gated_*`) of either model card are carried over to the release's card.
+Licenses are read from a model folder's README.md front matter or from a GGUF's `general.license`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+import yaml
+
+from ..errors import DflashError
+
+
+class LicenseError(DflashError):
+    """The license terms forbid, or do not say enough to allow, what was asked."""
+
+
+class Kind(str, Enum):
+    PERMISSIVE = "permissive"
+    NON_COMMERCIAL = "non-commercial"
+    NO_DERIVATIVES = "no-derivatives"
+    LLAMA = "llama"
+    OTHER = "other"
+    UNKNOWN = "unknown"
+    MISSING = "missing"
+
+
+# Hub license ids whose terms allow sharing converted and quantized copies when the license travels
+# with them (use restrictions of the RAIL family and gemma included: they travel with the card).
+REDISTRIBUTABLE = frozenset({
+    "apache-2.0", "mit", "afl-3.0", "artistic-2.0", "bsl-1.0", "bsd", "bsd-2-clause", "bsd-3-clause",
+    "bsd-3-clause-clear", "c-uda", "cc0-1.0", "cc-by-2.0", "cc-by-2.5", "cc-by-3.0", "cc-by-4.0",
+    "cc-by-sa-3.0", "cc-by-sa-4.0", "cdla-sharing-1.0", "cdla-permissive-1.0", "cdla-permissive-2.0",
+    "wtfpl", "ecl-2.0", "epl-1.0", "epl-2.0", "etalab-2.0", "eupl-1.1", "eupl-1.2", "agpl-3.0", "gfdl",
+    "gpl", "gpl-2.0", "gpl-3.0", "lgpl", "lgpl-2.1", "lgpl-3.0", "lgpl-lr", "isc", "lppl-1.3c", "ms-pl",
+    "apple-ascl", "mpl-2.0", "odc-by", "odbl", "openmdw-1.0", "osl-3.0", "postgresql", "ofl-1.1",
+    "ncsa", "unlicense", "zlib", "pddl", "openrail", "openrail++", "bigscience-openrail-m",
+    "creativeml-openrail-m", "bigscience-bloom-rail-1.0", "bigcode-openrail-m", "gemma",
+})
+# Terms that allow non-commercial (or research-only) sharing with the license carried.
+NON_COMMERCIAL = frozenset({
+    "cc-by-nc-2.0", "cc-by-nc-3.0", "cc-by-nc-4.0", "cc-by-nc-sa-2.0", "cc-by-nc-sa-3.0",
+    "cc-by-nc-sa-4.0", "fair-noncommercial-research-license", "apple-amlr", "deepfloyd-if-license",
+    "h-research", "intel-research",
+})
+_NO_DERIVATIVES = re.compile(r"^cc-by(-nc)?-nd(-\d+(\.\d+)?)?$")
+
+# The Llama community licenses: where the agreement is, what NOTICE must say, what the card shows.
+@dataclass(frozen=True)
+class LlamaTerms:
+    title: str
+    agreement: str
+    notice: str
+    built_with: str
+
+
+LLAMA = {
+    "llama2": LlamaTerms(
+        "Llama 2 Community License", "https://ai.meta.com/llama/license/",
+        "Llama 2 is licensed under the LLAMA 2 Community License, Copyright (c) Meta Platforms, Inc. "
+        "All Rights Reserved.", "Built with Llama"),
+    "llama3": LlamaTerms(
+        "Meta Llama 3 Community License", "https://www.llama.com/llama3/license/",
+        "Meta Llama 3 is licensed under the Meta Llama 3 Community License, Copyright © Meta Platforms, "
+        "Inc. All Rights Reserved.", "Built with Meta Llama 3"),
+    "llama3.1": LlamaTerms(
+        "Llama 3.1 Community License", "https://www.llama.com/llama3_1/license/",
+        "Llama 3.1 is licensed under the Llama 3.1 Community License, Copyright © Meta Platforms, Inc. "
+        "All Rights Reserved.", "Built with Llama"),
+    "llama3.2": LlamaTerms(
+        "Llama 3.2 Community License", "https://www.llama.com/llama3_2/license/",
+        "Llama 3.2 is licensed under the Llama 3.2 Community License, Copyright © Meta Platforms, Inc. "
+        "All Rights Reserved.", "Built with Llama"),
+    "llama3.3": LlamaTerms(
+        "Llama 3.3 Community License", "https://www.llama.com/llama3_3/license/",
+        "Llama 3.3 is licensed under the Llama 3.3 Community License, Copyright © Meta Platforms, Inc. "
+        "All Rights Reserved.", "Built with Llama"),
+    "llama4": LlamaTerms(
+        "Llama 4 Community License", "https://www.llama.com/llama4/license/",
+        "Llama 4 is licensed under the Llama 4 Community License, Copyright © Meta Platforms, Inc. "
+        "All Rights Reserved.", "Built with Llama"),
+}
+
+# Spellings seen in GGUF `general.license` values and hand-written cards, mapped to Hub ids.
+_ALIASES = {
+    "apache-2": "apache-2.0", "apache2": "apache-2.0", "apache-license-2.0": "apache-2.0",
+    "apache-license-version-2.0": "apache-2.0", "apache-2.0-license": "apache-2.0",
+    "mit-license": "mit", "the-mit-license": "mit",
+    "llama-2": "llama2", "llama-3": "llama3", "llama-3.1": "llama3.1", "llama-3.2": "llama3.2",
+    "llama-3.3": "llama3.3", "llama-4": "llama4",
+}
+
+# Files of a model folder that belong with its license (copied into a release).
+LICENSE_FILE_NAMES = ("LICENSE", "LICENSE.txt", "LICENSE.md", "LICENCE", "LICENCE.txt", "NOTICE",
+                      "NOTICE.txt", "NOTICE.md", "USE_POLICY.md", "USE_POLICY.txt")
+
+
+def normalize_id(value: object) -> str | None:
+    """A license value as a lower-case Hub id ("Apache-2.0" -> "apache-2.0"); None when empty."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):  # some cards list one license in a YAML list
+        value = value[0] if len(value) == 1 else " ".join(map(str, value))
+    text = re.sub(r"[\s_,]+", "-", str(value).strip().lower()).strip("-")
+    if not text:
+        return None
+    return _ALIASES.get(text, text)
+
+
+def kind_of(license_id: str | None) -> Kind:
+    """The family of a normalized Hub license id."""
+    if license_id is None:
+        return Kind.MISSING
+    if _NO_DERIVATIVES.match(license_id):
+        return Kind.NO_DERIVATIVES
+    if license_id in LLAMA:
+        return Kind.LLAMA
+    if license_id in NON_COMMERCIAL:
+        return Kind.NON_COMMERCIAL
+    if license_id in REDISTRIBUTABLE:
+        return Kind.PERMISSIVE
+    if license_id == "other":
+        return Kind.OTHER
+    return Kind.UNKNOWN
+
+
+@dataclass(frozen=True)
+class License:
+    """One model's declared license."""
+
+    id: str | None                 # normalized Hub id; None when nothing is declared
+    source: str                    # where it was read: "z/README.md", "t.gguf general.license", "--license"
+    name: str | None = None        # license_name (for `other`)
+    link: str | None = None        # license_link (for `other`): a URL or a file of the model's folder
+    folder: Path | None = None     # the model folder, for a relative license_link and license files
+    repo: str | None = None        # the model's Hub repo id, when known (absolute links)
+
+    @property
+    def kind(self) -> Kind:
+        if self.id == "other":
+            # `other` names its terms; those may be a family we know (license_name: cc-by-nc-nd-4.0)
+            named = [kind_of(normalize_id(part)) for part in re.split(r"-and-|\+", self.name or "")]
+            if Kind.NO_DERIVATIVES in named:
+                return Kind.NO_DERIVATIVES
+            return Kind.OTHER if self.name and self.link else Kind.UNKNOWN
+        return kind_of(self.id)
+
+    @property
+    def label(self) -> str:
+        if self.id == "other":
+            return self.name or "other"
+        return self.id or "no license"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------------
+
+def split_front_matter(text: str, source: str = "README.md") -> tuple[dict, str]:
+    """(YAML front matter as a dict, the rest of the text). No front matter gives ({}, text)."""
+    text = text.lstrip("\ufeff")
+    lines = text.splitlines(keepends=True)
+    if not lines or lines[0].strip() != "---":
+        return {}, text
+    for end in range(1, len(lines)):
+        if lines[end].strip() == "---":
+            break
+    else:
+        raise LicenseError(f"{source}: front matter opened with '---' is never closed")
+    try:
+        meta = yaml.safe_load("".join(lines[1:end])) or {}
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        line = f" (line {where.line + 2})" if where is not None else ""
+        raise LicenseError(f"{source}: front matter is not valid YAML{line}") from None
+    if not isinstance(meta, dict):
+        raise LicenseError(f"{source}: front matter is not a YAML mapping")
+    return meta, "".join(lines[end + 1:])
+
+
+def read_card(folder: Path) -> dict:
+    """The front matter of a model folder's README.md ({} when there is none)."""
+    readme = Path(folder) / "README.md"
+    if not readme.is_file():
+        return {}
+    return split_front_matter(readme.read_text(encoding="utf-8", errors="replace"), str(readme))[0]
+
+
+def gating_fields(meta: dict) -> dict:
+    """The card's `extra_gated_*` fields, in their order."""
+    return {k: v for k, v in meta.items() if isinstance(k, str) and k.startswith("extra_gated_")}
+
+
+def license_from_card(meta: dict, source: str, folder: Path | None = None, repo: str | None = None) -> License:
+    name, link = meta.get("license_name"), meta.get("license_link")
+    return License(normalize_id(meta.get("license")), source,
+                   str(name) if name is not None else None, str(link) if link is not None else None,
+                   folder, repo)
+
+
+def license_from_folder(folder: Path, repo: str | None = None) -> License:
+    folder = Path(folder)
+    return license_from_card(read_card(folder), str(folder / "README.md"), folder, repo)
+
+
+def license_from_gguf(path, opened=None) -> License:
+    """`general.license` (with `general.license.name` / `.link` for `other`) of a GGUF.
+    `opened`: the file already open as a GGUFFile (saves parsing it again)."""
+    from ..convert.gguf_file import GGUFFile
+
+    f = opened if opened is not None else GGUFFile(path)
+    try:
+        value, name, link = f.get("general.license"), f.get("general.license.name"), f.get("general.license.link")
+        repo = f.get("general.repo_url")
+    finally:
+        if opened is None:
+            f.close()
+    return License(normalize_id(value), f"{path} general.license", name, link, None, repo)
+
+
+def license_of(path: Path, repo: str | None = None) -> License:
+    """A model's license from its folder (README.md front matter) or its GGUF (general.license)."""
+    path = Path(path)
+    return license_from_folder(path, repo) if path.is_dir() else license_from_gguf(path)
+
+
+def with_override(declared: License, override: str | None, option: str) -> License:
+    """Apply `--license` / `--target-license`.
+
+    The option fills in a license that is missing or unknown. It may not contradict a license the
+    model card already declares: a card that says cc-by-nc-nd-4.0 is not made shareable by a flag.
+    """
+    if override is None:
+        return declared
+    wanted = normalize_id(override)
+    if wanted is None:
+        raise LicenseError(f"{option}: empty license id")
+    if kind_of(wanted) is Kind.UNKNOWN:
+        raise LicenseError(
+            f"{option} {override!r}: not a Hub license id this tool knows; use a Hub id (apache-2.0, "
+            "mit, cc-by-nc-4.0, llama3.1, ...) or 'other' with license_name/license_link in the model card")
+    if declared.kind not in (Kind.MISSING, Kind.UNKNOWN) and wanted != declared.id:
+        raise LicenseError(
+            f"{option} {wanted}: {declared.source} declares {declared.label}; the card's license stands "
+            "(correct the model card if the license really changed)")
+    if wanted == "other" and not (declared.name and declared.link):
+        raise LicenseError(
+            f"{option} other: {declared.source} has no license_name and license_link to say which terms; "
+            "add them to its front matter")
+    return License(wanted, option, declared.name, declared.link, declared.folder, declared.repo)
+
+
+# ---------------------------------------------------------------------------------------------
+# The effective terms of a drafter GGUF: the drafter's and the target's
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Terms:
+    drafter: License
+    target: License
+    card: dict                                  # license / license_name / license_link for the card
+    gating: dict = field(default_factory=dict)  # extra_gated_* carried over
+    llama: list[LlamaTerms] = field(default_factory=list)
+    non_commercial: bool = False
+
+    @property
+    def notice(self) -> str | None:
+        """The NOTICE text the Llama licenses require, or None."""
+        if not self.llama:
+            return None
+        return "\n".join(t.notice for t in self.llama) + "\n"
+
+    @property
+    def built_with(self) -> str | None:
+        return self.llama[0].built_with if self.llama else None
+
+    @property
+    def combined(self) -> bool:
+        """The card names both licenses together (license: other, link to LICENSES.md)."""
+        return self.card.get("license_link") == COMBINED_LICENSE_FILE
+
+
+COMBINED_LICENSE_FILE = "LICENSES.md"
+
+
+def _refusal(lic: License, role: str, option: str) -> str | None:
+    kind = lic.kind
+    if kind is Kind.NO_DERIVATIVES:
+        return (f"{role} license {lic.label} ({lic.source}) is NoDerivatives: converted or quantized "
+                "copies may not be shared")
+    if kind is Kind.MISSING:
+        return f"{role} declares no license ({lic.source}); pass {option} ID if you know its terms"
+    if kind is Kind.UNKNOWN:
+        what = "license 'other' without license_name/license_link" if lic.id == "other" else f"license {lic.id!r}"
+        return f"{role} {what} is not one this tool can judge ({lic.source}); pass {option} ID"
+    return None
+
+
+def _card_fields(lic: License) -> dict:
+    if lic.id != "other":
+        return {"license": lic.id}
+    return {"license": "other", "license_name": lic.name, "license_link": lic.link}
+
+
+def _rank(kind: Kind) -> int:
+    return {Kind.PERMISSIVE: 0, Kind.OTHER: 1, Kind.NON_COMMERCIAL: 1, Kind.LLAMA: 1}[kind]
+
+
+def effective_terms(drafter: License, target: License, gating: dict | None = None) -> Terms:
+    """The terms of a drafter GGUF built from `drafter` with `target`'s tokenizer.
+
+    Raises LicenseError (naming every reason) when sharing it is not allowed or cannot be judged.
+    """
+    problems = [p for p in (_refusal(drafter, "drafter", "--license"),
+                            _refusal(target, "target", "--target-license")) if p]
+    if problems:
+        raise LicenseError("; ".join(problems))
+    same = drafter.id == target.id and (drafter.id != "other" or drafter.name == target.name)
+    if same or _rank(target.kind) == 0:
+        card = _card_fields(drafter)          # the drafter's weights are the work; the target adds nothing stricter
+    elif _rank(drafter.kind) == 0:
+        card = _card_fields(target)           # the target's tokenizer brings the stricter terms
+    else:                                     # two different restrictive licenses: both apply
+        name = f"{drafter.label}-and-{target.label}"
+        card = {"license": "other", "license_name": re.sub(r"[^a-z0-9.+-]+", "-", name.lower()),
+                "license_link": COMBINED_LICENSE_FILE}
+    llama = [LLAMA[lic.id] for lic in (drafter, target) if lic.kind is Kind.LLAMA]
+    llama = list(dict.fromkeys(llama))
+    nc = Kind.NON_COMMERCIAL in (drafter.kind, target.kind)
+    return Terms(drafter, target, card, dict(gating or {}), llama, nc)
+
+
+def merge_gating(*metas: dict) -> dict:
+    """`extra_gated_*` fields of several cards: the first card's value wins, dict fields are merged."""
+    out: dict = {}
+    for meta in metas:
+        for key, value in gating_fields(meta).items():
+            if key not in out:
+                out[key] = value
+            elif isinstance(out[key], dict) and isinstance(value, dict):
+                out[key] = {**value, **out[key]}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# What a release folder must hold before it is published
+# ---------------------------------------------------------------------------------------------
+
+def publish_problems(folder: Path) -> list[str]:
+    """Why the release folder may not be published (empty when it may)."""
+    folder = Path(folder)
+    readme = folder / "README.md"
+    if not readme.is_file():
+        return [f"{readme}: missing; a release needs its model card (license, base_model) in the same commit"]
+    meta, _ = split_front_matter(readme.read_text(encoding="utf-8", errors="replace"), str(readme))
+    lic = license_from_card(meta, str(readme), folder)
+    problems = []
+    if lic.kind is Kind.NO_DERIVATIVES:
+        problems.append(f"{readme}: license {lic.label} is NoDerivatives: this folder may not be published")
+    elif lic.kind in (Kind.MISSING, Kind.UNKNOWN):
+        problems.append(f"{readme}: license {lic.label!r} cannot be published as it is (give a Hub license id, "
+                        "or other + license_name + license_link, in the front matter)")
+    if lic.id == "other" and lic.link and "://" not in lic.link and not (folder / lic.link).is_file():
+        problems.append(f"{readme}: license_link {lic.link!r} names a file this folder lacks")
+    mentions_llama = lic.kind is Kind.LLAMA or (lic.id == "other" and "llama" in (lic.name or ""))
+    if mentions_llama and not (folder / "NOTICE").is_file():
+        problems.append(f"{folder}: the Llama license requires a NOTICE file beside the model card")
+    return problems

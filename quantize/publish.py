@@ -1,0 +1,137 @@
+"""Publish a release folder to the Hugging Face Hub as one atomic commit.
+
+The folder is checked first (a model card whose license allows sharing, the files that license
+requires, drafter files named `dflash-*.gguf` at the root and never split); then the repository is
+created if needed and every file goes up in a single `HfApi.create_commit`, so the repository is
+never visible without its card and license. The token comes from huggingface_hub (HF_TOKEN or the
+stored login) and never appears in anything this module returns or raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .. import __version__
+from ..errors import DflashError
+from . import licenses as lic
+
+log = logging.getLogger(__name__)
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+_SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
+
+
+@dataclass(frozen=True)
+class Upload:
+    path: str    # path in the repository (POSIX)
+    bytes: int
+    local: str
+
+
+def check_repo_id(repo: str) -> str:
+    if not _REPO_ID.match(repo) or ".." in repo or repo.endswith((".git", ".")):
+        raise DflashError(f"--repo {repo!r}: give the repository as ORG/NAME (letters, digits, '.', '_', '-')")
+    return repo
+
+
+def plan_upload(folder: str | Path) -> list[Upload]:
+    """Every file of the commit, after checking the folder may be published as it is."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DflashError(f"{folder}: not a folder; give the folder `dflash-gguf release` wrote")
+    problems = lic.publish_problems(folder)
+    if problems:
+        raise lic.LicenseError("; ".join(problems))
+    uploads, ggufs = [], []
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        if any(part.startswith(".") for part in rel.parts) or path.is_dir():
+            continue  # hidden files and folders (.git, editor leftovers) are not part of a release
+        if not path.is_file():
+            raise DflashError(f"{path}: not a regular file")
+        if path.suffix == ".gguf":
+            if len(rel.parts) > 1 or not path.name.startswith("dflash-"):
+                raise DflashError(f"{path}: drafter files sit at the folder's root and are named dflash-*.gguf "
+                                  "(llama.cpp's drafter discovery looks for that prefix)")
+            if _SPLIT.search(path.name):
+                raise DflashError(f"{path}: split GGUF; publish one file per quantization, never split")
+            ggufs.append(path)
+        uploads.append(Upload(rel.as_posix(), path.stat().st_size, str(path)))
+    if not ggufs:
+        raise DflashError(f"{folder}: no dflash-*.gguf file to publish")
+    return uploads
+
+
+def _one_line(err: Exception) -> str:
+    """An exception as one line: the HTTP status and the Hub's own message when there is one."""
+    server = getattr(err, "server_message", None)
+    response = getattr(err, "response", None)
+    status = getattr(response, "status_code", None)
+    if server:
+        text = f"HTTP {status}: {server}" if status else str(server)
+    else:
+        text = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+    return " ".join(text.split())
+
+
+def _scrub(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+@dataclass
+class PublishResult:
+    repo: str
+    private: bool
+    dry_run: bool
+    files: list[dict]
+    total_bytes: int
+    commit_url: str | None = None
+    commit_oid: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def publish(folder: str | Path, repo: str, *, private: bool = False, dry_run: bool = False,
+            api=None, message: str | None = None) -> PublishResult:
+    """Create `repo` if needed and commit every file of `folder` to it in one commit.
+
+    `api` is an `huggingface_hub.HfApi` (default: one for HF_ENDPOINT with the user's token).
+    `dry_run` checks and lists the commit without touching the network.
+    """
+    check_repo_id(repo)
+    uploads = plan_upload(folder)
+    result = PublishResult(repo, private, dry_run, [{"path": u.path, "bytes": u.bytes} for u in uploads],
+                           sum(u.bytes for u in uploads))
+    if dry_run:
+        return result
+
+    from huggingface_hub import CommitOperationAdd, HfApi, get_token
+
+    api = api or HfApi()
+    token = api.token if getattr(api, "token", None) else get_token()
+    if not token:
+        raise DflashError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (or use --dry-run)")
+    secrets = [token] if isinstance(token, str) else []
+    operations = [CommitOperationAdd(path_in_repo=u.path, path_or_fileobj=u.local) for u in uploads]
+    summary = message or f"Upload {len(uploads)} files with dflash-gguf {__version__}"
+    description = "\n".join(f"- {u.path} ({u.bytes} bytes)" for u in uploads)
+    try:
+        log.info("creating %s (exist_ok)", repo)
+        api.create_repo(repo, repo_type="model", private=True if private else None, exist_ok=True, token=token)
+        log.info("committing %d files to %s", len(uploads), repo)
+        info = api.create_commit(repo, operations, commit_message=summary, commit_description=description,
+                                 repo_type="model", token=token)
+    except DflashError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the network boundary: one line, never the token
+        raise DflashError(_scrub(f"publishing to {repo} failed: {_one_line(err)}", secrets)) from None
+    result.commit_url = str(info.commit_url)
+    result.commit_oid = str(info.oid)
+    return result

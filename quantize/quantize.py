@@ -1,0 +1,296 @@
+"""Quantized drafter variants through the patched build's `llama-quantize`, with recipes.
+
+A recipe keeps the tensors acceptance depends on most (the feature projection `fc`, DFlash 2's
+`selector_*` and `*_conv_*`) at a higher precision than the rest, through llama-quantize's
+`--tensor-type PATTERN=TYPE` (a regex searched in each tensor name). After llama-quantize has
+written the file, it is read back and every tensor's type checked against what the recipe says;
+the report gives the types actually produced, since llama-quantize falls back to other types for
+rows a block does not divide (K-quants need rows that are a multiple of 256 values, Q8_0/Q4_0 of 32).
+The output is written to a temporary file and renamed into place only when it checks out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as QT
+
+from ..convert import layout
+from ..convert.gguf_file import GGUFFile
+from ..errors import DflashError
+from .licenses import Kind, LicenseError, license_from_gguf
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+# llama-quantize's file types this tool offers, each with the ggml type most tensors get.
+# (The _M / _S mixtures give some tensors a neighbouring type; the report shows which.)
+QUANT_TYPES: dict[str, QT] = {
+    "Q8_0": QT.Q8_0, "Q6_K": QT.Q6_K,
+    "Q5_K_M": QT.Q5_K, "Q5_K_S": QT.Q5_K, "Q5_1": QT.Q5_1, "Q5_0": QT.Q5_0,
+    "Q4_K_M": QT.Q4_K, "Q4_K_S": QT.Q4_K, "Q4_1": QT.Q4_1, "Q4_0": QT.Q4_0,
+    "IQ4_NL": QT.IQ4_NL, "IQ4_XS": QT.IQ4_XS,
+    "Q3_K_L": QT.Q3_K, "Q3_K_M": QT.Q3_K, "Q3_K_S": QT.Q3_K, "Q2_K": QT.Q2_K,
+}
+# Float types: `release` writes these with the converter; `quantize` passes them to llama-quantize.
+FLOAT_TYPES: dict[str, QT] = {"F32": QT.F32, "F16": QT.F16, "BF16": QT.BF16}
+ALL_TYPES: dict[str, QT] = {**FLOAT_TYPES, **QUANT_TYPES}
+
+# The tensors a recipe keeps: llama-quantize regexes (searched in the lower-case tensor name).
+KEEP_PATTERNS = (r"^fc\.weight$", r"^selector_", r"_conv_")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    keep_type: QT | None  # type of the kept tensors; None: llama-quantize's own mixture throughout
+    description: str
+
+
+RECIPES: dict[str, Recipe] = {r.name: r for r in (
+    Recipe("plain", None, "llama-quantize's own mixture for every tensor; nothing kept"),
+    Recipe("keep-fc", QT.Q8_0, "fc, selector_* and *_conv_* at Q8_0, the rest at the chosen type"),
+    Recipe("keep-fc-f16", QT.F16, "fc, selector_* and *_conv_* at F16, the rest at the chosen type"),
+)}
+DEFAULT_RECIPE = "keep-fc"
+
+
+def parse_type(name: str, option: str = "--type") -> str:
+    """A type name as this tool spells it ("q4_k_m" -> "Q4_K_M"); DflashError when unknown."""
+    key = name.strip().upper()
+    if key not in ALL_TYPES:
+        raise DflashError(f"{option} {name.strip()!r}: choose from {', '.join(ALL_TYPES)}")
+    return key
+
+
+def get_recipe(name: str) -> Recipe:
+    if name not in RECIPES:
+        raise DflashError(f"--recipe {name!r}: choose one of {', '.join(RECIPES)}")
+    return RECIPES[name]
+
+
+def is_kept(name: str) -> bool:
+    return any(re.search(p, name.lower()) for p in KEEP_PATTERNS)
+
+
+def is_quantizable(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether llama-quantize changes this tensor's type at all (its rule, for DFlash tensor names):
+    only 2-D+ tensors whose name ends in `weight`, never norms."""
+    return len(shape) >= 2 and name.endswith("weight") and "_norm.weight" not in name
+
+
+def _block(qtype: QT) -> int:
+    return GGML_QUANT_SIZES[qtype][0]
+
+
+def kept_type(keep: QT, shape: tuple[int, ...]) -> QT:
+    """The type llama-quantize gives a kept tensor: `keep`, or F16 where `keep`'s block does not
+    divide the rows (its fallback for 32-block types)."""
+    return keep if shape[-1] % _block(keep) == 0 else QT.F16
+
+
+def llama_quantize_args(qtype: str, recipe: Recipe) -> list[str]:
+    """The options (before the file names) that make llama-quantize follow `recipe`."""
+    if recipe.keep_type is None or qtype in FLOAT_TYPES:
+        return []
+    keep = recipe.keep_type.name.lower()
+    return [arg for pattern in KEEP_PATTERNS for arg in ("--tensor-type", f"{pattern}={keep}")]
+
+
+def expected_type(name: str, shape: tuple[int, ...], source_type: QT, qtype: str, recipe: Recipe) -> QT | None:
+    """The type the recipe promises for a tensor, or None where llama-quantize's mixture decides."""
+    if not is_quantizable(name, shape):
+        return source_type
+    if qtype in FLOAT_TYPES:
+        return FLOAT_TYPES[qtype]
+    if recipe.keep_type is not None and is_kept(name):
+        return kept_type(recipe.keep_type, shape)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding llama-quantize
+# ---------------------------------------------------------------------------------------------
+
+def find_llama_quantize(llama_bin: Path | None = None) -> Path:
+    """`llama-quantize` in `llama_bin`, else in the patched build of the cache."""
+    if llama_bin is None:
+        try:
+            from ..runner.build import find_build
+        except ImportError:  # runner not present in this build of the package
+            find_build = None
+        llama_bin = find_build() if find_build else None
+        if llama_bin is None:
+            raise DflashError("no patched llama.cpp build found: run `dflash-gguf llama build` "
+                              "(or pass --llama-bin DIR)")
+    exe = Path(llama_bin) / ("llama-quantize.exe" if os.name == "nt" else "llama-quantize")
+    if not exe.is_file():
+        raise DflashError(f"{exe}: not found; --llama-bin must be the bin folder of a llama.cpp build")
+    return exe
+
+
+def _runtime_env(bin_dir: Path) -> dict[str, str]:
+    try:
+        from ..runner.build import runtime_env
+    except ImportError:
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(bin_dir), env.get("LD_LIBRARY_PATH")) if p)
+        return env
+    return runtime_env(bin_dir)
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantizing
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class TensorReport:
+    name: str
+    shape: list[int]
+    source_type: str
+    type: str
+    role: str  # "kept" (recipe keeps it at higher precision), "quantized", "unchanged" (norms, 1-D, conv bases)
+
+
+@dataclass
+class QuantizeResult:
+    source: str
+    output: str
+    type: str
+    recipe: str
+    bytes: int
+    seconds: float
+    types: dict[str, int]                 # ggml type -> number of tensors, as written
+    tensors: list[TensorReport]
+    fallbacks: list[dict] = field(default_factory=list)  # what llama-quantize said it fell back from
+    off_type: list[str] = field(default_factory=list)    # "quantized" tensors not at the type's main ggml type
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_FALLBACK = re.compile(r"warning:\s+(\S+)\s+- ncols\s+(\d+) not divisible by\s+(\d+) "
+                       r"\(required for type\s+(\S+)\).*?-> falling back to\s+(\S+)")
+
+
+def parse_fallbacks(log_text: str) -> list[dict]:
+    """llama-quantize's `falling back` warnings: tensor, row length, wanted type, type used."""
+    seen, out = set(), []
+    for m in _FALLBACK.finditer(log_text):
+        name, ncols, _, wanted, got = m.groups()
+        if name not in seen:
+            seen.add(name)
+            out.append({"tensor": name, "row": int(ncols), "wanted": wanted.upper(), "used": got.upper()})
+    return out
+
+
+def check_input(src: Path) -> GGUFFile:
+    """Open a drafter GGUF fit to quantize: mainline DFlash layout, float tensors, license allows."""
+    f = GGUFFile(src)
+    try:
+        if f.architecture == layout.LEGACY_ARCH:
+            raise DflashError(f"{src}: legacy dflash-draft layout; migrate it first with "
+                              f"`dflash-gguf convert {src.name}`")
+        if f.architecture != layout.ARCH:
+            raise DflashError(f"{src}: general.architecture is {f.architecture!r}, not a DFlash drafter ('dflash')")
+        quantized = sorted({t.type.name for t in f.tensors.values() if t.type not in FLOAT_TYPES.values()})
+        if quantized:
+            raise DflashError(f"{src}: already holds quantized tensors ({', '.join(quantized)}); quantize from "
+                              "the F16/BF16/F32 conversion instead")
+        lic = license_from_gguf(src, f)
+        if lic.kind is Kind.NO_DERIVATIVES:
+            raise LicenseError(f"{src}: general.license is {lic.label} (NoDerivatives): quantized copies are "
+                               "adapted material the license forbids")
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def _role(name: str, shape: tuple[int, ...], qtype: str, recipe: Recipe) -> str:
+    if not is_quantizable(name, shape):
+        return "unchanged"
+    if recipe.keep_type is not None and qtype not in FLOAT_TYPES and is_kept(name):
+        return "kept"
+    return "quantized"
+
+
+def verify(src: GGUFFile, out: Path, qtype: str, recipe: Recipe) -> list[TensorReport]:
+    """Read the written file back: same tensors and shapes, every key kept, and each tensor of the
+    type the recipe promises. Raises DflashError naming the first tensors that are not."""
+    with GGUFFile(out) as q:
+        missing = sorted(set(src.tensors) - set(q.tensors))
+        extra = sorted(set(q.tensors) - set(src.tensors))
+        if missing or extra:
+            raise DflashError(f"{out}: llama-quantize changed the tensor set "
+                              f"(missing {missing[:3]}, extra {extra[:3]})")
+        lost = sorted(k for k in src.kv if k not in q.kv)
+        if lost:
+            raise DflashError(f"{out}: llama-quantize dropped metadata {', '.join(lost[:5])}")
+        reports, wrong = [], []
+        for name, t in src.tensors.items():
+            got = q.tensors[name]
+            if got.shape != t.shape:
+                wrong.append(f"{name} shape {list(got.shape)} != {list(t.shape)}")
+                continue
+            want = expected_type(name, t.shape, t.type, qtype, recipe)
+            if want is not None and got.type != want:
+                wrong.append(f"{name} is {got.type.name}, recipe {recipe.name} says {want.name}")
+            reports.append(TensorReport(name, list(t.shape), t.type.name, got.type.name,
+                                        _role(name, t.shape, qtype, recipe)))
+        if wrong:
+            more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+            raise DflashError(f"{out}: tensor types differ from recipe {recipe.name}: {'; '.join(wrong[:3])}{more}")
+        return reports
+
+
+def quantize(src: str | Path, out: str | Path, qtype: str, recipe: str = DEFAULT_RECIPE,
+             llama_bin: Path | None = None, threads: int | None = None,
+             progress: Progress | None = None) -> QuantizeResult:
+    """Quantize drafter GGUF `src` to `out` as `qtype` following `recipe`, through llama-quantize."""
+    started = time.perf_counter()
+    src, out = Path(src), Path(out)
+    qtype, rec = parse_type(qtype), get_recipe(recipe)
+    exe = find_llama_quantize(llama_bin)
+    if out.resolve() == src.resolve():
+        raise DflashError(f"{out}: output would overwrite the input")
+    source = check_input(src)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    try:
+        cmd = [str(exe), *llama_quantize_args(qtype, rec), str(src), str(tmp), qtype]
+        cmd.append(str(threads or os.cpu_count() or 1))
+        if progress:
+            progress(f"llama-quantize {src.name} -> {out.name} ({qtype}, recipe {rec.name})")
+        log.info("running %s", " ".join(cmd))
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, errors="replace",
+                              env=_runtime_env(exe.parent))
+        text = proc.stdout + proc.stderr
+        if proc.returncode != 0 or not tmp.is_file():
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+            reason = next((ln for ln in reversed(lines) if "error" in ln.lower() or "failed" in ln.lower()),
+                          lines[-1] if lines else "no output")
+            raise DflashError(f"llama-quantize failed on {src} (exit {proc.returncode}): {reason}")
+        reports = verify(source, tmp, qtype, rec)
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        source.close()
+    main = ALL_TYPES[qtype]
+    off = [r.name for r in reports if r.role == "quantized" and r.type != main.name]
+    return QuantizeResult(
+        source=str(src), output=str(out), type=qtype, recipe=rec.name, bytes=out.stat().st_size,
+        seconds=round(time.perf_counter() - started, 3),
+        types=dict(sorted(Counter(r.type for r in reports).items())), tensors=reports,
+        fallbacks=parse_fallbacks(text), off_type=off)

@@ -1,0 +1,85 @@
+"""The z-lab reference drafter's (PyPI dflash==0.1.0, `dflash.model`) greedy draft for one block,
+laid out as llama.cpp's DFlash speculator drafts it, to compare with the `dflash draft:` lines that
+ggml_patches/0003 logs.
+
+llama.cpp drafts with the target's features of the tokens already in its context (positions
+0..pos-1, tapped at the layers of the drafter's `target_layer_ids`) injected into the draft KV cache,
+and one block `[id_last, mask x n_draft]` at positions pos..pos+n_draft; the draft is the argmax of
+the block's positions 1..n_draft. The same as one step of `dflash.model.dflash_generate`:
+`llama-speculative-simple` starts with context = prompt[:-1], id_last = prompt[-1];
+`llama-server` with context = the whole prompt, id_last = the target's first sampled token.
+
+Everything runs in float32 from the checkpoints' bf16 weights.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+
+@functools.lru_cache(maxsize=4)
+def _target(target_dir: str):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+
+
+@functools.lru_cache(maxsize=8)
+def _drafter(drafter_dir: str):
+    from dflash.model import DFlashDraftModel
+    return DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32).eval()
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(target_dir: str):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(target_dir)
+
+
+def tokenize(target_dir: Path, text: str) -> list[int]:
+    """The target's token ids for `text` (no special tokens added: Qwen adds no BOS)."""
+    return list(_tokenizer(str(target_dir))(text).input_ids)
+
+
+def reference_layer_causality(drafter_dir: Path) -> list[bool]:
+    """Per draft layer, whether the reference attends causally (Qwen3DFlashAttention.is_causal)."""
+    return [bool(layer.self_attn.is_causal) for layer in _drafter(str(drafter_dir)).layers]
+
+
+def reference_draft(drafter_dir: Path, target_dir: Path, context_ids: list[int], id_last: int,
+                    n_draft: int, causal: list[bool] | None = None) -> list[int]:
+    """The reference's greedy draft of `n_draft` tokens after `context_ids` + `id_last`.
+
+    `causal` overrides the per-layer causality the reference decides (e.g. `[False] * n_layers`:
+    every layer non-causal, what upstream llama.cpp does without `dflash.attention.causal`); the
+    model is restored afterwards.
+    """
+    from dflash.model import _draft_value, _output_head, _raw_input_embeddings, extract_context_feature
+
+    target = _target(str(target_dir))
+    draft = _drafter(str(drafter_dir))
+    layers = [layer.self_attn for layer in draft.layers]
+    saved = [attn.is_causal for attn in layers]
+    if causal is not None and len(causal) != len(layers):
+        raise ValueError(f"causal has {len(causal)} entries for a drafter of {len(layers)} layers")
+
+    context = torch.tensor([context_ids], dtype=torch.long)
+    block = torch.full((1, n_draft + 1), int(draft.mask_token_id), dtype=torch.long)
+    block[0, 0] = id_last
+    try:
+        for attn, value in zip(layers, causal if causal is not None else saved):
+            attn.is_causal = value
+        with torch.inference_mode():
+            out = target(context, output_hidden_states=True)
+            hidden = extract_context_feature(out.hidden_states, draft.target_layer_ids)
+            scale = float(_draft_value(draft.config, "input_embedding_scale", 1.0))
+            noise = _raw_input_embeddings(target, block, scale)
+            positions = torch.arange(context.shape[1] + block.shape[1])[None]
+            h = draft(target_hidden=hidden, noise_embedding=noise, position_ids=positions)[:, 1:, :]
+            logits = draft.compute_logits(h, _output_head(target))
+            return torch.argmax(logits, dim=-1)[0].tolist()
+    finally:
+        for attn, value in zip(layers, saved):
+            attn.is_causal = value

@@ -1,0 +1,214 @@
+"""What each patch of ggml_patches/series changes, through the patched llama.cpp programs a user runs.
+
+- 0001-dflash-startup-checks: a drafter that does not fit its target ends llama-server, llama-cli
+  and llama-speculative-simple with exit status 1 and one "dflash: ..." line naming both values,
+  instead of a GGML_ASSERT abort (SIGABRT, status 134, core dump).
+- 0002-dflash-swa-causal: a drafter with sliding-window layers and no `is_causal` drafts what the
+  z-lab reference drafts (sliding layers causal, full layers non-causal); one without sliding
+  layers drafts as before.
+- 0003-dflash-log-drafts: at debug verbosity (-lv 5) each draft is logged as
+  `dflash draft: seq_id=.. pos=.. id_last=.. n=.. ids=[..]`, on stderr, server included.
+
+`DFLASH_GGUF_TEST_LLAMA_BIN=<bin dir> pytest tests/test_patches.py` runs the same tests against the
+programs of another build; against an unpatched build of the pinned tree all 12 fail.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from dflash_gguf.convert.converter import convert
+from dflash_gguf.convert.target_model import convert_target
+from dflash_gguf.runner.server import LlamaServer, free_port
+
+from tests.llama_tools import parse_drafts, run_tool
+from tests.malformed import edit_config, regenerate_weights
+from tests.reference_drafts import reference_draft, reference_layer_causality, tokenize
+
+pytestmark = pytest.mark.integration
+
+PROMPT = "Hello world, this is a test of"
+N_DRAFT = 15  # block size 16 - 1: the whole block of the fixture drafters
+# exact numerics on both sides: float32 weights (--outtype f32) and float32 KV caches in llama.cpp,
+# float32 PyTorch for the reference (see test_first_draft_matches_reference)
+F32_CACHES = ("-ctk", "f32", "-ctv", "f32", "-ctkd", "f32", "-ctvd", "f32")
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------
+
+def _fake_target(fixtures: Path, folder: Path, **config) -> Path:
+    """The tiny target's HF folder without weights (all the converter reads), config edited."""
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (fixtures / "target-hf" / name).is_file():
+            shutil.copyfile(fixtures / "target-hf" / name, folder / name)
+    data = json.loads((fixtures / "target-hf" / "config.json").read_text())
+    data.update(config)
+    (folder / "config.json").write_text(json.dumps(data, indent=2))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def misfit_drafters(fixtures: Path, tmp_path_factory) -> dict[str, Path]:
+    """Drafter GGUFs that do not fit the tiny target (6 layers, hidden 64), each like dflash-b16.
+
+    Our converter refuses them against the real target, so each is converted against a fake target
+    that it does fit (a user converting against the wrong target, or with another converter).
+    """
+    work = tmp_path_factory.mktemp("misfit")
+    out = {}
+
+    # trained for a wider target: hidden 128
+    src = shutil.copytree(fixtures / "dflash-b16", work / "wide-128")
+    regenerate_weights(edit_config(src, hidden_size=128))
+    out["wide-128"] = work / "wide-128.gguf"
+    convert(src, _fake_target(fixtures, work / "target-wide", hidden_size=128), out["wide-128"])
+
+    # taps layer 8 of a deeper target: GGUF dflash.target_layers [1, 3, 9], past the target's 6
+    src = shutil.copytree(fixtures / "dflash-b16", work / "deep-ids")
+    edit_config(src, dflash__target_layer_ids=[0, 2, 8])
+    out["deep-ids"] = work / "deep-ids.gguf"
+    convert(src, _fake_target(fixtures, work / "target-deep", num_hidden_layers=12), out["deep-ids"])
+
+    # taps the target's last layer (HF id 5, GGUF 6 == n_layer): within its depth, so our converter
+    # accepts it, but the qwen3 graph records the inputs of layers 1..5 only
+    src = shutil.copytree(fixtures / "dflash-b16", work / "last-id")
+    edit_config(src, dflash__target_layer_ids=[0, 2, 5])
+    out["last-id"] = work / "last-id.gguf"
+    convert(src, fixtures / "target-hf", out["last-id"])
+    return out
+
+
+@pytest.fixture(scope="session")
+def f32_models(fixtures: Path, tmp_path_factory) -> dict[str, Path]:
+    """The tiny target and the drafters dflash-b16 and dflash-swa as float32 GGUFs."""
+    work = tmp_path_factory.mktemp("f32")
+    models = {"target": convert_target(fixtures / "target-hf", work / "target-f32.gguf", "f32")}
+    for name in ("dflash-b16", "dflash-swa"):
+        models[name] = work / f"{name}-f32.gguf"
+        convert(fixtures / name, models["target"], models[name], "f32")
+    return models
+
+
+# ---------------------------------------------------------------------------------------------
+# 0001: a drafter that does not fit its target is refused with one line
+# ---------------------------------------------------------------------------------------------
+
+# the line naming both values, per misfit drafter
+MISFIT_LINES = {
+    "wide-128": r"dflash: draft embedding length 128 != target 64\b",
+    "deep-ids": r"dflash: draft target layer 9 \(dflash\.target_layers\) is outside the target's layers 1\.\.6\b",
+    "last-id": r"dflash: draft target layer 6 \(dflash\.target_layers\) is not recorded by the qwen3 graph, "
+               r"which provides layers 1\.\.5\b",
+}
+
+TOOL_ARGS = {
+    "llama-server": ("--host", "127.0.0.1"),  # and --port, a free one
+    "llama-cli": ("-p", "Hello", "-n", "4", "-st"),
+    "llama-speculative-simple": ("-p", "Hello", "-n", "8"),
+}
+
+
+@pytest.mark.parametrize("tool", list(TOOL_ARGS))
+@pytest.mark.parametrize("misfit", list(MISFIT_LINES))
+def test_misfit_drafter_is_refused_with_one_line(llama_bin: Path, target_gguf: Path,
+                                                 misfit_drafters: dict[str, Path], misfit: str, tool: str):
+    """Unpatched (measured on the pinned tree, CPU): SIGABRT, exit status 134, core dump, with
+    GGML_ASSERT(ggml_can_repeat(b, a)) (wide-128), GGML_ASSERT(lid <= model.hparams.n_layer())
+    (deep-ids), GGML_ASSERT(t_layer_inp[il] != nullptr && "layer input tensor is null")
+    (last-id; llama-server only reaches it at the first request, so it starts and serves)."""
+    args = TOOL_ARGS[tool] + (("--port", str(free_port())) if tool == "llama-server" else ())
+    proc = run_tool(llama_bin, tool, "-m", target_gguf, "-md", misfit_drafters[misfit],
+                    "--spec-type", "draft-dflash", "-c", "512", "-t", "1", *args, timeout=30)
+    log = proc.stdout + proc.stderr
+    tail = "\n".join(log.splitlines()[-15:])
+    assert proc.returncode == 1, f"{tool} exited with status {proc.returncode}, expected 1:\n{tail}"
+    assert "GGML_ASSERT" not in log and "core dumped" not in log.lower(), tail
+    lines = [line for line in log.splitlines() if re.search(MISFIT_LINES[misfit], line)]
+    assert len(lines) == 1, f"expected one line matching {MISFIT_LINES[misfit]!r}, got {len(lines)}:\n{tail}"
+
+
+# ---------------------------------------------------------------------------------------------
+# 0002 (and 0003, which makes the drafts visible): drafts equal the reference's
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("drafter", ["dflash-swa", "dflash-b16"])
+def test_first_draft_matches_reference(llama_bin: Path, fixtures: Path, f32_models: dict[str, Path],
+                                       drafter: str):
+    """llama-speculative-simple's first draft (greedy, the whole block of 15) equals the z-lab
+    reference's (dflash==0.1.0 DFlashDraftModel, float32) for the same context and block.
+
+    Prompt "Hello world, this is a test of" = [9707, 1879, 11, 419, 374, 264, 1273, 315]:
+    context = the first 7 tokens, block = [315, mask x 15] at positions 7..22.
+
+    dflash-swa (layer_types sliding, sliding, full; sliding_window 32; no is_causal), measured:
+      reference (sliding layers causal, full non-causal): 146045 146045 142626 79176 102379 42536 40155 x9
+      unpatched llama.cpp (0001 + 0003, without 0002):    40155 x15, i.e. the reference with every
+                                                          layer non-causal (asserted below too); the
+                                                          same with the fully unpatched build and f16
+                                                          models, printed by a modified
+                                                          llama-speculative-simple
+      patched:                                            the reference
+    dflash-b16 (no sliding layers, non-causal everywhere in both): unchanged by 0002, the reference
+      59676 59676 59676 52275 x6 35002 19478 19478 52275 x3.
+    Without 0003 there is no `dflash draft:` line and the test fails on that.
+
+    Numerics: the models are converted with --outtype f32 and llama.cpp runs with f32 KV caches
+    (-ctk/-ctv/-ctkd/-ctvd f32), so all 15 tokens are compared exactly. With the f16 target and
+    f16/bf16 drafters the first drafts happened to agree as well, but later drafts of the same run
+    already differ between f16 and f32 (the reference's smallest top-2 logit gap in these blocks is
+    about 0.01 for logits of about 4), so a 16-bit comparison would depend on the CPU's kernels.
+    """
+    target_dir = fixtures / "target-hf"
+    ids = tokenize(target_dir, PROMPT)
+    proc = run_tool(llama_bin, "llama-speculative-simple", "-m", f32_models["target"],
+                    "-md", f32_models[drafter], "--spec-type", "draft-dflash", "--spec-draft-n-max", str(N_DRAFT),
+                    "-p", PROMPT, "-n", str(N_DRAFT + 1), "--temp", "0", "-c", "512", "-t", "1",
+                    *F32_CACHES, "-lv", "5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    drafts = parse_drafts(proc.stderr)
+    assert drafts, "no `dflash draft:` line at -lv 5 (ggml_patches/0003-dflash-log-drafts.patch missing?)"
+    first = drafts[0]
+    # llama.cpp tokenized the prompt as the reference did: context ids[:-1], block starts with ids[-1]
+    assert (first.pos, first.id_last) == (len(ids) - 1, ids[-1])
+
+    expected = reference_draft(fixtures / drafter, target_dir, ids[:-1], ids[-1], N_DRAFT)
+    assert first.ids == expected
+
+    causal = reference_layer_causality(fixtures / drafter)
+    all_noncausal = reference_draft(fixtures / drafter, target_dir, ids[:-1], ids[-1], N_DRAFT,
+                                    causal=[False] * len(causal))
+    if drafter == "dflash-swa":
+        assert causal == [True, True, False]
+        # what upstream computes (one non-causal switch for every layer) is told apart by this test
+        assert all_noncausal != expected
+    else:
+        assert causal == [False, False] and all_noncausal == expected
+
+
+def test_server_logs_drafts(llama_bin: Path, fixtures: Path, f32_models: dict[str, Path],
+                                      tmp_path: Path):
+    """llama-server -lv 5 logs each draft; its first draft (context = the whole prompt,
+    block = [the target's first token, mask x 15]) is the reference's, for dflash-swa.
+
+    Unpatched: no `dflash draft:` line (0003), and the draft itself would be the all-non-causal one (0002).
+    """
+    target_dir = fixtures / "target-hf"
+    ids = tokenize(target_dir, PROMPT)
+    log = tmp_path / "llama-server.log"
+    args = ["-md", f32_models["dflash-swa"], "--spec-type", "draft-dflash", "--spec-draft-n-max", str(N_DRAFT),
+            "--parallel", "1", "-c", "512", "-t", "1", *F32_CACHES, "-lv", "5"]
+    with LlamaServer(f32_models["target"], args, bin_dir=llama_bin, log_path=log) as server:
+        answer = server.complete(ids, 4)
+    assert answer.n_predicted == 4
+    drafts = parse_drafts(log.read_text(errors="replace"))
+    assert drafts, "no `dflash draft:` line in llama-server's log at -lv 5"
+    first = drafts[0]
+    assert first.pos == len(ids)
+    assert first.ids == reference_draft(fixtures / "dflash-swa", target_dir, ids, first.id_last, N_DRAFT)

@@ -1,0 +1,275 @@
+"""`dflash-gguf publish` against a local stand-in for the Hub API.
+
+The stand-in answers the requests huggingface_hub makes for `create_repo` and `create_commit`
+(POST /api/repos/create, /api/validate-yaml, /api/models/R/preupload/main, /api/models/R/commit/main),
+says every file is a "regular" upload so the content travels inside the commit, and records each call.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from dflash_gguf.quantize.publish import publish
+
+TOKEN = "hf_TestSecretToken0123456789abcdefXYZ"
+
+
+class HubStub(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.calls: list[dict] = []
+        self.repos: set[str] = set()
+        self.commits: dict[str, list[list[dict]]] = {}
+        self.fail_commit: tuple[int, dict] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: HubStub
+
+    def log_message(self, *args) -> None:  # keep the test output quiet
+        pass
+
+    def _body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            data = b""
+            while True:
+                size = int(self.rfile.readline().strip(), 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return data
+                data += self.rfile.read(size)
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def _send(self, status: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._record(b"")
+        self._send(404, {"error": "not found"})
+
+    def do_POST(self) -> None:
+        body = self._body()
+        path = self._record(body)
+        hub = self.server
+        if path == "/api/repos/create":
+            req = json.loads(body)
+            repo = f"{req['organization']}/{req['name']}"
+            status = 409 if repo in hub.repos else 200
+            hub.repos.add(repo)
+            return self._send(status, {"url": f"{hub.url}/{repo}", "error": "You already created this model repo"
+                                       if status == 409 else None})
+        if path == "/api/validate-yaml":
+            return self._send(200, {"errors": [], "warnings": []})
+        parts = path.split("/")  # /api/models/ORG/NAME/(preupload|commit)/REV
+        if len(parts) == 7 and parts[:3] == ["", "api", "models"]:
+            repo, action = f"{parts[3]}/{parts[4]}", parts[5]
+            if repo not in hub.repos:
+                return self._send(404, {"error": "Repository not found"})
+            if action == "preupload":
+                files = json.loads(body)["files"]
+                return self._send(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                                                  for f in files]})
+            if action == "commit":
+                if hub.fail_commit:
+                    return self._send(*hub.fail_commit)
+                lines = [json.loads(line) for line in body.splitlines() if line.strip()]
+                hub.commits.setdefault(repo, []).append(lines)
+                oid = f"{len(hub.commits[repo]):040x}"
+                return self._send(200, {"commitUrl": f"{hub.url}/{repo}/commit/{oid}", "commitOid": oid,
+                                        "success": True})
+        self._send(404, {"error": f"no route {path}"})
+
+    def _record(self, body: bytes) -> str:
+        path = urlsplit(self.path).path
+        self.server.calls.append({"method": self.command, "path": path, "body": body,
+                                  "headers": {k.lower(): v for k, v in self.headers.items()}})
+        return path
+
+
+@pytest.fixture
+def hub():
+    server = HubStub()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _env(hub: HubStub, tmp_path: Path, token: str | None = TOKEN) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"), HF_HUB_DISABLE_TELEMETRY="1",
+               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    if token:
+        env["HF_TOKEN"] = token
+    return env
+
+
+def _publish(*args, env: dict, verbose: bool = False) -> subprocess.CompletedProcess:
+    """The real command line; `verbose` adds -v, so huggingface_hub's and our INFO log goes to stderr."""
+    return subprocess.run([sys.executable, "-m", "dflash_gguf.cli", *(["-v"] if verbose else []), "publish",
+                           *map(str, args)], check=False, capture_output=True, text=True, env=env)
+
+
+def _folder(path: Path, front: str = "license: apache-2.0\nbase_model: z-lab/x\n", extra: dict | None = None) -> Path:
+    path.mkdir(parents=True)
+    (path / "README.md").write_text(f"---\n{front}---\n# card\n")
+    (path / "dflash-Tiny-F16.gguf").write_bytes(b"GGUF" + bytes(range(256)) * 4)
+    (path / "dflash-Tiny-Q8_0.gguf").write_bytes(b"GGUF" + b"\x01" * 333)
+    (path / "LICENSE").write_text("license text\n")
+    (path / ".cache").mkdir()
+    (path / ".cache" / "junk").write_text("not part of the release")
+    for name, data in (extra or {}).items():
+        (path / name).write_text(data)
+    return path
+
+
+def _refused(proc, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0, proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr
+
+
+EXPECTED = ["LICENSE", "README.md", "dflash-Tiny-F16.gguf", "dflash-Tiny-Q8_0.gguf"]
+
+
+# -- dry run ----------------------------------------------------------------------------------------
+
+def test_dry_run_lists_every_file_and_sends_nothing(hub, tmp_path):
+    folder = _folder(tmp_path / "rel")
+    env = _env(hub, tmp_path, token=None)
+    proc = _publish(folder, "--repo", "me/tiny", "--dry-run", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].startswith("would commit 4 files")
+    for name in EXPECTED:
+        size = (folder / name).stat().st_size
+        assert any(line.split()[0] == name and f"{size:,}" in line for line in proc.stdout.splitlines()), name
+    assert "junk" not in proc.stdout
+    proc = _publish(folder, "--repo", "me/tiny", "--dry-run", "--json", env=env)
+    report = json.loads(proc.stdout)
+    assert report["files"] == [{"path": n, "bytes": (folder / n).stat().st_size} for n in EXPECTED]
+    assert report["dry_run"] is True and report["commit_url"] is None
+    assert hub.calls == []
+
+
+# -- the commit ---------------------------------------------------------------------------------------
+
+def test_publish_is_one_commit_and_the_token_never_shows(hub, tmp_path):
+    folder = _folder(tmp_path / "rel")
+    proc = _publish(folder, "--repo", "me/tiny", "--private", env=_env(hub, tmp_path), verbose=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "HTTP Request: POST" in proc.stderr  # the log is on, and still
+    assert TOKEN not in proc.stdout and TOKEN not in proc.stderr
+    assert f"commit {hub.url}/me/tiny/commit/" in proc.stdout
+
+    posts = [(c["method"], c["path"]) for c in hub.calls]
+    assert posts[0] == ("POST", "/api/repos/create")
+    assert posts.count(("POST", "/api/models/me/tiny/commit/main")) == 1
+    assert posts[-1] == ("POST", "/api/models/me/tiny/commit/main")
+    assert json.loads(hub.calls[0]["body"]) == {"name": "tiny", "organization": "me", "visibility": "private",
+                                                "type": "model"}
+    assert all(c["headers"].get("authorization") == f"Bearer {TOKEN}" for c in hub.calls)  # it was used
+
+    (commit,) = hub.commits["me/tiny"]
+    assert commit[0]["key"] == "header"
+    files = {line["value"]["path"]: base64.b64decode(line["value"]["content"]) for line in commit[1:]}
+    assert sorted(files) == EXPECTED
+    for name, data in files.items():
+        assert data == (folder / name).read_bytes()
+
+
+def test_publishing_again_to_an_existing_repo(hub, tmp_path):
+    folder = _folder(tmp_path / "rel")
+    env = _env(hub, tmp_path)
+    assert _publish(folder, "--repo", "me/tiny", env=env).returncode == 0
+    proc = _publish(folder, "--repo", "me/tiny", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["commit_oid"] == f"{2:040x}" and len(hub.commits["me/tiny"]) == 2
+    assert json.loads(hub.calls[0]["body"]).get("visibility") is None  # not --private: the Hub's default
+
+
+def test_hub_error_is_one_line_without_the_token(hub, tmp_path):
+    folder = _folder(tmp_path / "rel")
+    hub.fail_commit = (403, {"error": f"token {TOKEN} has no write access to me/tiny"})
+    proc = _publish(folder, "--repo", "me/tiny", env=_env(hub, tmp_path), verbose=True)
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]  # -v: the log lines come first
+    assert last == "error: publishing to me/tiny failed: HTTP 403: token *** has no write access to me/tiny"
+    assert TOKEN not in proc.stderr and TOKEN not in proc.stdout
+
+
+def test_no_token_is_refused_before_any_request(hub, tmp_path):
+    proc = _publish(_folder(tmp_path / "rel"), "--repo", "me/tiny", env=_env(hub, tmp_path, token=None))
+    _refused(proc, "no Hugging Face token", "HF_TOKEN")
+    assert hub.calls == []
+
+
+def test_library_call_with_an_explicit_endpoint(hub, tmp_path):
+    from huggingface_hub import HfApi
+
+    folder = _folder(tmp_path / "rel")
+    result = publish(folder, "org/model", api=HfApi(endpoint=hub.url, token=TOKEN), message="first release")
+    assert result.commit_url == f"{hub.url}/org/model/commit/{1:040x}"
+    (commit,) = hub.commits["org/model"]
+    assert commit[0]["value"]["summary"] == "first release"
+    assert "- dflash-Tiny-Q8_0.gguf (337 bytes)" in commit[0]["value"]["description"]
+
+
+# -- refusals: checked before the network -----------------------------------------------------------
+
+@pytest.mark.parametrize("front, extra, needle", [
+    ("license: cc-by-nc-nd-4.0\n", None, "NoDerivatives"),
+    ("license: cc-by-nd-4.0\n", None, "NoDerivatives"),
+    ("tags: [gguf]\n", None, "cannot be published"),
+    ("license: unknown\n", None, "cannot be published"),
+    ("license: llama3.1\n", None, "NOTICE"),
+    ("license: other\nlicense_name: acme\nlicense_link: ACME.md\n", None, "ACME.md"),
+    ("license: apache-2.0\n", {"model-F16.gguf": "x"}, "named dflash-*.gguf"),
+    ("license: apache-2.0\n", {"dflash-Tiny-Q4_0-00001-of-00002.gguf": "x"}, "never split"),
+])
+def test_folders_that_may_not_be_published(hub, tmp_path, front, extra, needle):
+    folder = _folder(tmp_path / "rel", front, extra)
+    proc = _publish(folder, "--repo", "me/tiny", env=_env(hub, tmp_path))
+    _refused(proc, needle)
+    assert hub.calls == []
+
+
+def test_llama_folder_with_notice_may_be_published(tmp_path):
+    folder = _folder(tmp_path / "rel", "license: llama3.1\n", {"NOTICE": "Llama 3.1 is licensed under ..."})
+    assert [f["path"] for f in publish(folder, "me/tiny", dry_run=True).files] == [
+        "LICENSE", "NOTICE", "README.md", "dflash-Tiny-F16.gguf", "dflash-Tiny-Q8_0.gguf"]
+
+
+def test_missing_readme_and_bad_repo_ids(hub, tmp_path):
+    folder = _folder(tmp_path / "rel")
+    (folder / "README.md").unlink()
+    _refused(_publish(folder, "--repo", "me/tiny", "--dry-run", env=_env(hub, tmp_path)), "README.md: missing")
+    for repo in ("tiny", "me/tiny/extra", "me/ti ny", "../x"):
+        _refused(_publish(_folder(tmp_path / repo.replace("/", "_").replace(" ", "_").replace(".", "d")),
+                          "--repo", repo, "--dry-run", env=_env(hub, tmp_path)), "ORG/NAME")
+    assert hub.calls == []
