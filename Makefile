@@ -26,12 +26,14 @@ test: setup
 test-unit: setup
 	$(PY) -m pytest -q -m "not integration and not upstream"
 
-# The tiny fixture models (cached under ~/.cache/dflash-gguf/fixtures) and the target as a GGUF.
+# The tiny random-weight fixtures (cached under ~/.cache/dflash-gguf/fixtures) and the trained pair
+# as GGUF files under build/fixtures/trained.
 fixtures: setup
 	$(PY) -m tests.fixtures.tiny_models
 	$(PY) -m tests.upstream
+	$(PY) -m tests.fixtures.trained_gguf
 
-demo: setup
+demo: llama fixtures
 	$(PY) -m examples.demo
 
 bench-convert: setup
@@ -46,3 +48,9 @@ LLAMA_BACKEND ?=
 .PHONY: llama
 llama: setup
 	$(PY) -m dflash_gguf.cli llama build $(if $(LLAMA_BACKEND),--backend $(LLAMA_BACKEND))
+
+# The trained target/drafter pair committed under tests/fixtures/trained (offline, seeded, CPU;
+# stages and run times in training/README.md).
+.PHONY: train-pair
+train-pair: setup
+	$(PY) -m training.train_pair

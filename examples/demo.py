@@ -1,29 +1,30 @@
-"""`make demo`: the main job end to end on the project's own tiny models.
+"""`make demo`: the main job end to end on the project's own trained target/drafter pair.
 
-Each step prints the command a user would type, runs it for real, and shows its output.
+`make demo` has already set up the venv, built the patched llama.cpp and converted the trained pair
+(`make llama fixtures`). Each step here prints the command a user would type and runs it for real.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from tests.fixtures.tiny_models import DRAFTERS, cached_fixtures
-from tests.legacy_fixture import make_legacy
-from tests.upstream import cached_target_gguf
+from tests.fixtures.trained_gguf import TRAINED, trained_ggufs
 
 OUT = Path("build/demo")
+N_NEW = 128
 
 
-def step(title: str, *args, expect: int = 0) -> subprocess.CompletedProcess:
+def step(title: str, *args, expect: int = 0, show: bool = True) -> subprocess.CompletedProcess:
     print(f"\n== {title}\n$ dflash-gguf {' '.join(shlex.quote(str(a)) for a in args)}", flush=True)
     proc = subprocess.run([sys.executable, "-m", "dflash_gguf.cli", *map(str, args)], text=True,
                           capture_output=True)
-    sys.stdout.write(proc.stdout)
-    sys.stdout.write(proc.stderr)
+    if show:
+        sys.stdout.write(proc.stdout)
+    sys.stdout.write(proc.stderr if proc.returncode else "")
     if proc.returncode != expect:
         sys.exit(f"demo step failed (exit {proc.returncode}, expected {expect})")
     return proc
@@ -31,34 +32,38 @@ def step(title: str, *args, expect: int = 0) -> subprocess.CompletedProcess:
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    print("== fixtures: a tiny Qwen3 target (real Qwen2/Qwen3 BPE vocabulary) and z-lab-layout drafters")
-    fixtures = cached_fixtures()
-    target = cached_target_gguf("f16")
-    print(f"   drafters: {', '.join(sorted(DRAFTERS))}\n   target:   {target}")
+    files = trained_ggufs()
+    target = files["target"]
+    print(f"Trained pair (tests/fixtures/trained, made by `make train-pair`): target {target}")
 
-    for name in sorted(DRAFTERS):
-        step(f"convert {name} against the target GGUF", "convert", fixtures / name, "--target", target,
-             "-o", OUT / f"{name}.gguf", "--force")
-    step("the same drafter against the target's HF folder", "convert", fixtures / "dflash2-b8",
-         "--target", fixtures / "target-hf", "-o", OUT / "dflash2-b8-from-hf.gguf", "--outtype", "q8_0", "--force")
-    step("inspect a DFlash 2 drafter", "inspect", OUT / "dflash2-b8.gguf")
+    drafters = {}
+    for name in ("dflash", "dflash2"):
+        drafters[name] = OUT / f"dflash-trained-{name}-F16.gguf"
+        step(f"convert the {name} checkpoint against the target GGUF", "convert", TRAINED / name,
+             "--target", target, "-o", drafters[name], "--outtype", "f16", "--force")
+    step("inspect the DFlash 2 drafter", "inspect", drafters["dflash2"])
 
-    legacy = make_legacy(OUT / "dflash-b16.gguf", OUT / "legacy-dflash-draft.gguf")
-    step("a legacy fork file is flagged ...", "inspect", legacy, expect=1)
-    step("... and migrated to mainline without touching tensor bytes", "convert", legacy,
-         "-o", OUT / "dflash-b16-migrated.gguf", "--force")
+    reports = {}
+    for name, draft in drafters.items():
+        report = OUT / f"validate-{name}.json"
+        step(f"validate {name}: exact output? what does it buy? ({N_NEW} new tokens, held-out prompts)",
+             "validate", "--target", target, "--draft", draft, "--prompts", files["prompts"], "-n", N_NEW,
+             "--json", report)
+        reports[name] = json.loads(report.read_text())
 
-    with tempfile.TemporaryDirectory() as tmp:
-        broken = Path(tmp) / "drafter"
-        subprocess.run(["cp", "-r", str(fixtures / "dflash-b16"), str(broken)], check=True)
-        config = broken / "config.json"
-        config.write_text(config.read_text().replace('"target_layer_ids": [\n      0,\n      2,\n      4\n    ]',
-                                                     '"target_layer_ids": [\n      0,\n      2,\n      9\n    ]'))
-        step("a drafter made for a deeper target is refused: one line, exit 2, no file", "convert", broken,
-             "--target", target, "-o", OUT / "refused.gguf", expect=2)
+    step("serve + generate: a round trip through llama-server with the DFlash 2 drafter", "generate",
+         "--target", target, "--draft", drafters["dflash2"], "-n", "48", "import os\nimport sys\n\n\ndef main(")
 
-    print("\nOn your own model:\n  dflash-gguf convert path/to/Qwen3-8B-DFlash-b16 --target Qwen3-8B-Q4_K_M.gguf "
-          "-o dflash-Qwen3-8B-F16.gguf --outtype f16\n  dflash-gguf inspect dflash-Qwen3-8B-F16.gguf")
+    print("\n== summary (llama.cpp CPU build, greedy, held-out Python prompts)")
+    print(f"{'drafter':<9} {'exact':<6} {'tau':>6} {'accept':>7} {'target tok/s':>13} {'spec tok/s':>11} {'speedup':>8}")
+    for name, r in reports.items():
+        tps = r["tokens_per_second"]
+        print(f"{name:<9} {('yes' if r['exact'] else 'no'):<6} {r['mean_acceptance_length']:>6.2f} "
+              f"{r['acceptance_rate']:>7.2f} {tps['target']:>13.1f} {tps['speculative']:>11.1f} {r['speedup']:>7.2f}x")
+    print("\nOn your own model:\n"
+          "  dflash-gguf convert path/to/Qwen3-8B-DFlash-b16 --target Qwen3-8B-Q4_K_M.gguf -o dflash-Qwen3-8B-F16.gguf\n"
+          "  dflash-gguf validate --target Qwen3-8B-Q4_K_M.gguf --draft dflash-Qwen3-8B-F16.gguf\n"
+          "  dflash-gguf serve --target Qwen3-8B-Q4_K_M.gguf --draft dflash-Qwen3-8B-F16.gguf")
 
 
 if __name__ == "__main__":
