@@ -27,6 +27,7 @@ from gguf import GGMLQuantizationType as QT
 from ..convert import layout
 from ..convert.gguf_file import GGUFFile
 from ..errors import DflashError
+from ..runner.build import runtime_env
 from .licenses import Kind, LicenseError, license_from_gguf
 
 log = logging.getLogger(__name__)
@@ -137,16 +138,6 @@ def find_llama_quantize(llama_bin: Path | None = None) -> Path:
     if not exe.is_file():
         raise DflashError(f"{exe}: not found; --llama-bin must be the bin folder of a llama.cpp build")
     return exe
-
-
-def _runtime_env(bin_dir: Path) -> dict[str, str]:
-    try:
-        from ..runner.build import runtime_env
-    except ImportError:
-        env = dict(os.environ)
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(bin_dir), env.get("LD_LIBRARY_PATH")) if p)
-        return env
-    return runtime_env(bin_dir)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,7 +264,7 @@ def quantize(src: str | Path, out: str | Path, qtype: str, recipe: str = DEFAULT
             progress(f"llama-quantize {src.name} -> {out.name} ({qtype}, recipe {rec.name})")
         log.info("running %s", " ".join(cmd))
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True, errors="replace",
-                              env=_runtime_env(exe.parent))
+                              env=runtime_env(exe.parent))
         text = proc.stdout + proc.stderr
         if proc.returncode != 0 or not tmp.is_file():
             lines = [ln.strip() for ln in text.splitlines() if ln.strip()]

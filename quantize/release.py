@@ -13,7 +13,6 @@ folder beside DIR and renamed onto DIR at the end, so DIR is either absent, as i
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import json
@@ -33,6 +32,7 @@ from ..convert import layout
 from ..convert.converter import convert
 from ..convert.gguf_file import GGUFFile
 from ..errors import DflashError
+from ..runner.sdist import sha256_file
 from . import licenses as lic
 from .quantize import DEFAULT_RECIPE, FLOAT_TYPES, RECIPES, find_llama_quantize, get_recipe, parse_type, quantize
 
@@ -365,14 +365,6 @@ def parse_types(types: str | list[str]) -> list[str]:
     return out
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _describe_gguf(path: Path) -> tuple[dict[str, int], int, str]:
     """(ggml type -> tensor count, block size, variant name) of a drafter GGUF."""
     with GGUFFile(path) as f:
@@ -491,7 +483,7 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
             validation = _not_validated("--skip-validate") if skip_validate else validate_variant(target, path)
             if not skip_validate:
                 say(f"validated {path.name}: {validation['note']}")
-            variants.append(VariantResult(path.name, qtype, used_recipe, path.stat().st_size, _sha256(path),
+            variants.append(VariantResult(path.name, qtype, used_recipe, path.stat().st_size, sha256_file(path),
                                           validation, counts, off))
         base.unlink()
 
