@@ -1,0 +1,733 @@
+"""Train a small target and its DFlash / DFlash 2 drafters offline, on CPU, from a fixed seed.
+
+    python -m training.train_pair                 # every stage, in order
+    python -m training.train_pair --stage eval    # one stage (they read what earlier ones wrote)
+
+Stages (see training/README.md for the recipe, the seeds and measured run times):
+
+    tokenizer  byte-level BPE (Qwen2 pre-tokenizer) trained on this machine's CPython stdlib *.py
+    target     a Qwen3ForCausalLM trained from scratch on the same stdlib source
+    distill    the frozen target's greedy continuations of stdlib prompts, with the hidden
+               states the drafters read (cached outside the repository, not committed)
+    dflash     DFlashDraftModel trained against the frozen target (the reference class itself)
+    dflash2    DFlash2DraftModel, the same plus its convolutions and candidate selector
+    greedy     the target's greedy tokens for three held-out prompts -> greedy.json (for the tests)
+    eval       tau (tokens per target verification) of both drafters with the reference
+               `dflash_generate`, greedy, 128 new tokens, on the held-out prompts
+
+Everything lands under tests/fixtures/trained/ in the z-lab layout: target/ (config, bf16
+safetensors, tokenizer), dflash/ and dflash2/ (config.json + model.safetensors only: drafters own no
+embeddings, head or tokenizer; they borrow the target's, frozen). Held-out prompts are the opening
+tokens of third-party modules (EVAL_PROMPT_SOURCES), never stdlib files; they are written once to
+eval_prompts.json so the evaluation does not depend on which package versions are installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "tests" / "fixtures" / "trained"
+SEED = 20261129
+
+# --- tokenizer -----------------------------------------------------------------------------
+VOCAB_SIZE = 4096  # embedding rows: BPE tokens, special tokens, spare rows (as Qwen3 pads its own)
+SPECIAL_TOKENS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|fim_prefix|>", "<|fim_middle|>",
+    "<|fim_suffix|>", "<|fim_pad|>", "<|file_sep|>",
+)
+SPARE_ROWS = 8
+BPE_SIZE = VOCAB_SIZE - len(SPECIAL_TOKENS) - SPARE_ROWS  # 4080, the 256 byte symbols included
+EOS_TOKEN_ID = BPE_SIZE  # <|endoftext|>: eos and pad
+MASK_TOKEN_ID = BPE_SIZE + len(SPECIAL_TOKENS)  # first spare row, no token (as z-lab's 151669)
+
+# --- target --------------------------------------------------------------------------------
+HIDDEN_SIZE = 256
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 2, 64
+TARGET_LAYERS = 6
+TARGET_FFN = 768
+ROPE_THETA = 10_000.0
+RMS_EPS = 1e-6
+MAX_POSITIONS = 2048
+TARGET_SEQ_LEN = 256
+TARGET_BATCH = 16
+TARGET_STEPS = 320
+TARGET_LR = 3e-3
+
+# --- self-distillation data ----------------------------------------------------------------
+PROMPT_TOKENS = 64  # training prompts and held-out prompts alike
+DISTILL_NEW_TOKENS = 160
+DISTILL_SEQUENCES = 1536
+DISTILL_BATCH = 64
+TARGET_LAYER_IDS = [0, 2, 4]  # HF hidden_states[id + 1]; llama.cpp's dflash.target_layers = id + 1
+
+# --- drafters ------------------------------------------------------------------------------
+DRAFTERS = {
+    "dflash": {
+        "architecture": "DFlashDraftModel", "num_layers": 2, "block_size": 16,
+        "steps": 800, "seqs_per_step": 4, "anchors_per_seq": 12, "lr": 1.5e-3, "gamma": 7.0,
+    },
+    "dflash2": {
+        "architecture": "DFlash2DraftModel", "num_layers": 2, "block_size": 8,
+        "steps": 800, "seqs_per_step": 4, "anchors_per_seq": 12, "lr": 1.5e-3, "gamma": 4.0,
+        # llama.cpp: n_embd % conv_group_size == 0 and n_embd >= top_k * (top_k + 1)
+        "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 32, "selector_top_k": 8,
+    },
+}
+_DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+# --- held-out evaluation -------------------------------------------------------------------
+# Opening tokens of modules that are not in the stdlib (found through importlib in this venv).
+EVAL_PROMPT_SOURCES = (
+    "click/core.py",
+    "numpy/linalg/_linalg.py",
+    "numpy/lib/_npyio_impl.py",
+    "safetensors/torch.py",
+    "jinja2/environment.py",
+    "pygments/lexer.py",
+    "packaging/version.py",
+    "huggingface_hub/hf_api.py",
+    "pydantic/main.py",
+    "networkx/classes/graph.py",
+    "markdown_it/main.py",
+    "certifi/core.py",
+)
+EVAL_NEW_TOKENS = 128
+GREEDY_PROMPTS = 3
+GREEDY_NEW_TOKENS = 32
+
+
+def log(*parts) -> None:
+    print(time.strftime("%H:%M:%S"), *parts, flush=True)
+
+
+def work_dir() -> Path:
+    """Intermediate data (token stream, distillation set): outside the repository."""
+    from dflash_gguf.paths import cache_dir
+
+    folder = cache_dir() / "training"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _write_json(path: Path, data) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
+                    encoding="utf-8")
+
+
+# --- corpus --------------------------------------------------------------------------------
+
+def stdlib_files() -> list[Path]:
+    """Every *.py of this CPython's standard library, sorted, that decodes as UTF-8."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        if "site-packages" in path.parts or "dist-packages" in path.parts:
+            continue
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text.strip():
+            files.append(path)
+    return files
+
+
+def stdlib_texts() -> list[str]:
+    return [path.read_text(encoding="utf-8") for path in stdlib_files()]
+
+
+# --- stage: tokenizer ----------------------------------------------------------------------
+
+def train_tokenizer(texts: list[str]):
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
+
+    from tests.fixtures.qwen2_style import qwen2_style
+
+    tokenizer = qwen2_style(Tokenizer(models.BPE()))
+    trainer = trainers.BpeTrainer(vocab_size=BPE_SIZE, min_frequency=2, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    if tokenizer.get_vocab_size() != BPE_SIZE:
+        raise RuntimeError(f"BPE vocabulary came out at {tokenizer.get_vocab_size()}, not {BPE_SIZE}")
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                  for t in SPECIAL_TOKENS])
+    return tokenizer
+
+
+def write_tokenizer(tokenizer, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    added = {
+        str(BPE_SIZE + i): {"content": token, "lstrip": False, "normalized": False,
+                            "rstrip": False, "single_word": False, "special": True}
+        for i, token in enumerate(SPECIAL_TOKENS)
+    }
+    _write_json(folder / "tokenizer_config.json", {
+        "add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": added,
+        "additional_special_tokens": list(SPECIAL_TOKENS[1:]), "bos_token": None,
+        "clean_up_tokenization_spaces": False, "eos_token": "<|endoftext|>", "errors": "replace",
+        "model_max_length": MAX_POSITIONS, "pad_token": "<|endoftext|>",
+        "split_special_tokens": False, "tokenizer_class": "Qwen2Tokenizer", "unk_token": None,
+    })
+
+
+def stage_tokenizer() -> None:
+    texts = stdlib_texts()
+    log(f"tokenizer: {len(texts)} stdlib files, {sum(map(len, texts)) / 1e6:.1f} M characters")
+    tokenizer = train_tokenizer(texts)
+    write_tokenizer(tokenizer, OUT / "target")
+    encoded = tokenizer.encode_batch(texts, add_special_tokens=False)
+    stream = []
+    starts = []
+    for enc in encoded:
+        starts.append(len(stream))
+        stream.extend(enc.ids)
+        stream.append(EOS_TOKEN_ID)
+    torch.save({"stream": torch.tensor(stream, dtype=torch.int16),
+                "starts": torch.tensor(starts, dtype=torch.int64)}, work_dir() / "stdlib_tokens.pt")
+    log(f"tokenizer: vocabulary {tokenizer.get_vocab_size()} (+{SPARE_ROWS} spare rows), "
+        f"stdlib = {len(stream) / 1e6:.2f} M tokens, {sum(map(len, texts)) / len(stream):.2f} chars/token")
+
+
+def load_tokenizer():
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(OUT / "target" / "tokenizer.json"))
+
+
+# --- stage: target -------------------------------------------------------------------------
+
+def target_config():
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=VOCAB_SIZE, hidden_size=HIDDEN_SIZE, intermediate_size=TARGET_FFN,
+        num_hidden_layers=TARGET_LAYERS, num_attention_heads=NUM_HEADS,
+        num_key_value_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, hidden_act="silu",
+        max_position_embeddings=MAX_POSITIONS, initializer_range=0.02, rms_norm_eps=RMS_EPS,
+        use_cache=True, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
+        attention_bias=False, attention_dropout=0.0, use_sliding_window=False,
+        sliding_window=None, max_window_layers=TARGET_LAYERS, bos_token_id=None,
+        eos_token_id=EOS_TOKEN_ID, pad_token_id=EOS_TOKEN_ID,
+        architectures=["Qwen3ForCausalLM"],
+    )
+
+
+def _lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def stage_target(steps: int = TARGET_STEPS) -> None:
+    from transformers import GenerationConfig, Qwen3ForCausalLM
+
+    data = torch.load(work_dir() / "stdlib_tokens.pt")
+    stream, starts = data["stream"].long(), data["starts"]
+    starts = starts[starts < len(stream) - TARGET_SEQ_LEN - 1]
+    torch.manual_seed(SEED)
+    generator = torch.Generator().manual_seed(SEED + 1)
+    model = Qwen3ForCausalLM(target_config())
+    model.train()
+    params = sum(p.numel() for p in model.parameters())
+    log(f"target: {params / 1e6:.2f} M parameters, {steps} steps of {TARGET_BATCH}x{TARGET_SEQ_LEN} tokens")
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=TARGET_LR, betas=(0.9, 0.95))
+    started = time.time()
+    for step in range(steps):
+        # A quarter of the windows open at a file start: held-out prompts are module openings.
+        at_start = torch.rand(TARGET_BATCH, generator=generator) < 0.25
+        random_offsets = torch.randint(0, len(stream) - TARGET_SEQ_LEN - 1, (TARGET_BATCH,), generator=generator)
+        file_offsets = starts[torch.randint(0, len(starts), (TARGET_BATCH,), generator=generator)]
+        offsets = torch.where(at_start, file_offsets, random_offsets)
+        batch = torch.stack([stream[o:o + TARGET_SEQ_LEN] for o in offsets.tolist()])
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, steps, TARGET_LR, 40)
+        loss = model(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if step % 25 == 0 or step == steps - 1:
+            elapsed = time.time() - started
+            log(f"target step {step}/{steps} loss {loss.item():.3f} "
+                f"({elapsed:.0f} s, {(step + 1) * TARGET_BATCH * TARGET_SEQ_LEN / elapsed:.0f} tok/s)")
+    log(f"target: trained in {time.time() - started:.0f} s")
+    model = model.to(torch.bfloat16)
+    model.generation_config = GenerationConfig(eos_token_id=EOS_TOKEN_ID, pad_token_id=EOS_TOKEN_ID,
+                                               do_sample=False)
+    model.save_pretrained(OUT / "target")
+    for path in (OUT / "target").iterdir():
+        path.chmod(0o644)  # save_pretrained leaves the weights private to their owner
+
+
+def load_target():
+    from transformers import Qwen3ForCausalLM
+
+    target = Qwen3ForCausalLM.from_pretrained(OUT / "target", dtype=torch.float32)
+    target.eval().requires_grad_(False)
+    return target
+
+
+# --- stage: distill ------------------------------------------------------------------------
+
+def distill_prompts() -> torch.Tensor:
+    """DISTILL_SEQUENCES prompts of PROMPT_TOKENS tokens: half file openings, half random places."""
+    data = torch.load(work_dir() / "stdlib_tokens.pt")
+    stream, starts = data["stream"].long(), data["starts"]
+    ends = torch.cat([starts[1:] - 1, torch.tensor([len(stream) - 1])])
+    generator = torch.Generator().manual_seed(SEED + 2)
+    long_enough = starts[(ends - starts) >= PROMPT_TOKENS]
+    order = torch.randperm(len(long_enough), generator=generator)
+    openings = long_enough[order[: DISTILL_SEQUENCES // 2]]
+    anywhere = torch.randint(0, len(stream) - PROMPT_TOKENS, (DISTILL_SEQUENCES - len(openings),),
+                             generator=generator)
+    offsets = torch.cat([openings, anywhere])
+    return torch.stack([stream[o:o + PROMPT_TOKENS] for o in offsets.tolist()])
+
+
+@torch.inference_mode()
+def greedy_with_features(target, prompts: torch.Tensor, new_tokens: int):
+    """Greedy continuation (batched, KV cache) and the tapped hidden states of every input token."""
+    from dflash.model import extract_context_feature
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=target.config)
+    out = target(prompts, past_key_values=cache, use_cache=True, output_hidden_states=True,
+                 logits_to_keep=1)
+    feats = [extract_context_feature(out.hidden_states, TARGET_LAYER_IDS).half()]
+    token = out.logits[:, -1].argmax(-1)
+    tokens = [prompts, token[:, None]]
+    for _ in range(new_tokens - 1):
+        out = target(token[:, None], past_key_values=cache, use_cache=True, output_hidden_states=True)
+        feats.append(extract_context_feature(out.hidden_states, TARGET_LAYER_IDS).half())
+        token = out.logits[:, -1].argmax(-1)
+        tokens.append(token[:, None])
+    return torch.cat(tokens, 1), torch.cat(feats, 1)
+
+
+def stage_distill() -> None:
+    target = load_target()
+    prompts = distill_prompts()
+    started = time.time()
+    all_ids, all_feats = [], []
+    for i in range(0, len(prompts), DISTILL_BATCH):
+        ids, feats = greedy_with_features(target, prompts[i:i + DISTILL_BATCH], DISTILL_NEW_TOKENS)
+        all_ids.append(ids.to(torch.int16))
+        all_feats.append(feats)
+        log(f"distill: {i + len(ids)}/{len(prompts)} sequences ({time.time() - started:.0f} s)")
+    ids = torch.cat(all_ids)
+    torch.save({"ids": ids, "feats": torch.cat(all_feats), "prompt_tokens": PROMPT_TOKENS,
+                "target_layer_ids": TARGET_LAYER_IDS}, work_dir() / "distill.pt")
+    eos_rate = (ids[:, PROMPT_TOKENS:] == EOS_TOKEN_ID).any(1).float().mean().item()
+    log(f"distill: {len(ids)} sequences of {ids.shape[1]} tokens in {time.time() - started:.0f} s "
+        f"({eos_rate:.0%} reach <|endoftext|>)")
+
+
+# --- stages: dflash, dflash2 ---------------------------------------------------------------
+
+def drafter_config_dict(name: str) -> dict:
+    """config.json as z-lab's 2026 drafters write it (settings nested in dflash_config)."""
+    spec = DRAFTERS[name]
+    dflash = {"block_size": spec["block_size"], "mask_token_id": MASK_TOKEN_ID,
+              "target_layer_ids": TARGET_LAYER_IDS}
+    dflash.update({key: spec[key] for key in _DFLASH2_KEYS if key in spec})
+    n = spec["num_layers"]
+    config = {
+        "architectures": [spec["architecture"]], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": None, "eos_token_id": EOS_TOKEN_ID, "dflash_config": dflash,
+        "dtype": "bfloat16", "head_dim": HEAD_DIM, "hidden_act": "silu",
+        "hidden_size": HIDDEN_SIZE, "initializer_range": 0.02, "intermediate_size": TARGET_FFN,
+        "layer_types": ["full_attention"] * n, "max_position_embeddings": MAX_POSITIONS,
+        "max_window_layers": n, "model_type": "qwen3", "num_attention_heads": NUM_HEADS,
+        "num_hidden_layers": n, "num_key_value_heads": NUM_KV_HEADS,
+        "num_target_layers": TARGET_LAYERS, "rms_norm_eps": RMS_EPS,
+        "rope_parameters": {"rope_theta": ROPE_THETA, "rope_type": "default"},
+        "sliding_window": None, "tie_word_embeddings": False, "use_cache": True,
+        "use_sliding_window": False, "vocab_size": VOCAB_SIZE,
+    }
+    if spec["architecture"] == "DFlashDraftModel":  # z-lab's DFlash 2 configs carry no auto_map
+        config["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
+    return config
+
+
+def new_drafter(name: str):
+    from dflash import model as ref
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(**drafter_config_dict(name))
+    cls = getattr(ref, DRAFTERS[name]["architecture"])
+    torch.manual_seed(SEED + 10 + list(DRAFTERS).index(name))
+    drafter = cls(config)
+    for layer in drafter.layers:  # the reference leaves the conv base kernels uninitialised
+        for conv in (layer.attention_conv, layer.mlp_conv):
+            if conv is not None:
+                with torch.no_grad():
+                    conv.base_kernel.zero_()
+                    conv.base_kernel[:, 0, :] = 1.0  # identity: y[t] = x[t] at the start
+    for pname, param in drafter.named_parameters():
+        if not torch.isfinite(param).all():
+            raise RuntimeError(f"{pname} is not initialised")
+    return drafter.float()
+
+
+def save_drafter(drafter, name: str) -> None:
+    """config.json + model.safetensors, bf16, the codebooks named without `.weight` as z-lab ships."""
+    from safetensors.torch import save_file
+
+    folder = OUT / name
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for key, value in drafter.state_dict().items():
+        if key.endswith("rotary_emb.inv_freq"):
+            continue
+        if key.startswith("candidate_selector.") and key.endswith("_codebook.weight"):
+            key = key[: -len(".weight")]
+        tensors[key] = value.detach().to(torch.bfloat16).contiguous()
+    save_file(dict(sorted(tensors.items())), folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "model.safetensors").chmod(0o644)  # safetensors writes it private to its owner
+    _write_json(folder / "config.json", drafter_config_dict(name))
+
+
+def load_drafter(name: str):
+    from dflash import model as ref
+
+    cls = getattr(ref, DRAFTERS[name]["architecture"])
+    drafter = cls.from_pretrained(OUT / name, dtype=torch.float32)
+    return drafter.eval().requires_grad_(False)
+
+
+def _anchor_batch(ids, valid_end, seqs, anchors_per_seq, generator):
+    """Training sequences and anchors [seqs, anchors_per_seq]: each block's first token is the
+    anchor (a real token of the continuation), its other positions are masks whose labels are the
+    target's own greedy tokens. Anchors run from the last prompt token to the last one that still
+    has a label after it."""
+    low = PROMPT_TOKENS - 1
+    usable = torch.nonzero(valid_end - 1 - low > 0)[:, 0]
+    seq = usable[torch.randint(0, len(usable), (seqs,), generator=generator)]
+    span = (valid_end[seq] - 1 - low).float()
+    anchors = low + (torch.rand(seqs, anchors_per_seq, generator=generator) * span[:, None]).long()
+    return seq, anchors
+
+
+def drafter_loss(drafter, target, ids, feats, valid_end, seq, anchors, spec):
+    """Block-diffusion loss of the reference recipe.
+
+    Every block's draft queries see the target's features at positions < anchor and their own
+    block, bidirectionally (the reference's non-causal attention), which is exactly the view
+    `dflash_generate` gives them. DFlash packs a sequence's blocks into one row behind its context
+    (blocks invisible to each other); DFlash 2 gives every block a row of its own, so that its
+    causal convolutions, which run along the row, never cross from one block into the next.
+    """
+    block = spec["block_size"]
+    if spec["architecture"] == "DFlash2DraftModel":
+        seq = seq.repeat_interleave(anchors.shape[1])
+        anchors = anchors.reshape(-1, 1)
+    rows, n = anchors.shape
+    ctx_len = int(anchors.max())
+    offsets = torch.arange(block)
+    positions = anchors[..., None] + offsets  # [rows, n, block]
+    safe = positions.clamp(max=ids.shape[1] - 1)
+    block_ids = ids[seq[:, None, None], safe]  # the real tokens of each block
+    label_ok = (positions < valid_end[seq][:, None, None]) & (offsets > 0)
+
+    noise_ids = torch.full_like(block_ids, MASK_TOKEN_ID)
+    noise_ids[..., 0] = block_ids[..., 0]
+    noise_embedding = F.embedding(noise_ids.view(rows, n * block), target.get_input_embeddings().weight)
+    context = feats[seq, :ctx_len].float()
+    position_ids = torch.cat([torch.arange(ctx_len).expand(rows, -1), positions.view(rows, -1)], 1)
+    visible_ctx = (torch.arange(ctx_len) < anchors[..., None]).repeat_interleave(block, dim=1)
+    block_of = torch.arange(n * block) // block
+    visible_blocks = (block_of[:, None] == block_of[None, :]).expand(rows, -1, -1)
+    mask = torch.cat([visible_ctx, visible_blocks], -1)[:, None]  # [rows, 1, n*block, ctx+n*block]
+
+    hidden = drafter(position_ids=position_ids, attention_mask=mask,
+                     noise_embedding=noise_embedding, target_hidden=context)
+    hidden = hidden.view(rows * n, block, -1)[:, 1:]
+    block_ids = block_ids.view(rows * n, block)
+    label_ok = label_ok.view(rows * n, block)
+    head = target.lm_head
+    logits = drafter.compute_logits(hidden, head)  # [B, block-1, V]
+    labels = block_ids[:, 1:]
+    ok = label_ok[:, 1:].float()
+    weights = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / spec["gamma"])[None] * ok
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(ok)
+    loss = (ce * weights).sum() / weights.sum().clamp_min(1e-6)
+    with torch.no_grad():
+        hit = (logits.argmax(-1) == labels).float() * ok
+        accept = (hit.cumprod(1) * ok).sum(1).mean().item()  # accepted drafts per block, teacher-forced
+        stats = {"ce": loss.item(), "acc": (hit.sum() / ok.sum().clamp_min(1)).item(), "accept": accept}
+
+    if spec["architecture"] == "DFlash2DraftModel":
+        # Candidate selector: among the draft's top_k, pick the target's next token given the
+        # previous one (the anchor for position 1, then the true path; at inference the path is the
+        # drafter's own choice, equal to the truth as long as everything before was accepted).
+        selector = drafter.candidate_selector
+        unary, candidates = torch.topk(logits, selector.top_k, dim=-1)
+        projected = selector.hidden_projection(hidden)
+        previous = block_ids[:, :-1]
+        pair = torch.einsum("bpr,bpkr->bpk", selector.predecessor_codebook(previous) * projected,
+                            selector.successor_codebook(candidates))
+        scores = unary + pair
+        is_label = candidates == labels[..., None]
+        present = is_label.any(-1).float() * ok
+        sel_ce = F.cross_entropy(scores.flatten(0, 1), is_label.float().argmax(-1).flatten(),
+                                 reduction="none").view_as(ok)
+        sel_w = weights * present
+        sel_loss = (sel_ce * sel_w).sum() / sel_w.sum().clamp_min(1e-6)
+        loss = loss + sel_loss
+        with torch.no_grad():
+            picked = candidates.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
+            sel_hit = (picked == labels).float() * ok
+            stats.update(sel=sel_loss.item(), sel_acc=(sel_hit.sum() / ok.sum().clamp_min(1)).item(),
+                         sel_accept=(sel_hit.cumprod(1) * ok).sum(1).mean().item())
+    return loss, stats
+
+
+def load_distill():
+    data = torch.load(work_dir() / "distill.pt")
+    if data["target_layer_ids"] != TARGET_LAYER_IDS or data["prompt_tokens"] != PROMPT_TOKENS:
+        raise RuntimeError("distill.pt was made with other settings: rerun --stage distill")
+    ids = data["ids"].long()
+    feats = data["feats"]
+    # Labels run to the first <|endoftext|> of the continuation (included), never past it.
+    cont = ids[:, PROMPT_TOKENS:] == EOS_TOKEN_ID
+    first_eos = torch.where(cont.any(1), cont.float().argmax(1) + PROMPT_TOKENS + 1,
+                            torch.full((len(ids),), ids.shape[1]))
+    valid_end = first_eos.clamp(max=feats.shape[1])  # features exist for ids[:, :-1]
+    return ids, feats, valid_end
+
+
+def stage_drafter(name: str, steps: int | None = None) -> None:
+    spec = DRAFTERS[name]
+    steps = steps or spec["steps"]
+    target = load_target()
+    ids, feats, valid_end = load_distill()
+    drafter = new_drafter(name)
+    drafter.train()
+    params = sum(p.numel() for p in drafter.parameters())
+    log(f"{name}: {params / 1e6:.2f} M parameters, {steps} steps, "
+        f"{spec['seqs_per_step']}x{spec['anchors_per_seq']} blocks of {spec['block_size']}")
+    decay = [p for n, p in drafter.named_parameters() if p.ndim >= 2 and "base_kernel" not in n]
+    no_decay = [p for n, p in drafter.named_parameters() if p.ndim < 2 or "base_kernel" in n]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=spec["lr"], betas=(0.9, 0.95))
+    generator = torch.Generator().manual_seed(SEED + 20 + list(DRAFTERS).index(name))
+    started = time.time()
+    running: dict[str, float] = {}
+    for step in range(steps):
+        seq, anchors = _anchor_batch(ids, valid_end, spec["seqs_per_step"], spec["anchors_per_seq"],
+                                     generator)
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, steps, spec["lr"], 50)
+        loss, stats = drafter_loss(drafter, target, ids, feats, valid_end, seq, anchors, spec)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        optimizer.step()
+        for key, value in stats.items():
+            running[key] = 0.9 * running.get(key, value) + 0.1 * value
+        if step % 25 == 0 or step == steps - 1:
+            shown = " ".join(f"{k} {v:.3f}" for k, v in running.items())
+            log(f"{name} step {step}/{steps} {shown} ({time.time() - started:.0f} s)")
+    log(f"{name}: trained in {time.time() - started:.0f} s")
+    save_drafter(drafter, name)
+
+
+# --- held-out prompts, greedy record, evaluation ---------------------------------------------
+
+def eval_prompts() -> list[dict]:
+    """The held-out prompts: written once from the installed packages, then read back."""
+    path = OUT / "eval_prompts.json"
+    if path.exists():
+        return json.loads(path.read_text(encoding="utf-8"))["prompts"]
+    tokenizer = load_tokenizer()
+    site = Path(importlib.util.find_spec("click").origin).parents[1]
+    prompts = []
+    for source in EVAL_PROMPT_SOURCES:
+        text = (site / source).read_text(encoding="utf-8")
+        ids = tokenizer.encode(text, add_special_tokens=False).ids[:PROMPT_TOKENS]
+        prompts.append({"source": source, "ids": ids, "text": tokenizer.decode(ids)})
+    _write_json(path, {"about": "opening tokens of non-stdlib modules, held out from training",
+                       "prompts": prompts})
+    return prompts
+
+
+@torch.inference_mode()
+def target_greedy(target, ids: list[int], new_tokens: int) -> tuple[list[int], float]:
+    """Plain greedy decoding (float32, KV cache); also the smallest top-1/top-2 logit margin."""
+    out = target.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False,
+                          output_scores=True, return_dict_in_generate=True,
+                          eos_token_id=EOS_TOKEN_ID, pad_token_id=EOS_TOKEN_ID)
+    margins = [float(s[0].topk(2).values.diff().abs()) for s in out.scores]
+    return out.sequences[0, len(ids):].tolist(), min(margins)
+
+
+def stage_greedy() -> None:
+    """Record the held-out prompts whose greedy paths are least fragile: the GREEDY_PROMPTS with the
+    widest smallest top-1/top-2 logit margin, so another BLAS cannot flip a near tie."""
+    target = load_target()
+    records = []
+    for prompt in eval_prompts():
+        tokens, margin = target_greedy(target, prompt["ids"], GREEDY_NEW_TOKENS)
+        records.append({"source": prompt["source"], "prompt_ids": prompt["ids"],
+                        "prompt_text": prompt["text"], "greedy_ids": tokens,
+                        "min_logit_margin": round(margin, 4)})
+        log(f"greedy: {prompt['source']}: {len(tokens)} tokens, min top-2 margin {margin:.3f}")
+    records = sorted(records, key=lambda r: -r["min_logit_margin"])[:GREEDY_PROMPTS]
+    _write_json(OUT / "greedy.json", {
+        "about": "the committed target's greedy tokens (transformers, float32, KV cache) for the "
+                 "held-out prompts with the widest top-1/top-2 logit margins",
+        "new_tokens": GREEDY_NEW_TOKENS, "records": records,
+    })
+
+
+def _patch_reference_timer() -> None:
+    """`dflash_generate(return_stats=True)` times with torch.cuda.synchronize; on CPU, a plain clock."""
+    from dflash import model as ref
+
+    ref._cuda_time = time.perf_counter
+
+
+@torch.inference_mode()
+def measure_tau(drafter, target, prompts, new_tokens=EVAL_NEW_TOKENS) -> dict:
+    from dflash.model import dflash_generate
+
+    _patch_reference_timer()
+    per_prompt, lengths, mismatches = [], [], 0
+    for prompt in prompts:
+        ids = torch.tensor([prompt["ids"]])
+        stats = dflash_generate(drafter, target, ids, max_new_tokens=new_tokens,
+                                stop_token_ids=[EOS_TOKEN_ID], temperature=0.0, return_stats=True)
+        reference, _ = target_greedy(target, prompt["ids"], new_tokens)
+        produced = stats.output_ids[0, len(prompt["ids"]):].tolist()
+        mismatches += produced != reference[: len(produced)]
+        lengths += stats.acceptance_lengths
+        per_prompt.append(round(sum(stats.acceptance_lengths) / len(stats.acceptance_lengths), 3))
+    return {"tau": sum(lengths) / len(lengths), "per_prompt": per_prompt, "steps": len(lengths),
+            "tokens": sum(lengths), "not_lossless": mismatches}
+
+
+@torch.inference_mode()
+def time_forwards(drafter, target, block: int, repeats: int = 20) -> dict:
+    """Milliseconds of one decoding step's two halves, after a 128-token prefix, as in
+    `dflash_generate`: the target verifying `block` tokens (KV cache), and the drafter drafting a
+    block from the features of the `block` tokens accepted last (its own KV cache holds the rest)."""
+    from dflash.model import _crop_to, _make_cache, extract_context_feature
+
+    ctx = 128
+    ids = torch.randint(0, BPE_SIZE, (1, ctx + block))
+    cache = _make_cache(target.config)
+    out = target(ids[:, :ctx], past_key_values=cache, use_cache=True, output_hidden_states=True)
+    feats = extract_context_feature(out.hidden_states, TARGET_LAYER_IDS)
+    noise = F.embedding(ids[:, ctx:ctx + block], target.get_input_embeddings().weight)
+    draft_cache = _make_cache(drafter.config)
+    drafter(target_hidden=feats[:, : ctx - block], noise_embedding=noise,
+            position_ids=torch.arange(ctx)[None], past_key_values=draft_cache, use_cache=True)
+    _crop_to(draft_cache, ctx - block)
+
+    def target_step():
+        target(ids[:, ctx:], past_key_values=cache, use_cache=True, output_hidden_states=True)
+        _crop_to(cache, ctx)
+
+    def draft_step():
+        hidden = drafter(target_hidden=feats[:, ctx - block:], noise_embedding=noise,
+                         position_ids=torch.arange(ctx - block, ctx + block)[None],
+                         past_key_values=draft_cache, use_cache=True)[:, 1:]
+        _crop_to(draft_cache, ctx - block)
+        if hasattr(drafter, "propose"):
+            drafter.propose(hidden, ids[:, ctx], target.lm_head, 0.0)
+        else:
+            drafter.compute_logits(hidden, target.lm_head).argmax(-1)
+
+    result = {}
+    for label, fn in (("target_verify_ms", target_step), ("draft_ms", draft_step)):
+        fn()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        result[label] = round((time.perf_counter() - start) / repeats * 1000, 2)
+    return result
+
+
+def stage_eval() -> dict:
+    target = load_target()
+    prompts = eval_prompts()
+    results = {}
+    for name in DRAFTERS:
+        if not (OUT / name / "model.safetensors").exists():
+            continue
+        drafter = load_drafter(name)
+        started = time.time()
+        results[name] = measure_tau(drafter, target, prompts)
+        results[name]["eval_s"] = round(time.time() - started, 1)
+        results[name].update(time_forwards(drafter, target, DRAFTERS[name]["block_size"]))
+        log(f"eval {name}: {json.dumps(results[name])}")
+    write_reference_tau(results)
+    return results
+
+
+def write_reference_tau(results: dict) -> None:
+    """What the reference reached, for comparing llama.cpp's acceptance with it (timings left out:
+    they depend on the machine's load)."""
+    keep = ("tau", "per_prompt", "steps", "tokens", "not_lossless")
+    _write_json(OUT / "reference_tau.json", {
+        "about": "reference dflash_generate, temperature 0, target float32, stop at <|endoftext|>, "
+                 "on eval_prompts.json; tau = tokens per target verification incl. the bonus token",
+        "new_tokens": EVAL_NEW_TOKENS,
+        "drafters": {name: {key: r[key] for key in keep} for name, r in results.items()},
+    })
+
+
+# --- command line --------------------------------------------------------------------------
+
+STAGES = ("tokenizer", "target", "distill", "dflash", "dflash2", "greedy", "eval")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stage", choices=("all", *STAGES), default="all")
+    parser.add_argument("--steps", type=int, default=None, help="override the stage's step count")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    stages = STAGES if args.stage == "all" else (args.stage,)
+    for stage in stages:
+        started = time.time()
+        log(f"== stage {stage}")
+        if stage == "tokenizer":
+            stage_tokenizer()
+        elif stage == "target":
+            stage_target(args.steps or TARGET_STEPS)
+        elif stage == "distill":
+            stage_distill()
+        elif stage in DRAFTERS:
+            stage_drafter(stage, args.steps)
+        elif stage == "greedy":
+            stage_greedy()
+        elif stage == "eval":
+            stage_eval()
+        log(f"== stage {stage} done in {time.time() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
