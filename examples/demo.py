@@ -12,19 +12,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dflash_gguf.runner.validate_cli import exactness
 from tests.fixtures.trained_gguf import TRAINED, trained_ggufs
 
 OUT = Path("build/demo")
 N_NEW = 128
 
 
-def step(title: str, *args, expect: int = 0, show: bool = True) -> subprocess.CompletedProcess:
+def step(title: str, *args, expect: int = 0, show: bool = True, show_progress: bool = False
+         ) -> subprocess.CompletedProcess:
     print(f"\n== {title}\n$ dflash-gguf {' '.join(shlex.quote(str(a)) for a in args)}", flush=True)
     proc = subprocess.run([sys.executable, "-m", "dflash_gguf.cli", *map(str, args)], text=True,
                           capture_output=True)
     if show:
         sys.stdout.write(proc.stdout)
-    sys.stdout.write(proc.stderr if proc.returncode else "")
+    sys.stdout.write(proc.stderr if proc.returncode or show_progress else "")
     if proc.returncode != expect:
         sys.exit(f"demo step failed (exit {proc.returncode}, expected {expect})")
     return proc
@@ -52,13 +54,15 @@ def main() -> None:
         reports[name] = json.loads(report.read_text())
 
     step("serve + generate: a round trip through llama-server with the DFlash 2 drafter", "generate",
-         "--target", target, "--draft", drafters["dflash2"], "-n", "48", "import os\nimport sys\n\n\ndef main(")
+         "--target", target, "--draft", drafters["dflash2"], "-n", "48", "import os\nimport sys\n\n\ndef main(",
+         show_progress=True)
 
     print("\n== summary (llama.cpp CPU build, greedy, held-out Python prompts)")
-    print(f"{'drafter':<9} {'exact':<6} {'tau':>6} {'accept':>7} {'target tok/s':>13} {'spec tok/s':>11} {'speedup':>8}")
+    print(f"{'drafter':<9} {'exact':<28} {'tau':>6} {'accept':>7} {'target tok/s':>13} {'spec tok/s':>11} {'speedup':>8}")
     for name, r in reports.items():
         tps = r["tokens_per_second"]
-        print(f"{name:<9} {('yes' if r['exact'] else 'no'):<6} {r['mean_acceptance_length']:>6.2f} "
+        exact = exactness(r).split(" (")[0]
+        print(f"{name:<9} {exact:<28} {r['mean_acceptance_length']:>6.2f} "
               f"{r['acceptance_rate']:>7.2f} {tps['target']:>13.1f} {tps['speculative']:>11.1f} {r['speedup']:>7.2f}x")
     print("\nOn your own model:\n"
           "  dflash-gguf convert path/to/Qwen3-8B-DFlash-b16 --target Qwen3-8B-Q4_K_M.gguf -o dflash-Qwen3-8B-F16.gguf\n"

@@ -15,6 +15,15 @@ from .prompts import BUILTIN_PROMPTS, read_prompts
 from .validate import ValidationSettings, validate, verdict
 
 
+def exactness(report: dict) -> str:
+    kinds = [d["kind"] for d in report["divergences"]]
+    if not kinds:
+        return "yes"
+    if "mismatch" in kinds:
+        return f"no: {kinds.count('mismatch')} mismatch(es)"
+    return f"yes, but {len(kinds)} numerical tie(s) (allowed; --strict fails them)"
+
+
 def _print_table(report: dict) -> None:
     click.echo(f"{'#':>2}  {'result':<9} {'tokens':>6} {'drafted':>7} {'accepted':>8}  prompt")
     for i, r in enumerate(report["prompts"], 1):
@@ -28,7 +37,7 @@ def _print_table(report: dict) -> None:
                        f"vs target {d['target_token']} (target top-2 margin {margin})")
     tps = report["tokens_per_second"]
     click.echo("")
-    click.echo(f"exact output            {'yes' if report['exact'] else 'no'}")
+    click.echo(f"exact output            {exactness(report)}")
     click.echo(f"mean acceptance length  {report['mean_acceptance_length']:.3f} tokens per target step (tau)")
     if report.get("reference"):
         click.echo(f"  reference (PyTorch)   {report['reference']['mean_acceptance_length']:.3f}")
