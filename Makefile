@@ -54,3 +54,9 @@ llama: setup
 .PHONY: train-pair
 train-pair: setup
 	$(PY) -m training.train_pair
+
+# docs/benchmarks.md + docs/benchmarks.png: conversion, decode speed, reference parity, quant recipes,
+# measured side by side in one run (about 5 minutes on 2 quiet cores; benchmarks/bench.py).
+.PHONY: bench
+bench: llama fixtures
+	$(PY) -m benchmarks.bench

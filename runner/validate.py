@@ -71,7 +71,7 @@ def _reference_parity(settings: ValidationSettings, prompt_ids: list[list[int]],
             "prompts": [{"tokens": len(r.tokens), "mean_acceptance_length": round(r.tau, 4)} for r in runs]}
 
 
-def _server_args(settings: ValidationSettings, prompt_tokens: int) -> list[str]:
+def server_args(settings: ValidationSettings, prompt_tokens: int) -> list[str]:
     per_slot = prompt_tokens + settings.n_predict + 64
     args = ["-np", str(settings.parallel), "-c", str(per_slot * settings.parallel), "--metrics",
             "--no-warmup", "-fa", "off"]
@@ -131,7 +131,7 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
     info = read_draft(draft)
     bin_dir = find_bin_dir(settings.backend)
     # context per slot: a generous bound on the prompt length (bytes) plus the new tokens
-    base_args = _server_args(settings, max(len(p.encode()) for p in prompts))
+    base_args = server_args(settings, max(len(p.encode()) for p in prompts))
     spec, prompt_ids = _run_server(target, base_args + speculative_args(draft), list(prompts), settings, bin_dir,
                                    "speculative", progress)
     alone, _ = _run_server(baseline, base_args, prompt_ids, settings, bin_dir, "target alone", progress)
