@@ -63,7 +63,9 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("keep-fc", QT.Q8_0, "fc, selector_* and *_conv_* at Q8_0, the rest at the chosen type"),
     Recipe("keep-fc-f16", QT.F16, "fc, selector_* and *_conv_* at F16, the rest at the chosen type"),
 )}
-DEFAULT_RECIPE = "keep-fc"
+# Chosen by measurement (docs/benchmarks.md, section d: acceptance length per MiB on the trained
+# pair): keeping fc/selector/conv at Q8_0 or F16 added size and bought no acceptance at any type.
+DEFAULT_RECIPE = "plain"
 
 
 def parse_type(name: str, option: str = "--type") -> str:

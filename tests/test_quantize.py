@@ -136,7 +136,7 @@ def test_output_that_breaks_the_recipe_is_refused_and_removed(drafter_f16, tmp_p
     fake = _fake_llama_quantize(tmp_path / "bin", _COPY_INPUT)
     out = tmp_path / "out" / "o.gguf"
     out.parent.mkdir()
-    proc = _run(drafter_f16("dflash-b16"), out, "--type", "Q4_K_M", "--llama-bin", fake)
+    proc = _run(drafter_f16("dflash-b16"), out, "--type", "Q4_K_M", "--recipe", "keep-fc", "--llama-bin", fake)
     _refused(proc, "fc.weight is F16, recipe keep-fc says Q8_0")
     assert list(out.parent.iterdir()) == []
 
@@ -163,7 +163,7 @@ def test_existing_output_needs_force(drafter_f16, tmp_path):
 def test_keep_fc_keeps_fc_selector_and_conv_at_q8_0(drafter_f16, llama_bin, tmp_path):
     src = drafter_f16("dflash2-b8")
     out = tmp_path / "q4.gguf"
-    proc = _run(src, out, "--type", "Q4_K_M", "--llama-bin", llama_bin, "--json")
+    proc = _run(src, out, "--type", "Q4_K_M", "--recipe", "keep-fc", "--llama-bin", llama_bin, "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     written = _types(out)
@@ -204,7 +204,7 @@ def test_q8_0_quantizes_every_matrix_and_keeps_the_metadata(drafter_f16, llama_b
     out = tmp_path / "q8.gguf"
     proc = _run(src, out, "--type", "q8_0", "--llama-bin", llama_bin)
     assert proc.returncode == 0, proc.stderr
-    assert f"wrote {out}" in proc.stdout and "as Q8_0 with recipe keep-fc" in proc.stdout
+    assert f"wrote {out}" in proc.stdout and "as Q8_0 with recipe plain" in proc.stdout
     with GGUFFile(src) as a, GGUFFile(out) as b:
         for name, t in a.tensors.items():
             want = QT.F32 if t.type == QT.F32 else QT.Q8_0

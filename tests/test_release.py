@@ -106,13 +106,13 @@ def test_release_folder_card_and_variants(apache_drafter, target_gguf, llama_bin
         with GGUFFile(path) as f:
             assert f.get("general.license") == "apache-2.0"
             assert f.get("general.architecture") == "dflash"
-    assert rows["dflash-Tiny-Qwen3-F16.gguf"][2] == "-" and rows["dflash-Tiny-Qwen3-Q8_0.gguf"][2] == "keep-fc"
+    assert rows["dflash-Tiny-Qwen3-F16.gguf"][2] == "-" and rows["dflash-Tiny-Qwen3-Q8_0.gguf"][2] == "plain"
     assert ("llama-server -m Tiny-Qwen3.gguf -md dflash-Tiny-Qwen3-Q8_0.gguf --spec-type draft-dflash "
             "--spec-draft-n-max 7") in body
     assert "DFlash 2" in body and "[LICENSE](./LICENSE)" in body
     assert (out / "LICENSE").read_text() == "Apache License 2.0 (text)\n"
     with GGUFFile(out / "dflash-Tiny-Qwen3-Q4_K_M.gguf") as f:
-        assert f.tensors["fc.weight"].type == QT.Q8_0  # the default recipe, keep-fc
+        assert f.tensors["fc.weight"].type != QT.F16  # the default recipe, plain: fc quantized like the rest
     by_file = {v["file"]: v for v in report["variants"]}
     assert by_file["dflash-Tiny-Qwen3-Q8_0.gguf"]["sha256"] == _sha256(out / "dflash-Tiny-Qwen3-Q8_0.gguf")
     assert by_file["dflash-Tiny-Qwen3-Q4_K_M.gguf"]["off_type"]  # rows of 64 made llama-quantize fall back
