@@ -36,12 +36,10 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflash_gguf.paths import cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -100,35 +98,9 @@ def machine_info() -> dict:
 # ---------------------------------------------------------------------------------------------
 
 def conversion_section() -> dict:
-    from benchmarks import bench_convert as bc
-    from dflash_gguf.runner.sdist import upstream_converter
-    from tests.gguf_compare import differences
+    from benchmarks import bench_convert
 
-    drafter, target = bc.prepare()
-    out_dir = cache_dir() / "bench" / "out"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ours_out, theirs_out = out_dir / "ours.gguf", out_dir / "upstream.gguf"
-    for p in (ours_out, theirs_out):
-        p.unlink(missing_ok=True)
-    script, gguf_py = upstream_converter()
-    size = (drafter / "model.safetensors").stat().st_size
-    progress(f"(a) upstream convert_hf_to_gguf.py on the {size / 2**30:.2f} GiB bf16 drafter")
-    upstream = bc.measure([sys.executable, str(script), str(drafter), "--target-model-dir", str(target),
-                           "--outfile", str(theirs_out), "--outtype", "auto"],
-                          env={**os.environ, "PYTHONPATH": str(gguf_py)}, cwd=script.parent)
-    progress(f"(a) upstream: {upstream['seconds']} s, {upstream['peak_mib']} MiB; now dflash-gguf convert")
-    ours = bc.measure([sys.executable, "-m", "dflash_gguf.cli", "convert", str(drafter), "--target", str(target),
-                       "-o", str(ours_out)])
-    progress(f"(a) dflash-gguf: {ours['seconds']} s, {ours['peak_mib']} MiB; comparing the outputs")
-    diffs = differences(ours_out, theirs_out)
-    for p in (ours_out, theirs_out):
-        p.unlink(missing_ok=True)
-    return {"drafter_bytes": size, "geometry": f"hidden {bc.HIDDEN}, {bc.LAYERS} layers, ffn {bc.FFN}, "
-                                               f"{len(bc.TARGET_LAYER_IDS)} taps",
-            "upstream": upstream, "dflash_gguf": ours,
-            "time_ratio": round(ours["seconds"] / upstream["seconds"], 3),
-            "peak_memory_ratio": round(ours["peak_mib"] / upstream["peak_mib"], 3),
-            "identical_output": not diffs, "differences": [str(d) for d in diffs[:5]]}
+    return bench_convert.compare(progress=lambda msg: progress(f"(a) {msg}"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -691,7 +663,7 @@ def render_markdown(results: dict, png_name: str) -> str:
         f"at the end: {load1[0]:.2f} / {load1[1]:.2f} / {load1[2]:.2f}"
         + (f"; other work was running during the run ({'; '.join(results['load']['busy'])}), so absolute times "
            "are noisy (ratios less so)" if results["load"]["busy"] else ""),
-        f"- models: " + ("the project's trained pair (`tests/fixtures/trained`, `make train-pair`: a Qwen3 target "
+        "- models: " + ("the project's trained pair (`tests/fixtures/trained`, `make train-pair`: a Qwen3 target "
                          "trained on the CPython stdlib and drafters trained on its greedy continuations), "
                          "converted to F16 GGUF by `make fixtures` (`build/fixtures/trained/`)"
                          if trained else "the tiny RANDOM-WEIGHT fixtures (the trained pair was not available): "
@@ -699,7 +671,7 @@ def render_markdown(results: dict, png_name: str) -> str:
         f"- prompts: {len(results['prompts'])} " + ("held-out prompts (`build/fixtures/trained/prompts.txt`, "
                                                     "module openings not in the training set)" if trained
                                                     else "built-in prompts") +
-        f", greedy (temperature 0), sent as token ids",
+        ", greedy (temperature 0), sent as token ids",
         "",
         f"![benchmarks]({png_name})",
         "",

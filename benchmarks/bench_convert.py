@@ -114,12 +114,8 @@ def measure(cmd: list[str], env: dict | None = None, cwd: Path | None = None) ->
     return {"seconds": round(wall, 2), "peak_mib": round(usage.ru_maxrss * scale / 2**20, 1)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", type=Path, help="also write the results as JSON")
-    parser.add_argument("--keep", action="store_true", help="keep the two output files")
-    args = parser.parse_args()
-
+def compare(progress=lambda msg: print(msg, file=sys.stderr), keep: bool = False) -> dict:
+    """Both converters on the bench drafter, one after the other; their wall time, peak memory, ratios."""
     drafter, target = prepare()
     out_dir = cache_dir() / "bench" / "out"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -127,34 +123,48 @@ def main() -> None:
     for p in (ours_out, theirs_out):
         p.unlink(missing_ok=True)
     script, gguf_py = upstream_converter()
-    env = {**os.environ, "PYTHONPATH": str(gguf_py)}
     size = (drafter / "model.safetensors").stat().st_size
-    print(f"drafter: {size / 2**30:.2f} GiB bf16, hidden {HIDDEN}, {LAYERS} layers, ffn {FFN}, "
-          f"{len(TARGET_LAYER_IDS)} taps", file=sys.stderr)
-
+    progress(f"drafter: {size / 2**30:.2f} GiB bf16, hidden {HIDDEN}, {LAYERS} layers, ffn {FFN}, "
+             f"{len(TARGET_LAYER_IDS)} taps; running the upstream converter")
     upstream = measure([sys.executable, str(script), str(drafter), "--target-model-dir", str(target),
-                        "--outfile", str(theirs_out), "--outtype", "auto"], env=env, cwd=script.parent)
+                        "--outfile", str(theirs_out), "--outtype", "auto"],
+                       env={**os.environ, "PYTHONPATH": str(gguf_py)}, cwd=script.parent)
+    progress(f"upstream: {upstream['seconds']} s, {upstream['peak_mib']} MiB; running dflash-gguf convert")
     ours = measure([sys.executable, "-m", "dflash_gguf.cli", "convert", str(drafter), "--target", str(target),
                     "-o", str(ours_out)])
+    progress(f"dflash-gguf: {ours['seconds']} s, {ours['peak_mib']} MiB; comparing the outputs")
     diffs = differences(ours_out, theirs_out)
-    result = {
-        "drafter_bytes": size, "upstream": upstream, "dflash_gguf": ours,
+    if not keep:
+        for p in (ours_out, theirs_out):
+            p.unlink(missing_ok=True)
+    return {
+        "drafter_bytes": size,
+        "geometry": f"hidden {HIDDEN}, {LAYERS} layers, ffn {FFN}, {len(TARGET_LAYER_IDS)} taps",
+        "upstream": upstream, "dflash_gguf": ours,
         "time_ratio": round(ours["seconds"] / upstream["seconds"], 3),
         "peak_memory_ratio": round(ours["peak_mib"] / upstream["peak_mib"], 3),
-        "identical_output": not diffs, "differences": diffs[:10],
+        "identical_output": not diffs, "differences": [str(d) for d in diffs[:10]],
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="also write the results as JSON")
+    parser.add_argument("--keep", action="store_true", help="keep the two output files")
+    args = parser.parse_args()
+
+    result = compare(keep=args.keep)
+    upstream, ours = result["upstream"], result["dflash_gguf"]
     print(f"{'':14}{'wall s':>10}{'peak MiB':>10}")
     print(f"{'upstream':14}{upstream['seconds']:>10.2f}{upstream['peak_mib']:>10.1f}")
     print(f"{'dflash-gguf':14}{ours['seconds']:>10.2f}{ours['peak_mib']:>10.1f}")
     print(f"ratio (ours / upstream): time {result['time_ratio']:.2f}x (goal <= 0.6x), "
           f"peak memory {result['peak_memory_ratio']:.2f}x (goal <= 0.35x)")
-    print(f"identical output: {result['identical_output']}" + ("" if not diffs else f" ({diffs[:3]})"))
+    print(f"identical output: {result['identical_output']}"
+          + ("" if result["identical_output"] else f" ({result['differences'][:3]})"))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
-    if not args.keep:
-        ours_out.unlink(missing_ok=True)
-        theirs_out.unlink(missing_ok=True)
-    if diffs:
+    if not result["identical_output"]:
         raise SystemExit(1)
 
 
