@@ -18,6 +18,10 @@ class _Group(click.Group):
         except DflashError as err:
             click.echo(f"error: {err}", err=True)
             sys.exit(err.exit_code)
+        except OSError as err:  # an unwritable output folder, a full disk: the user's to fix
+            where = f"{err.filename}: " if err.filename else ""
+            click.echo(f"error: {where}{err.strerror or err}", err=True)
+            sys.exit(2)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
