@@ -7,7 +7,7 @@ compatibility checks need (embedding length, depth, vocabulary size).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TargetError
@@ -25,7 +25,6 @@ class TargetInfo:
     name: str | None = None
     repo: str | None = None  # Hub id or URL, when known
     license: str | None = None
-    extra: dict = field(default_factory=dict)
 
     @property
     def pad_token_id(self) -> int | None:
