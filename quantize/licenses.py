@@ -237,12 +237,6 @@ def license_from_gguf(path, opened=None) -> License:
     return License(normalize_id(value), f"{path} general.license", name, link, None, repo)
 
 
-def license_of(path: Path, repo: str | None = None) -> License:
-    """A model's license from its folder (README.md front matter) or its GGUF (general.license)."""
-    path = Path(path)
-    return license_from_folder(path, repo) if path.is_dir() else license_from_gguf(path)
-
-
 def with_override(declared: License, override: str | None, option: str) -> License:
     """Apply `--license` / `--target-license`.
 

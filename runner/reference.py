@@ -24,6 +24,16 @@ class ReferenceRun:
         return sum(self.acceptance_lengths) / len(self.acceptance_lengths) if self.acceptance_lengths else 0.0
 
 
+def use_cpu_clock() -> None:
+    """`dflash_generate(return_stats=True)` times with torch.cuda.synchronize(); without CUDA, use
+    the wall clock."""
+    import torch
+    from dflash import model as dflash_model
+
+    if not torch.cuda.is_available():
+        dflash_model._cuda_time = time.perf_counter
+
+
 def _load(draft_dir: Path, target_dir: Path):
     try:
         import torch
@@ -31,9 +41,6 @@ def _load(draft_dir: Path, target_dir: Path):
         from transformers import AutoModelForCausalLM
     except ImportError as err:
         raise DflashError(f"the PyTorch reference needs `pip install 'dflash-gguf[reference]'` ({err.name} missing)") from None
-    if not torch.cuda.is_available():
-        # return_stats times with torch.cuda.synchronize(); on a CPU-only machine use the wall clock.
-        dflash_model._cuda_time = time.perf_counter
     import json
     arch = (json.loads((Path(draft_dir) / "config.json").read_text()).get("architectures") or [""])[0]
     cls = dflash_model.DFlash2DraftModel if arch == "DFlash2DraftModel" else dflash_model.DFlashDraftModel
@@ -45,7 +52,17 @@ def _load(draft_dir: Path, target_dir: Path):
 def run_reference(draft_dir: str | Path, target_dir: str | Path, prompts: list[list[int]], n_new: int,
                   stop_token_ids: list[int] | None = None) -> list[ReferenceRun]:
     """Greedy speculative generation with the reference drafter, one run per prompt (token ids)."""
-    torch, dflash_model, target, draft = _load(Path(draft_dir), Path(target_dir))
+    _, _, target, draft = _load(Path(draft_dir), Path(target_dir))
+    return speculative_runs(draft, target, prompts, n_new, stop_token_ids)
+
+
+def speculative_runs(draft, target, prompts: list[list[int]], n_new: int,
+                     stop_token_ids: list[int] | None = None) -> list[ReferenceRun]:
+    """The same, with the reference models already loaded."""
+    import torch
+    from dflash import model as dflash_model
+
+    use_cpu_clock()
     runs = []
     with torch.inference_mode():
         for ids in prompts:

@@ -42,14 +42,15 @@ def llama_bin() -> Path:
 
 @pytest.fixture(scope="session")
 def converted(fixtures: Path, target_gguf: Path, tmp_path_factory) -> dict[str, Path]:
-    """Every fixture drafter converted for the tiny target (F16), by the real command line."""
+    """Every fixture drafter converted for the tiny target by the real command line, default outtype
+    (auto: BF16, as the checkpoints are bf16)."""
     from tests.fixtures.tiny_models import DRAFTERS
 
     folder = tmp_path_factory.mktemp("converted")
     out = {}
     for name in sorted(DRAFTERS):
         out[name] = folder / f"dflash-{name}.gguf"
-        proc = dflash_gguf("convert", fixtures / name, "--target", target_gguf, "-o", out[name], "--outtype", "f16")
+        proc = dflash_gguf("convert", fixtures / name, "--target", target_gguf, "-o", out[name])
         assert proc.returncode == 0, proc.stderr
     return out
 

@@ -4,22 +4,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from dflash_gguf.convert.gguf_file import GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
 from tests.conftest import dflash_gguf
 from tests.legacy_fixture import make_legacy
-
-
-@pytest.fixture(scope="module")
-def converted(fixtures, target_gguf, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("inspect")
-    out = {}
-    for name in ("dflash-b16", "dflash-swa", "dflash2-b8"):
-        out[name] = folder / f"{name}.gguf"
-        proc = dflash_gguf("convert", fixtures / name, "--target", target_gguf, "-o", out[name])
-        assert proc.returncode == 0, proc.stderr
-    return out
 
 
 def inspect_json(path):

@@ -86,14 +86,6 @@ def convert(fixtures: Path, drafter: str | Path, target: Path, out: Path) -> Pat
     return out
 
 
-@pytest.fixture(scope="session")
-def drafters(fixtures: Path, target_gguf: Path, tmp_path_factory) -> dict[str, Path]:
-    """Fixture drafters converted for the tiny target."""
-    folder = tmp_path_factory.mktemp("drafters")
-    return {name: convert(fixtures, name, target_gguf, folder / f"dflash-{name}.gguf")
-            for name in ("dflash-b16", "dflash2-b8")}
-
-
 def _misfit(fixtures: Path, folder: Path, target_changes: dict, drafter_changes: dict, regenerate: bool) -> Path:
     """A drafter converted for a made-up target that shares the tiny target's tokenizer but not
     its geometry, i.e. a drafter "made for another target" (the converter accepts it, against that
@@ -129,10 +121,10 @@ def misfits(fixtures: Path, tmp_path_factory) -> dict[str, Path]:
 # unit: flags from metadata, metrics text, log reading
 # ---------------------------------------------------------------------------------------------
 
-def test_speculative_args_follow_the_drafters_block_size(drafters: dict[str, Path]):
-    b16 = drafters["dflash-b16"]
+def test_speculative_args_follow_the_drafters_block_size(converted: dict[str, Path]):
+    b16 = converted["dflash-b16"]
     assert speculative_args(b16) == ["-md", str(b16), "--spec-type", "draft-dflash", "--spec-draft-n-max", "15"]
-    b8 = drafters["dflash2-b8"]
+    b8 = converted["dflash2-b8"]
     assert speculative_args(b8)[-1] == "7"
     assert speculative_args(b16, draft_max=4)[-1] == "4"
     assert speculative_args(b16, draft_max=99)[-1] == "15"  # llama.cpp would clamp it anyway
@@ -323,8 +315,8 @@ def test_generate_needs_a_url_or_a_pair(target_gguf: Path):
 # ---------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def server(llama_bin: Path, target_gguf: Path, drafters: dict[str, Path]):
-    with dflash_server(target_gguf, drafters["dflash-b16"], bin_dir=llama_bin, extra_args=SMALL) as s:
+def server(llama_bin: Path, target_gguf: Path, converted: dict[str, Path]):
+    with dflash_server(target_gguf, converted["dflash-b16"], bin_dir=llama_bin, extra_args=SMALL) as s:
         yield s
 
 
@@ -341,9 +333,9 @@ def _read_line(proc: subprocess.Popen, timeout: float) -> str:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
-def test_serve_drafts_and_leaves_no_process(llama_bin: Path, target_gguf: Path, drafters: dict[str, Path],
+def test_serve_drafts_and_leaves_no_process(llama_bin: Path, target_gguf: Path, converted: dict[str, Path],
                                             stop_signal: signal.Signals):
-    draft = drafters["dflash-b16"]
+    draft = converted["dflash-b16"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "dflash_gguf.cli", "serve", "--target", str(target_gguf), "--draft", str(draft),
          "--backend", BACKEND, "--", *SMALL],
@@ -370,8 +362,8 @@ def test_serve_drafts_and_leaves_no_process(llama_bin: Path, target_gguf: Path, 
 
 @pytest.mark.integration
 def test_generate_json_starts_and_stops_its_own_server(llama_bin: Path, target_gguf: Path,
-                                                        drafters: dict[str, Path]):
-    draft = drafters["dflash2-b8"]
+                                                        converted: dict[str, Path]):
+    draft = converted["dflash2-b8"]
     proc = dflash_gguf("generate", "--target", target_gguf, "--draft", draft, "--backend", BACKEND,
                        "--server-arg=-c", "--server-arg=512", "-n", "12", "--json",
                        "The capital of France is", "def fibonacci(n):")
@@ -419,9 +411,9 @@ def test_client_tokens_and_metrics(server: LlamaServer):
 @pytest.mark.integration
 @pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
 def test_context_manager_reaps_the_server_on_an_exception(llama_bin: Path, target_gguf: Path,
-                                                          drafters: dict[str, Path], exc):
+                                                          converted: dict[str, Path], exc):
     with pytest.raises(exc):
-        with dflash_server(target_gguf, drafters["dflash-b16"], bin_dir=llama_bin, extra_args=SMALL) as s:
+        with dflash_server(target_gguf, converted["dflash-b16"], bin_dir=llama_bin, extra_args=SMALL) as s:
             pid = s.pid
             assert s.health()
             raise exc("boom")

@@ -599,28 +599,17 @@ def stage_greedy() -> None:
     })
 
 
-def _patch_reference_timer() -> None:
-    """`dflash_generate(return_stats=True)` times with torch.cuda.synchronize; on CPU, a plain clock."""
-    from dflash import model as ref
-
-    ref._cuda_time = time.perf_counter
-
-
 @torch.inference_mode()
 def measure_tau(drafter, target, prompts, new_tokens=EVAL_NEW_TOKENS) -> dict:
-    from dflash.model import dflash_generate
+    from dflash_gguf.runner.reference import speculative_runs
 
-    _patch_reference_timer()
+    runs = speculative_runs(drafter, target, [p["ids"] for p in prompts], new_tokens, [EOS_TOKEN_ID])
     per_prompt, lengths, mismatches = [], [], 0
-    for prompt in prompts:
-        ids = torch.tensor([prompt["ids"]])
-        stats = dflash_generate(drafter, target, ids, max_new_tokens=new_tokens,
-                                stop_token_ids=[EOS_TOKEN_ID], temperature=0.0, return_stats=True)
+    for prompt, run in zip(prompts, runs):
         reference, _ = target_greedy(target, prompt["ids"], new_tokens)
-        produced = stats.output_ids[0, len(prompt["ids"]):].tolist()
-        mismatches += produced != reference[: len(produced)]
-        lengths += stats.acceptance_lengths
-        per_prompt.append(round(sum(stats.acceptance_lengths) / len(stats.acceptance_lengths), 3))
+        mismatches += run.tokens != reference[: len(run.tokens)]
+        lengths += run.acceptance_lengths
+        per_prompt.append(round(run.tau, 3))
     return {"tau": sum(lengths) / len(lengths), "per_prompt": per_prompt, "steps": len(lengths),
             "tokens": sum(lengths), "not_lossless": mismatches}
 
