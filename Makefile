@@ -9,15 +9,15 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
+# Each step stops make on failure; the stamp is written last, so a failed set-up is retried next time.
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
+	# torch first and pinned: its CPU build (an unpinned torch pulls a multi-GB CUDA build)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test]'
-	# the z-lab PyTorch reference, without its unpinned dependencies (torch is pinned above)
+	$(PIP) install -q -e '.[test,train]'
+	# the z-lab PyTorch reference, without its exact-pinned dependencies (torch is pinned above)
 	$(PIP) install -q --no-deps dflash==0.1.0
-	# llama-cpp-python's bindings only: they load the patched libllama (runner/engine.py)
-	CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" $(PIP) install -q "$$($(PY) -m dflash_gguf.runner.sdist)"
 	touch $@
 
 test: setup

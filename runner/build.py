@@ -143,8 +143,9 @@ def runtime_env(bin_dir: Path, base: dict[str, str] | None = None) -> dict[str, 
 # ---------------------------------------------------------------------------------------------
 
 def patches_dir() -> Path:
-    """`ggml_patches/` of this checkout (the folder sits beside `runner/`)."""
-    return Path(__file__).resolve().parent.parent / "ggml_patches"
+    """The shipped patch series: package data `dflash_gguf.ggml_patches` (`ggml_patches/` in a checkout)."""
+    from importlib.resources import files
+    return Path(str(files("dflash_gguf.ggml_patches")))
 
 
 def read_series(folder: Path | None = None) -> list[Path]:

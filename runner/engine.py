@@ -1,21 +1,23 @@
-"""llama-cpp-python on the patched libllama, for in-process work (metadata, tokens, target logits).
+"""llama-cpp-python's bindings on the patched libllama, for in-process work (metadata, tokens, logits).
 
-`make setup` installs llama-cpp-python without compiling its own llama.cpp
-(`CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF"`); `LLAMA_CPP_LIB_PATH` points it at the
-patched build's libllama, so the Python side and `llama-server` share one engine.
+The bindings are the pure-Python `llama_cpp` package of the same pinned sdist the patched build
+comes from (no separate install, no compile, no version skew between the bindings and the
+library); `LLAMA_CPP_LIB_PATH` points them at the patched build's libllama, so the Python side
+and `llama-server` share one engine.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from ..errors import LlamaBuildError
-from . import build
+from . import build, sdist
 
 
 def use_patched_library(backend: str | None = None) -> Path:
-    """Point llama-cpp-python at the patched build; must run before `import llama_cpp`."""
+    """Point the bindings at the patched build; must run before `import llama_cpp`."""
     bin_dir = build.find_build(backend)
     if bin_dir is None:
         raise LlamaBuildError("no patched llama.cpp build for this checkout: run `dflash-gguf llama build` first")
@@ -26,12 +28,28 @@ def use_patched_library(backend: str | None = None) -> Path:
     return bin_dir
 
 
+def bindings():
+    """The `llama_cpp` module of the pinned sdist, loaded against the patched libllama."""
+    root = sdist.bindings_root()
+    loaded = sys.modules.get("llama_cpp")
+    if loaded is not None:
+        origin = Path(getattr(loaded, "__file__", "") or "").resolve()
+        if root.resolve() not in origin.parents:
+            raise LlamaBuildError(f"another llama_cpp is already loaded from {origin}; "
+                                  "run this in a process that has not imported it")
+        return loaded
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    try:
+        import llama_cpp
+    except ImportError as err:
+        raise LlamaBuildError(f"the llama-cpp-python bindings in {root} do not import ({err}); "
+                              "reinstall dflash-gguf to get their dependencies") from None
+    return llama_cpp
+
+
 def load_model(path: str | Path, *, backend: str | None = None, **kwargs):
     """A `llama_cpp.Llama` on the patched libllama (quiet unless `verbose=True` is given)."""
     use_patched_library(backend)
-    try:
-        import llama_cpp
-    except ImportError:
-        raise LlamaBuildError("llama-cpp-python is not installed: run `make setup`") from None
     kwargs.setdefault("verbose", False)
-    return llama_cpp.Llama(str(path), **kwargs)
+    return bindings().Llama(str(path), **kwargs)

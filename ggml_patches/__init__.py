@@ -1,0 +1,1 @@
+"""The llama.cpp patch series (`series` + `NNNN-name.patch`), shipped as package data."""
