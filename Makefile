@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps dflash==0.1.0
 	touch $@
 
-test: setup
+test: llama
 	$(PY) -m pytest -q
 
 test-unit: setup

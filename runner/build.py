@@ -470,6 +470,29 @@ def _install(build: Path, dest_bin: Path) -> list[str]:
     return installed
 
 
+def _work_dir(source: Source, backend: str) -> Path:
+    return llama_root() / "work" / f"{source.work_name}-{backend}"
+
+
+def _patch_into(source: Source, patches: list[Path], work: Path, progress: Progress) -> Path:
+    progress(f"patching {source.ident} with {len(patches)} patch(es)")
+    with tempfile.TemporaryDirectory(dir=work, prefix=".stage-") as staging:
+        files = patched_file_map(source.tree, patches, Path(staging))
+        written, removed = sync_tree(files, work / "src")
+    progress(f"source folder {work / 'src'}: {written} file(s) rewritten, {removed} removed")
+    return work / "src"
+
+
+def prepare(backend: str | None = None, source_dir: Path | None = None,
+            progress: Progress | None = None) -> Path:
+    """Fetch and patch the tree without compiling; return the patched source folder."""
+    progress = progress or _quiet
+    source, patches, backend, _ = plan(backend, source_dir)
+    work = _work_dir(source, backend)
+    with _locked(work / ".lock"):
+        return _patch_into(source, patches, work, progress)
+
+
 def build(backend: str | None = None, source_dir: Path | None = None, jobs: int | None = None,
           progress: Progress | None = None, force: bool = False) -> BuildResult:
     """Patch, configure, build and publish llama.cpp; return where it landed.
@@ -487,19 +510,14 @@ def build(backend: str | None = None, source_dir: Path | None = None, jobs: int 
 
     platform = sys.platform
     flags = cmake_flags(backend, platform, curl_option=tree_has_curl_option(source.tree))
-    work = llama_root() / "work" / f"{source.work_name}-{backend}"
+    work = _work_dir(source, backend)
     jobs = jobs or os.cpu_count() or 2
 
     with _locked(work / ".lock"):
         log = work / "build.log"
         log.write_text(f"dflash-gguf llama build {key} ({backend}) {_dt.datetime.now().isoformat()}\n",
                        encoding="utf-8")
-
-        progress(f"patching {source.ident} with {len(patches)} patch(es)")
-        with tempfile.TemporaryDirectory(dir=work, prefix=".stage-") as staging:
-            files = patched_file_map(source.tree, patches, Path(staging))
-            written, removed = sync_tree(files, work / "src")
-        progress(f"source folder {work / 'src'}: {written} file(s) rewritten, {removed} removed")
+        _patch_into(source, patches, work, progress)
 
         build_dir = work / "build"
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []

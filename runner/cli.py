@@ -39,9 +39,12 @@ def llama_group() -> None:
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
               help="Parallel compile jobs. Default: the number of CPUs.")
 @click.option("--force", is_flag=True, help="Rebuild and republish even if this key is already built.")
+@click.option("--prepare-only", is_flag=True,
+              help="Fetch the pinned tree and apply the patch series, then stop before compiling; "
+                   "prints the patched source folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build manifest as JSON.")
 def build_command(backend: str | None, source_dir: Path | None, jobs: int | None, force: bool,
-                  as_json: bool) -> None:
+                  prepare_only: bool, as_json: bool) -> None:
     """Patch, configure and build llama.cpp, then print the folder of its binaries.
 
     \b
@@ -54,12 +57,17 @@ def build_command(backend: str | None, source_dir: Path | None, jobs: int | None
       dflash-gguf llama build
       dflash-gguf llama build --backend cpu -j 4
       dflash-gguf llama build --source ~/src/llama.cpp --backend cuda
+      dflash-gguf llama build --prepare-only     # download + patch, no compile
     """
     started = time.monotonic()
 
     def progress(message: str) -> None:
         click.echo(f"[{time.monotonic() - started:6.1f}s] {message}", err=True)
 
+    if prepare_only:
+        src = _build.prepare(backend=backend, source_dir=source_dir, progress=progress)
+        click.echo(json.dumps({"source_dir": str(src)}) if as_json else str(src))
+        return
     result = _build.build(backend=backend, source_dir=source_dir, jobs=jobs, progress=progress, force=force)
     if not result.built:
         progress(f"build {result.key} is up to date")

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DflashError
+from ..extras import require
 
 
 @dataclass
@@ -35,12 +35,11 @@ def use_cpu_clock() -> None:
 
 
 def _load(draft_dir: Path, target_dir: Path):
-    try:
-        import torch
-        from dflash import model as dflash_model
-        from transformers import AutoModelForCausalLM
-    except ImportError as err:
-        raise DflashError(f"the PyTorch reference needs `pip install 'dflash-gguf[reference]'` ({err.name} missing)") from None
+    require("reference", "the z-lab PyTorch reference")
+    import torch
+    from dflash import model as dflash_model
+    from transformers import AutoModelForCausalLM
+
     import json
     arch = (json.loads((Path(draft_dir) / "config.json").read_text()).get("architectures") or [""])[0]
     cls = dflash_model.DFlash2DraftModel if arch == "DFlash2DraftModel" else dflash_model.DFlashDraftModel

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ..errors import DflashError
+from ..extras import require
 from . import build as _build
 from .compare import DEFAULT_TIE_TOLERANCE
 from .prompts import BUILTIN_PROMPTS, read_prompts
@@ -96,6 +97,8 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
         raise DflashError("--temperature: validate compares token ids, which is defined for greedy decoding; use 0")
     if (reference_draft is None) != (reference_target is None):
         raise DflashError("--reference-draft and --reference-target go together")
+    if reference_draft is not None:
+        require("reference", "--reference-draft")
     prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
     settings = ValidationSettings(n_predict=n_predict, parallel=parallel, temperature=temperature,
                                   tie_tolerance=tie_tolerance, threads=threads, backend=backend,

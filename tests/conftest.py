@@ -16,10 +16,11 @@ from tests.upstream import cached_target_gguf, run_upstream_converter
 REPO = Path(__file__).resolve().parents[1]
 
 
-def dflash_gguf(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def dflash_gguf(*args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None
+                ) -> subprocess.CompletedProcess:
     """Run the real command line, as a user would."""
     return subprocess.run([sys.executable, "-m", "dflash_gguf.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd)
+                          capture_output=True, text=True, cwd=cwd, env=env)
 
 
 LLAMA_BACKEND = os.environ.get("DFLASH_TEST_BACKEND", "cpu")
