@@ -382,18 +382,21 @@ def _perf_record(pid: int, out: Path):
 def profile_section(models: Models, n_predict: int, rounds: int = 3) -> list[dict]:
     """Sequential requests on a server with and without each F16 drafter, at trace verbosity: the
     drafter's own cumulative timers (begin, draft, accept) against the server's generation time."""
-    from dflash_gguf.runner.server import LlamaServer, find_bin_dir, speculative_args
-    from dflash_gguf.runner.validate import ValidationSettings, server_args
+    from dflash_gguf.runner.build import find_bin_dir
+    from dflash_gguf.runner.launch import launch_recipe
+    from dflash_gguf.runner.validate import measuring_launch
 
-    settings = ValidationSettings(n_predict=n_predict, parallel=1)
-    base = server_args(settings, max(len(p.encode()) for p in models.prompts))
     bin_dir = find_bin_dir("cpu")
     log_dir = WORK / models.kind / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
 
-    def serve(label: str, args: list[str]) -> dict:
+    def serve(label: str, draft: Path | None) -> dict:
         log_path = log_dir / f"profile-{label}.log"
-        with LlamaServer(models.target, base + args + ["-lv", "4"], bin_dir=bin_dir, log_path=log_path) as srv:
+        # validate's launch (serve's recipe + a context for the prompts), at trace verbosity
+        launch = measuring_launch(launch_recipe(models.target, draft, server_args=["-lv", "4"]),
+                                  models.prompts, n_predict)
+        with launch.server(bin_dir=bin_dir, log_path=log_path) as server:
+            srv = server.client
             ids = [srv.tokenize(p, add_special=True, parse_special=True) for p in models.prompts]
             srv.complete(ids[0][:8], 8, temperature=0.0, seed=0, cache_prompt=False)  # warm-up
             warm_log = log_path.read_text(errors="replace")
@@ -401,7 +404,7 @@ def profile_section(models: Models, n_predict: int, rounds: int = 3) -> list[dic
                     for _ in range(rounds) for i in ids]
             text = log_path.read_text(errors="replace")
             # one more round, not timed, under `perf record`: where the CPU samples fall, by library
-            with _perf_record(srv.pid, log_dir / f"perf-{label}.data") as samples:
+            with _perf_record(server.pid, log_dir / f"perf-{label}.data") as samples:
                 for i in ids:
                     srv.complete(i, n_predict, temperature=0.0, seed=0, cache_prompt=False)
         stats = _STATS.findall(text)
@@ -419,19 +422,19 @@ def profile_section(models: Models, n_predict: int, rounds: int = 3) -> list[dic
             out["begin_ms"], out["draft_ms"], out["accept_ms"] = (round(a - b, 2) for a, b in zip(last, first))
         return out
 
-    from dflash_gguf.runner.server import read_draft
+    from dflash_gguf.runner.launch import read_draft
 
     blocks = sorted({read_draft(path).block_size for path in models.drafters.values()})
     progress(f"(e) llama-bench on the target: decode of 1 token, batches of {blocks}")
     bench = _llama_bench(models.target, bin_dir, blocks)
     rows = []
     progress("(e) target alone, trace verbosity")
-    alone = serve("target", [])
+    alone = serve("target", None)
     perf_rows = [{"label": "target alone", **alone["perf"]}] if alone.get("perf") else []
     per_token = alone["predicted_ms"] / max(1, alone["tokens"] - alone["requests"])
     for drafter, path in models.drafters.items():
         progress(f"(e) {DRAFTER_LABELS[drafter]} F16, trace verbosity")
-        spec = serve(drafter, speculative_args(path))
+        spec = serve(drafter, path)
         steps = max(1, spec["tokens"] - spec["requests"] - spec["accepted"])
         draft_ms = spec.get("draft_ms", 0.0) + spec.get("begin_ms", 0.0) + spec.get("accept_ms", 0.0)
         rest = spec["predicted_ms"] - draft_ms
@@ -756,7 +759,7 @@ def render_markdown(results: dict, png_name: str) -> str:
         "make bench-convert             # (a) alone",
         "dflash-gguf validate --target build/fixtures/trained/target.gguf --draft build/fixtures/trained/dflash2.gguf \\",
         f"    --prompts build/fixtures/trained/prompts.txt -n {s['n_predict']} --parallel 1 \\",
-        "    --reference-draft tests/fixtures/trained/dflash2 --reference-target tests/fixtures/trained/target --json -",
+        "    --reference-draft tests/fixtures/trained/dflash2 --reference-target tests/fixtures/trained/target --json",
         "dflash-gguf quantize build/fixtures/trained/dflash2.gguf build/bench/dflash2-Q4_K_M.gguf --type Q4_K_M --recipe keep-fc",
         "dflash-gguf validate --target build/fixtures/trained/target.gguf --draft build/bench/dflash2-Q4_K_M.gguf \\",
         f"    --prompts build/fixtures/trained/prompts.txt -n {s['recipe_n_predict']} --parallel 1",

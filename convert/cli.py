@@ -10,9 +10,10 @@ from pathlib import Path
 import click
 
 from ..errors import DflashError
+from ..options import force_option, json_option, target_option
 from .converter import OUTTYPES, convert as convert_checkpoint
+from .describe import describe
 from .gguf_file import GGUFFile
-from .inspect import inspect_gguf
 from .legacy import is_legacy, migrate
 from .target import load_target
 
@@ -53,17 +54,17 @@ def _check_out(out: Path, force: bool) -> None:
 
 @click.command()
 @click.argument("src", type=click.Path(exists=True, path_type=Path))
-@click.option("--target", "-t", "target", type=click.Path(exists=True, path_type=Path),
-              help="The target model: its GGUF (tokenizer copied verbatim) or its Hugging Face folder "
-                   "(config.json + tokenizer files; no weights needed). Optional for a legacy GGUF.")
+@target_option(required=False, folder_ok=True,
+               help="The target model: its GGUF (tokenizer copied verbatim) or its Hugging Face folder "
+                    "(config.json + tokenizer files; no weights needed). Optional for a legacy GGUF.")
 @click.option("-o", "--out", type=click.Path(path_type=Path), help="Output GGUF (default: <src>[-TYPE].gguf).")
 @click.option("--outtype", type=click.Choice(OUTTYPES), default="auto", show_default=True,
               help="Tensor type for matrices (norms and conv kernels stay F32). auto: bf16 for a bf16 "
                    "checkpoint, f16 otherwise, as upstream's converter does.")
 @click.option("--license", "license_id", help="Hub license id written as general.license "
                                                "(default: the `license:` of the checkpoint's README).")
-@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+@force_option
+@json_option
 def convert(src: Path, target: Path | None, out: Path | None, outtype: str, license_id: str | None,
             force: bool, as_json: bool) -> None:
     """Convert a DFlash / DFlash 2 drafter to the GGUF mainline llama.cpp loads.
@@ -118,7 +119,9 @@ def convert(src: Path, target: Path | None, out: Path | None, outtype: str, lice
 def _print_report(r: dict, list_tensors: bool) -> None:
     click.echo(f"{r['file']}")
     click.echo(f"  variant         {r['variant']} (general.architecture = {r['architecture']})")
-    click.echo(f"  block size      {r['block_size']}  (draft length {r['draft_length']})")
+    default = "" if r["block_size_in_file"] else ", llama.cpp's default: the file sets none"
+    spec = f", --spec-type {r['spec_type']}" if r["spec_type"] else ""
+    click.echo(f"  block size      {r['block_size']}  (draft length {r['draft_length']}{spec}{default})")
     tl = r["target_layers"]
     click.echo(f"  target layers   HF {tl['hf']}  ->  llama.cpp {tl['llama_cpp']}")
     click.echo(f"  mask token      {r['mask_token_id']}   vocabulary {r['vocab_size']}")
@@ -142,17 +145,19 @@ def _print_report(r: dict, list_tensors: bool) -> None:
 
 @click.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (always lists every tensor).")
+@json_option
 @click.option("--tensors", "list_tensors", is_flag=True, help="List every tensor with its type, shape and size.")
 def inspect(file: Path, as_json: bool, list_tensors: bool) -> None:
     """Describe a drafter GGUF: variant (DFlash / DFlash 2 / DSpark / legacy), block size, draft
-    length, target layers in both numberings (HF hidden-state ids and llama.cpp's shifted ids), mask
-    token, tensor types and sizes, and the problems it can see (legacy layout, sliding-window layers
-    without window metadata, missing keys or tensors).
+    length and --spec-type as llama-server runs it, target layers in both numberings (HF
+    hidden-state ids and llama.cpp's shifted ids), mask token, tensor types and sizes, and the
+    problems it can see (legacy layout, sliding-window layers without window metadata, missing
+    keys or tensors). The JSON report (--json) always lists every tensor.
 
-    Exit status 0 when no problem is found, 1 when problems are listed.
+    Exit status 0 when no problem is found, 1 when problems are listed, 2 when the file is not a
+    readable GGUF.
     """
-    report = inspect_gguf(file)
+    report = describe(file).to_dict()
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:

@@ -5,13 +5,10 @@ The converter applies them to a checkpoint; `serve` and `validate` apply them to
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from ..errors import CheckpointError, TargetError
 from .target import TargetInfo
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -26,7 +23,7 @@ class DrafterFacts:
 
 
 def check_dflash2_shapes(facts: DrafterFacts) -> None:
-    """llama.cpp's loader refuses DFlash 2 files that break these (FACTS §2)."""
+    """llama.cpp's loader refuses DFlash 2 files that break these (pinned src/models/dflash.cpp)."""
     if facts.conv_group_size is not None:
         if facts.conv_group_size <= 0 or facts.hidden % facts.conv_group_size:
             raise CheckpointError(
@@ -41,7 +38,8 @@ def check_dflash2_shapes(facts: DrafterFacts) -> None:
 
 
 def check_fits_target(facts: DrafterFacts, target: TargetInfo) -> list[str]:
-    """Raise TargetError when the drafter cannot run with this target; return warnings otherwise."""
+    """Raise TargetError when the drafter cannot run with this target; return the warnings otherwise
+    (the caller shows them: the library never prints, and a warning is said once)."""
     if facts.hidden != target.n_embd:
         raise TargetError(
             f"{facts.source}: drafter hidden size {facts.hidden} != target embedding length {target.n_embd} "
@@ -66,6 +64,4 @@ def check_fits_target(facts: DrafterFacts, target: TargetInfo) -> list[str]:
             warnings.append(
                 f"{facts.source}: mask_token_id {facts.mask_token_id} is also the target's padding token; "
                 "check that this is the id the drafter was trained with")
-    for message in warnings:
-        log.warning(message)
     return warnings

@@ -21,6 +21,7 @@ from . import layout
 from .checkpoint import Checkpoint, DrafterCheckpoint
 from .compat import DrafterFacts, check_dflash2_shapes, check_fits_target
 from .gguf_file import FileSpan, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
+from .keys import ARCH, DFlash, General, Tokenizer
 from .safetensors_file import StoredTensor, iter_row_chunks, iter_spans, to_float32
 from .target import TargetInfo, load_target
 
@@ -202,49 +203,49 @@ def qwen3_hparams(ckpt: Checkpoint, arch: str, file_type: FT) -> tuple[gguf.GGUF
 def _dflash_metadata(ckpt: DrafterCheckpoint, target: TargetInfo, file_type: FT,
                      license_id: str | None) -> gguf.GGUFWriter:
     """The general.* and dflash.* keys, with names and types as upstream writes them."""
-    cfg, a = ckpt.config, layout.ARCH
-    w, rope = qwen3_hparams(ckpt, a, file_type)
+    cfg = ckpt.config
+    w, rope = qwen3_hparams(ckpt, ARCH, file_type)
     if license_id:
         w.add_license(license_id)
     if target.name or target.repo:
-        w.add_uint32("general.base_model.count", 1)
-        w.add_string("general.base_model.0.name", target.repo or target.name)
+        w.add_uint32(General.BASE_MODEL_COUNT, 1)
+        w.add_string(General.BASE_MODEL_NAME.format(id=0), target.repo or target.name)
         if target.repo:
             url = target.repo if "://" in target.repo else f"https://huggingface.co/{target.repo}"
-            w.add_string("general.base_model.0.repo_url", url)
+            w.add_string(General.BASE_MODEL_REPO_URL.format(id=0), url)
 
-    # DFlash-specific keys, by name (PyPI gguf has no constants for them), mirroring upstream.
+    # DFlash-specific keys from the key table (PyPI gguf has no constants for them), mirroring upstream.
     partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
     if partial is not None:
-        w.add_uint32(f"{a}.rope.dimension_count", int(ckpt.head_dim * partial))
+        w.add_uint32(DFlash.ROPE_DIMENSION_COUNT, int(ckpt.head_dim * partial))
     if (value_scale := ckpt.dflash_config.get("attention_value_scale")) is not None:
-        w.add_float32(f"{a}.attention.value_scale", float(value_scale))
-    w.add_uint32(f"{a}.block_size", ckpt.block_size)
+        w.add_float32(DFlash.VALUE_SCALE, float(value_scale))
+    w.add_uint32(DFlash.BLOCK_SIZE, ckpt.block_size)
     if ckpt.conv and ckpt.selector:
-        w.add_uint32(f"{a}.conv_kernel_size", ckpt.conv[0])
-        w.add_uint32(f"{a}.conv_group_size", ckpt.conv[1])
-        w.add_uint32(f"{a}.selector_rank", ckpt.selector[0])
-        w.add_uint32(f"{a}.selector_top_k", ckpt.selector[1])
+        w.add_uint32(DFlash.CONV_KERNEL_SIZE, ckpt.conv[0])
+        w.add_uint32(DFlash.CONV_GROUP_SIZE, ckpt.conv[1])
+        w.add_uint32(DFlash.SELECTOR_RANK, ckpt.selector[0])
+        w.add_uint32(DFlash.SELECTOR_TOP_K, ckpt.selector[1])
     if (multiplier := ckpt.setting("output_multiplier")) is not None:
-        w.add_float32(f"{a}.logit_scale", float(multiplier))
+        w.add_float32(DFlash.LOGIT_SCALE, float(multiplier))
     if (softcap := ckpt.setting("final_logit_softcapping")) is not None and float(softcap) > 0:
-        w.add_float32(f"{a}.final_logit_softcapping", float(softcap))
+        w.add_float32(DFlash.FINAL_LOGIT_SOFTCAPPING, float(softcap))
     if (embedding_scale := ckpt.setting("input_embedding_scale")) is not None:
-        w.add_float32(f"{a}.embedding_scale", float(embedding_scale))
-    w.add_array(f"{a}.target_layers", [i + 1 for i in ckpt.target_layer_ids])
+        w.add_float32(DFlash.EMBEDDING_SCALE, float(embedding_scale))
+    w.add_array(DFlash.TARGET_LAYERS, [i + 1 for i in ckpt.target_layer_ids])
     _sliding_window_metadata(ckpt, w)
     causal = cfg.get("is_causal")
     if causal is None:
         causal = ckpt.dflash_config.get("causal")
     if causal is not None:
-        w.add_bool(f"{a}.attention.causal", bool(causal))
+        w.add_bool(DFlash.CAUSAL, bool(causal))
     if target.uses_mrope:
-        w.add_array(f"{a}.rope.dimension_sections", [ckpt.head_dim // 2, 0, 0, 0])
+        w.add_array(DFlash.ROPE_DIMENSION_SECTIONS, [ckpt.head_dim // 2, 0, 0, 0])
     return w
 
 
 def _sliding_window_metadata(ckpt: DrafterCheckpoint, w: gguf.GGUFWriter) -> None:
-    cfg, a = ckpt.config, layout.ARCH
+    cfg = ckpt.config
     use_swa_everywhere = bool(ckpt.dflash_config.get("use_swa", False))
     window = ckpt.dflash_config.get("swa_window_size") or cfg.get("sliding_window")
     if not ((cfg.get("use_sliding_window", False) or use_swa_everywhere) and window):
@@ -258,8 +259,8 @@ def _sliding_window_metadata(ckpt: DrafterCheckpoint, w: gguf.GGUFWriter) -> Non
                 f"{ckpt.config_path}: 'layer_types' has {len(layer_types)} entries for {ckpt.n_layers} layers; "
                 "give one per layer")
         pattern = [t == "sliding_attention" for t in layer_types]
-    w.add_uint32(f"{a}.attention.sliding_window", int(window))
-    w.add_array(f"{a}.attention.sliding_window_pattern", pattern)
+    w.add_uint32(DFlash.SLIDING_WINDOW, int(window))
+    w.add_array(DFlash.SLIDING_WINDOW_PATTERN, pattern)
 
 
 def plan_conversion(src: str | Path, target: str | Path | TargetInfo, outtype: str = "auto",
@@ -282,9 +283,9 @@ def plan_conversion(src: str | Path, target: str | Path | TargetInfo, outtype: s
     plan.add_kv(kv_from_writer(writer))
     plan.add_kv(target_info.tokenizer_kv)
     if ckpt.mask_token_id is not None:
-        mask = gguf.GGUFWriter(path=None, arch=layout.ARCH)
+        mask = gguf.GGUFWriter(path=None, arch=ARCH)
         mask.add_mask_token_id(ckpt.mask_token_id)
-        plan.add_kv([kv for kv in kv_from_writer(mask) if kv.key == "tokenizer.ggml.mask_token_id"])
+        plan.add_kv([kv for kv in kv_from_writer(mask) if kv.key == Tokenizer.MASK_ID])
 
     add_tensors(plan, tensors, outtype, ckpt)
     return ConversionPlan(plan, ckpt.variant, outtype, warnings)

@@ -21,6 +21,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from ..errors import GGUFFormatError
+from .keys import General
 
 MAGIC = b"GGUF"
 VERSION = 3
@@ -208,12 +209,12 @@ class GGUFFile:
     # -- access -----------------------------------------------------------------------------------
     @property
     def alignment(self) -> int:
-        kv = self.kv.get("general.alignment")
+        kv = self.kv.get(General.ALIGNMENT)
         return int(kv.value) if kv else DEFAULT_ALIGNMENT
 
     @property
     def architecture(self) -> str | None:
-        kv = self.kv.get("general.architecture")
+        kv = self.kv.get(General.ARCHITECTURE)
         return kv.value if kv else None
 
     def get(self, key: str, default: Any = None) -> Any:

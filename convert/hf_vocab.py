@@ -17,6 +17,7 @@ import gguf
 
 from ..errors import TargetError
 from .gguf_file import KV, kv_from_writer
+from .keys import ARCH, Tokenizer
 
 QWEN2_SPLIT_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                      r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -110,7 +111,7 @@ def tokenizer_metadata(folder: Path, vocab_size: int) -> list[KV]:
             tokens.append(token)
             types.append(gguf.TokenType.NORMAL)
 
-    writer = gguf.GGUFWriter(path=None, arch="dflash")
+    writer = gguf.GGUFWriter(path=None, arch=ARCH)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
@@ -119,4 +120,4 @@ def tokenizer_metadata(folder: Path, vocab_size: int) -> list[KV]:
     if byte_level_post:
         special.add_special_token.update(bos=False, eos=False)
     special.add_to_gguf(writer, quiet=True)
-    return [kv for kv in kv_from_writer(writer) if kv.key.startswith("tokenizer.")]
+    return [kv for kv in kv_from_writer(writer) if kv.key.startswith(Tokenizer.PREFIX)]

@@ -10,9 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-ARCH = "dflash"
-LEGACY_ARCH = "dflash-draft"
-
 DFLASH = "dflash"
 DFLASH2 = "dflash2"
 DSPARK = "dspark"
@@ -21,7 +18,8 @@ LEGACY = "legacy"
 VARIANT_NAMES = {DFLASH: "DFlash", DFLASH2: "DFlash 2", DSPARK: "DSpark", LEGACY: "legacy fork"}
 ARCHITECTURES = {"DFlashDraftModel": DFLASH, "DFlash2DraftModel": DFLASH2}
 
-# Tensors whose presence tells the variants of a mainline GGUF apart (FACTS §2).
+# Tensors whose presence tells the variants of a mainline GGUF apart (as the pinned
+# common/speculative.cpp tells draft-dspark from draft-dflash; selector_* only DFlash 2 has).
 VARIANT_MARKERS = {"selector_hidden.weight": DFLASH2, "markov_w1.weight": DSPARK}
 
 

@@ -13,28 +13,22 @@ import gguf
 from ..errors import GGUFFormatError
 from . import layout
 from .compat import DrafterFacts, check_fits_target
+from .describe import describe
 from .gguf_file import FileSpan, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
+from .keys import ARCH, LEGACY_ARCH, DFlash, General, Legacy, Tokenizer
 from .target import TargetInfo
-
-_OLD = layout.LEGACY_ARCH + "."
-_NESTED = _OLD + "dflash."
 
 
 def is_legacy(gguf_file: GGUFFile) -> bool:
-    return gguf_file.architecture == layout.LEGACY_ARCH
+    return gguf_file.architecture == LEGACY_ARCH
 
 
 def legacy_facts(src: GGUFFile) -> DrafterFacts:
     """What the compatibility rules need, from a legacy file (ids stay in the HF numbering there)."""
-    ids = src.get(_NESTED + "target_layer_ids")
-    hidden = src.get(_OLD + "embedding_length")
-    if ids is None or hidden is None:
-        missing = _NESTED + "target_layer_ids" if ids is None else _OLD + "embedding_length"
-        raise GGUFFormatError(f"{src.path}: legacy DFlash file lacks {missing!r}; it cannot be migrated")
-    tokens = src.get("tokenizer.ggml.tokens")
-    return DrafterFacts(source=str(src.path), hidden=int(hidden), vocab=len(tokens) if tokens else None,
-                        target_layer_ids=tuple(int(i) for i in ids),
-                        mask_token_id=src.get(_NESTED + "mask_token_id"))
+    for key in (Legacy.TARGET_LAYER_IDS, Legacy.EMBEDDING_LENGTH):
+        if key not in src.kv:
+            raise GGUFFormatError(f"{src.path}: legacy DFlash file lacks {key!r}; it cannot be migrated")
+    return describe(src).facts()
 
 
 def _copy(src: GGUFFile, name: str):
@@ -45,29 +39,28 @@ def _copy(src: GGUFFile, name: str):
 def plan_migration(src: GGUFFile, target: TargetInfo | None = None) -> tuple[GGUFPlan, list[str]]:
     if not is_legacy(src):
         raise GGUFFormatError(
-            f"{src.path}: general.architecture is {src.architecture!r}, not the legacy {layout.LEGACY_ARCH!r}")
+            f"{src.path}: {General.ARCHITECTURE} is {src.architecture!r}, not the legacy {LEGACY_ARCH!r}")
     facts = legacy_facts(src)
     warnings = check_fits_target(facts, target) if target else []
     fc = src.tensors.get("dflash_fc.weight") or src.tensors.get("fc.weight")
-    n_features = src.get(_NESTED + "n_target_features")
+    n_features = src.get(Legacy.N_TARGET_FEATURES)
     if fc is not None and n_features is not None and fc.shape[-1] != n_features:
         raise GGUFFormatError(
             f"{src.path}: n_target_features {n_features} does not match dflash_fc.weight width {fc.shape[-1]}")
 
-    new = gguf.GGUFWriter(path=None, arch=layout.ARCH)
-    a = layout.ARCH
-    if (block_size := src.get(_NESTED + "block_size")) is not None:
-        new.add_uint32(f"{a}.block_size", int(block_size))
-    new.add_array(f"{a}.target_layers", [i + 1 for i in facts.target_layer_ids])
+    new = gguf.GGUFWriter(path=None, arch=ARCH)
+    if (block_size := src.get(Legacy.BLOCK_SIZE)) is not None:
+        new.add_uint32(DFlash.BLOCK_SIZE, int(block_size))
+    new.add_array(DFlash.TARGET_LAYERS, [i + 1 for i in facts.target_layer_ids])
     if facts.mask_token_id is not None:
         new.add_mask_token_id(int(facts.mask_token_id))
 
     plan = GGUFPlan()
     for key, kv in src.kv.items():
-        if key.startswith(_NESTED) or key in ("general.architecture", "tokenizer.ggml.mask_token_id"):
+        if key.startswith(Legacy.NESTED) or key in (General.ARCHITECTURE, Tokenizer.MASK_ID):
             continue
-        if key.startswith(_OLD):
-            kv = type(kv)(a + "." + key[len(_OLD):], kv.type, kv.value, kv.sub_type, kv.raw)
+        if key.startswith(Legacy.PREFIX):
+            kv = type(kv)(f"{ARCH}.{key[len(Legacy.PREFIX):]}", kv.type, kv.value, kv.sub_type, kv.raw)
         plan.add_kv([kv])
     plan.kv.insert(0, kv_from_writer(new)[0])  # general.architecture first, as in every GGUF
     plan.add_kv(kv_from_writer(new)[1:])

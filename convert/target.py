@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..errors import TargetError
 from .gguf_file import KV, GGUFFile
+from .keys import General, Model, Tokenizer, per_arch
 
 
 @dataclass
@@ -29,7 +30,7 @@ class TargetInfo:
     @property
     def pad_token_id(self) -> int | None:
         for kv in self.tokenizer_kv:
-            if kv.key == "tokenizer.ggml.padding_token_id":
+            if kv.key == Tokenizer.PAD_ID:
                 return int(kv.value)
         return None
 
@@ -47,7 +48,7 @@ def _from_gguf(path: Path) -> TargetInfo:
     with GGUFFile(path) as gguf:
         arch = gguf.architecture
         if not arch:
-            raise TargetError(f"{path}: no general.architecture key; is this a model GGUF?")
+            raise TargetError(f"{path}: no {General.ARCHITECTURE} key; is this a model GGUF?")
 
         def need(key: str) -> int:
             value = gguf.get(key)
@@ -55,20 +56,20 @@ def _from_gguf(path: Path) -> TargetInfo:
                 raise TargetError(f"{path}: key {key!r} is missing; re-convert the target with llama.cpp")
             return int(value)
 
-        tokens = gguf.get("tokenizer.ggml.tokens")
+        tokens = gguf.get(Tokenizer.TOKENS)
         if not tokens:
-            raise TargetError(f"{path}: no tokenizer.ggml.tokens; the target GGUF must carry its tokenizer")
-        n_vocab = gguf.get(f"{arch}.vocab_size") or len(tokens)
+            raise TargetError(f"{path}: no {Tokenizer.TOKENS}; the target GGUF must carry its tokenizer")
+        n_vocab = gguf.get(per_arch(Model.VOCAB_SIZE, arch)) or len(tokens)
         return TargetInfo(
             path=path,
-            n_embd=need(f"{arch}.embedding_length"),
-            n_layer=need(f"{arch}.block_count"),
+            n_embd=need(per_arch(Model.EMBEDDING_LENGTH, arch)),
+            n_layer=need(per_arch(Model.BLOCK_COUNT, arch)),
             n_vocab=int(n_vocab),
-            tokenizer_kv=[kv for key, kv in gguf.kv.items() if key.startswith("tokenizer.")],
-            uses_mrope=f"{arch}.rope.dimension_sections" in gguf.kv,
-            name=gguf.get("general.name"),
-            repo=gguf.get("general.repo_url"),
-            license=gguf.get("general.license"),
+            tokenizer_kv=[kv for key, kv in gguf.kv.items() if key.startswith(Tokenizer.PREFIX)],
+            uses_mrope=per_arch(Model.ROPE_DIMENSION_SECTIONS, arch) in gguf.kv,
+            name=gguf.get(General.NAME),
+            repo=gguf.get(General.REPO_URL),
+            license=gguf.get(General.LICENSE),
         )
 
 

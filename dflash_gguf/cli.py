@@ -11,7 +11,30 @@ from . import __version__
 from .errors import DflashError
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 class _Group(click.Group):
+    def main(self, args=None, prog_name=None, **kwargs):
+        """Every error is one line on stderr, click's usage errors too (exit 2)."""
+        try:
+            code = super().main(args, prog_name or "dflash-gguf", standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as err:  # a bare group: its help, as click shows it
+            click.echo(err.ctx.get_help(), err=True)
+            sys.exit(err.exit_code)
+        except click.UsageError as err:
+            where = err.ctx.command_path if err.ctx is not None else "dflash-gguf"
+            click.echo(f"error: {_one_line(err.format_message())} (see `{where} --help`)", err=True)
+            sys.exit(err.exit_code)
+        except click.ClickException as err:
+            click.echo(f"error: {_one_line(err.format_message())}", err=True)
+            sys.exit(err.exit_code)
+        except (KeyboardInterrupt, click.Abort):
+            click.echo("error: interrupted", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)

@@ -21,3 +21,16 @@ class GGUFFormatError(DflashError):
 
 class LlamaBuildError(DflashError):
     """Fetching, patching or building llama.cpp failed."""
+
+
+class ServerError(DflashError):
+    """llama-server could not be started, stopped responding, or answered with an error."""
+
+
+class ServerStartError(ServerError):
+    """llama-server exited or did not become ready during start-up; the message quotes its log."""
+
+    def __init__(self, message: str, returncode: int | None = None, log_path=None):
+        super().__init__(message)
+        self.returncode = returncode
+        self.log_path = log_path

@@ -50,7 +50,7 @@ def main() -> None:
         report = OUT / f"validate-{name}.json"
         step(f"validate {name}: exact output? what does it buy? ({N_NEW} new tokens, held-out prompts)",
              "validate", "--target", target, "--draft", draft, "--prompts", files["prompts"], "-n", N_NEW,
-             "--json", report)
+             "--report", report)
         reports[name] = json.loads(report.read_text())
 
     step("serve + generate: a round trip through llama-server with the DFlash 2 drafter", "generate",

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from ..errors import DflashError
+from ..options import ServerArgsCommand, build_options, force_option, json_option, target_option
 from .quantize import ALL_TYPES, DEFAULT_RECIPE, RECIPES
 from .quantize import quantize as quantize_file
 
@@ -18,16 +19,11 @@ log = logging.getLogger(__name__)
 
 _RECIPE_HELP = "; ".join(f"{r.name}: {r.description}" for r in RECIPES.values())
 
-_llama_bin_option = click.option(
-    "--llama-bin", type=click.Path(exists=True, file_okay=False, path_type=Path), envvar="DFLASH_GGUF_LLAMA_BIN",
-    help="Bin folder of the llama.cpp build whose llama-quantize to run (env DFLASH_GGUF_LLAMA_BIN). "
-         "Default: the patched build made by `dflash-gguf llama build`.")
 _recipe_option = click.option(
     "--recipe", type=click.Choice(list(RECIPES)), default=DEFAULT_RECIPE, show_default=True,
     help=f"Which tensors keep a higher precision. {_RECIPE_HELP}.")
 _threads_option = click.option("--threads", type=click.IntRange(min=1), default=None,
                                help="Threads for llama-quantize (default: every CPU).")
-_json_option = click.option("--json", "as_json", is_flag=True, help="Print a JSON report on stdout.")
 
 
 def _progress(message: str) -> None:
@@ -50,12 +46,12 @@ def _counts(items) -> str:
 @click.option("--type", "qtype", required=True, metavar="TYPE",
               help=f"llama-quantize file type: {', '.join(ALL_TYPES)}.")
 @_recipe_option
-@_llama_bin_option
+@build_options
 @_threads_option
-@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
-@_json_option
-def quantize(src: Path, out: Path, qtype: str, recipe: str, llama_bin: Path | None, threads: int | None,
-             force: bool, as_json: bool) -> None:
+@force_option
+@json_option
+def quantize(src: Path, out: Path, qtype: str, recipe: str, backend: str | None, llama_bin: Path | None,
+             threads: int | None, force: bool, as_json: bool) -> None:
     """Quantize a drafter GGUF with llama-quantize, keeping acceptance-critical tensors precise.
 
     IN.gguf is a drafter written by `dflash-gguf convert` (F16, BF16 or F32 tensors). The
@@ -77,7 +73,7 @@ def quantize(src: Path, out: Path, qtype: str, recipe: str, llama_bin: Path | No
         raise DflashError(f"{out}: already exists; pass --force to replace it")
     if not out.resolve().parent.is_dir():
         raise DflashError(f"{out.parent}: output folder does not exist")
-    r = quantize_file(src, out, qtype, recipe, llama_bin, threads, progress=_progress)
+    r = quantize_file(src, out, qtype, recipe, llama_bin, threads, progress=_progress, backend=backend)
     if as_json:
         click.echo(json.dumps(r.to_dict(), indent=2))
         return
@@ -95,10 +91,10 @@ def quantize(src: Path, out: Path, qtype: str, recipe: str, llama_bin: Path | No
         click.echo(f"  fallbacks      {len(r.fallbacks)} tensors had rows too short for the wanted type")
 
 
-@click.command()
+@click.command(cls=ServerArgsCommand)
 @click.argument("draft_dir", metavar="DRAFT_DIR", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--target", "-t", required=True, type=click.Path(exists=True, path_type=Path),
-              help="The target model: its GGUF or its Hugging Face folder (config.json, tokenizer, README.md).")
+@target_option(folder_ok=True, help="The target model: its GGUF or its Hugging Face folder (config.json, tokenizer, "
+                                    "README.md). Variants are validated beside a GGUF target only.")
 @click.option("--types", default="F16,Q8_0,Q4_K_M", show_default=True, metavar="T1,T2,...",
               help=f"Variants to write, comma-separated: {', '.join(ALL_TYPES)}.")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
@@ -118,18 +114,21 @@ def quantize(src: Path, out: Path, qtype: str, recipe: str, llama_bin: Path | No
 @_recipe_option
 @click.option("--skip-validate", is_flag=True,
               help="Do not run the variants beside the target; the card says \"not validated\".")
-@_llama_bin_option
+@build_options
 @_threads_option
 @click.option("--force", is_flag=True,
               help="Replace an earlier release folder (one holding only files a release writes).")
-@_json_option
+@json_option
 def release(draft_dir: Path, target: Path, types: str, out_dir: Path, license_id: str | None,
             target_license_id: str | None, name: str | None, base_model: str | None, recipe: str,
-            skip_validate: bool, llama_bin: Path | None, threads: int | None, force: bool, as_json: bool) -> None:
+            skip_validate: bool, backend: str | None, llama_bin: Path | None, threads: int | None, force: bool,
+            as_json: bool, server_args: tuple[str, ...]) -> None:
     """Build a release folder: every variant, a model card and the license files.
 
     Converts DRAFT_DIR against the target, quantizes each requested type with the recipe,
-    validates each variant beside the target (unless --skip-validate), and writes
+    validates each variant beside the target (unless --skip-validate) as `validate` does, on
+    the same build (--backend / --llama-bin) and with the llama-server arguments after `--`,
+    and writes
 
     \b
       OUT/dflash-<Target>-<QUANT>.gguf  one file per type
@@ -154,8 +153,8 @@ def release(draft_dir: Path, target: Path, types: str, out_dir: Path, license_id
 
     r = build_release(draft_dir, target, types, out_dir, license_id=license_id,
                       target_license_id=target_license_id, name=name, base_model=base_model, recipe=recipe,
-                      skip_validate=skip_validate, llama_bin=llama_bin, threads=threads, force=force,
-                      progress=_progress)
+                      skip_validate=skip_validate, backend=backend, llama_bin=llama_bin, threads=threads,
+                      force=force, server_args=server_args, progress=_progress)
     for message in r.warnings:
         click.echo(f"warning: {message}", err=True)
     if as_json:
@@ -176,7 +175,7 @@ def release(draft_dir: Path, target: Path, types: str, out_dir: Path, license_id
 @click.option("--private", is_flag=True, help="Create the repository private (an existing one keeps its visibility).")
 @click.option("--dry-run", is_flag=True, help="Check the folder and list the commit's files; send nothing.")
 @click.option("--message", "-m", metavar="TEXT", help="Commit message (default: 'Upload N files with dflash-gguf').")
-@_json_option
+@json_option
 def publish(folder: Path, repo: str, private: bool, dry_run: bool, message: str | None, as_json: bool) -> None:
     """Upload a release folder to the Hugging Face Hub in one commit.
 

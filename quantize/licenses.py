@@ -226,15 +226,16 @@ def license_from_gguf(path, opened=None) -> License:
     """`general.license` (with `general.license.name` / `.link` for `other`) of a GGUF.
     `opened`: the file already open as a GGUFFile (saves parsing it again)."""
     from ..convert.gguf_file import GGUFFile
+    from ..convert.keys import General
 
     f = opened if opened is not None else GGUFFile(path)
     try:
-        value, name, link = f.get("general.license"), f.get("general.license.name"), f.get("general.license.link")
-        repo = f.get("general.repo_url")
+        value, name, link = f.get(General.LICENSE), f.get(General.LICENSE_NAME), f.get(General.LICENSE_LINK)
+        repo = f.get(General.REPO_URL)
     finally:
         if opened is None:
             f.close()
-    return License(normalize_id(value), f"{path} general.license", name, link, None, repo)
+    return License(normalize_id(value), f"{path} {General.LICENSE}", name, link, None, repo)
 
 
 def with_override(declared: License, override: str | None, option: str) -> License:

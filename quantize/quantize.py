@@ -24,10 +24,10 @@ from pathlib import Path
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
-from ..convert import layout
+from ..convert.describe import describe
 from ..convert.gguf_file import GGUFFile
 from ..errors import DflashError
-from ..runner.build import runtime_env
+from ..runner.build import find_bin_dir, runtime_env
 from .licenses import Kind, LicenseError, license_from_gguf
 
 log = logging.getLogger(__name__)
@@ -125,18 +125,9 @@ def expected_type(name: str, shape: tuple[int, ...], source_type: QT, qtype: str
 # Finding llama-quantize
 # ---------------------------------------------------------------------------------------------
 
-def find_llama_quantize(llama_bin: Path | None = None) -> Path:
-    """`llama-quantize` in `llama_bin`, else in the patched build of the cache."""
-    if llama_bin is None:
-        try:
-            from ..runner.build import find_build
-        except ImportError:  # runner not present in this build of the package
-            find_build = None
-        llama_bin = find_build() if find_build else None
-        if llama_bin is None:
-            raise DflashError("no patched llama.cpp build found: run `dflash-gguf llama build` "
-                              "(or pass --llama-bin DIR)")
-    exe = Path(llama_bin) / ("llama-quantize.exe" if os.name == "nt" else "llama-quantize")
+def find_llama_quantize(llama_bin: Path | None = None, backend: str | None = None) -> Path:
+    """`llama-quantize` in `llama_bin`, else in the patched build for `backend`."""
+    exe = find_bin_dir(backend, llama_bin) / ("llama-quantize.exe" if os.name == "nt" else "llama-quantize")
     if not exe.is_file():
         raise DflashError(f"{exe}: not found; --llama-bin must be the bin folder of a llama.cpp build")
     return exe
@@ -188,14 +179,10 @@ def parse_fallbacks(log_text: str) -> list[dict]:
 
 
 def check_input(src: Path) -> GGUFFile:
-    """Open a drafter GGUF fit to quantize: mainline DFlash layout, float tensors, license allows."""
+    """Open a drafter GGUF fit to quantize: one llama.cpp can run, float tensors, license allows."""
     f = GGUFFile(src)
     try:
-        if f.architecture == layout.LEGACY_ARCH:
-            raise DflashError(f"{src}: legacy dflash-draft layout; migrate it first with "
-                              f"`dflash-gguf convert {src.name}`")
-        if f.architecture != layout.ARCH:
-            raise DflashError(f"{src}: general.architecture is {f.architecture!r}, not a DFlash drafter ('dflash')")
+        describe(f).require_runnable()
         quantized = sorted({t.type.name for t in f.tensors.values() if t.type not in FLOAT_TYPES.values()})
         if quantized:
             raise DflashError(f"{src}: already holds quantized tensors ({', '.join(quantized)}); quantize from "
@@ -249,12 +236,12 @@ def verify(src: GGUFFile, out: Path, qtype: str, recipe: Recipe) -> list[TensorR
 
 def quantize(src: str | Path, out: str | Path, qtype: str, recipe: str = DEFAULT_RECIPE,
              llama_bin: Path | None = None, threads: int | None = None,
-             progress: Progress | None = None) -> QuantizeResult:
+             progress: Progress | None = None, backend: str | None = None) -> QuantizeResult:
     """Quantize drafter GGUF `src` to `out` as `qtype` following `recipe`, through llama-quantize."""
     started = time.perf_counter()
     src, out = Path(src), Path(out)
     qtype, rec = parse_type(qtype), get_recipe(recipe)
-    exe = find_llama_quantize(llama_bin)
+    exe = find_llama_quantize(llama_bin, backend)
     if out.resolve() == src.resolve():
         raise DflashError(f"{out}: output would overwrite the input")
     source = check_input(src)

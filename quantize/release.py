@@ -13,8 +13,6 @@ folder beside DIR and renamed onto DIR at the end, so DIR is either absent, as i
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import logging
 import os
@@ -28,10 +26,12 @@ from pathlib import Path
 import yaml
 
 from .. import __version__
-from ..convert import layout
 from ..convert.converter import convert
+from ..convert.describe import DrafterDescription, describe
 from ..convert.gguf_file import GGUFFile
+from ..convert.keys import General
 from ..errors import DflashError
+from ..runner.launch import parse_server_args, speculative_args
 from ..runner.sdist import sha256_file
 from . import licenses as lic
 from .quantize import DEFAULT_RECIPE, FLOAT_TYPES, RECIPES, find_llama_quantize, get_recipe, parse_type, quantize
@@ -88,7 +88,7 @@ def target_facts(target: Path) -> tuple[str, str | None, lic.License]:
         declared = lic.license_from_card(lic.read_card(target), str(target / "README.md"), target, repo)
         return (repo.split("/")[-1] if repo else target.resolve().name), repo, declared
     with GGUFFile(target) as f:
-        url = f.get("general.repo_url") or f.get("general.source.repo_url")
+        url = f.get(General.REPO_URL) or f.get(General.SOURCE_REPO_URL)
         declared = lic.license_from_gguf(target, f)
     repo = None
     if url:
@@ -107,7 +107,7 @@ def drafter_repo(draft_dir: Path) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Validation hook
+# Validation
 # ---------------------------------------------------------------------------------------------
 
 NOT_VALIDATED = "not validated"
@@ -117,46 +117,31 @@ def _not_validated(why: str) -> dict:
     return {"validated": False, "tau": None, "speedup": None, "note": f"{NOT_VALIDATED} ({why})"}
 
 
-def validate_variant(target: Path, draft_path: Path) -> dict:
-    """Run the validator on one variant beside its target, if this build has one.
+def validate_variant(target: Path, draft_path: Path, settings=None) -> dict:
+    """Run `validate` (runner/validate.py) on one variant beside its target, on the built-in prompts
+    with `settings` (its build and llama-server arguments are the release's).
 
-    Returns {"validated": bool, "tau": float | None, "speedup": float | None, "note": str}.
-
-    The validator is `dflash_gguf.runner.validate`. A `validate_variant(target, draft)` there is
-    called as it is (returning a mapping or object with `tau` and `speedup`); otherwise its
-    `validate(target, draft, prompts, ValidationSettings())` runs on the built-in prompts and its
-    report gives tau (`mean_acceptance_length`: tokens produced per target verification step) and
-    `speedup` (tokens/s with the drafter over the target alone). A report whose `verdict` is not 0
-    (the speculative output differs from the target's own) raises DflashError, which stops the
-    release and leaves nothing behind. Without a validator, and for a target given as a folder
-    (llama-server needs the target's GGUF), the card says "not validated".
+    Returns {"validated": bool, "tau": float | None, "speedup": float | None, "note": str}: tau is
+    the report's `mean_acceptance_length` (tokens produced per target verification step), speedup
+    tokens/s with the drafter over the target alone. A report whose verdict is not 0 (the
+    speculative output differs from the target's own) raises DflashError, which stops the release
+    and leaves nothing behind. For a target given as a folder (llama-server needs the target's
+    GGUF) the card says "not validated".
     """
-    if importlib.util.find_spec("dflash_gguf.runner.validate") is None:
-        return _not_validated("no validator in this build")
+    from ..runner import validate as validator
+    from ..runner.prompts import BUILTIN_PROMPTS
+
     if not Path(target).is_file():
         return _not_validated("the target was given as a folder; validation runs its GGUF")
-    module = importlib.import_module("dflash_gguf.runner.validate")
     target, draft_path = Path(target), Path(draft_path)
-    if hasattr(module, "validate_variant"):
-        result = module.validate_variant(target, draft_path)
-    else:
-        from ..runner.prompts import BUILTIN_PROMPTS
-
-        result = module.validate(target, draft_path, list(BUILTIN_PROMPTS), module.ValidationSettings())
-        if module.verdict(result, False) != 0:
-            bad = sum(1 for d in result.get("divergences", []) if d.get("kind") != "tie")
-            raise DflashError(f"{draft_path.name}: validation failed: with the drafter, {bad} prompt(s) gave other "
-                              f"tokens than {target.name} alone; run `dflash-gguf validate` for the report")
-
-    def pick(*keys: str) -> float | None:
-        for key in keys:
-            value = result.get(key) if isinstance(result, dict) else getattr(result, key, None)
-            if value is not None:
-                return float(value)
-        return None
-
-    return {"validated": True, "tau": pick("tau", "mean_acceptance_length"), "speedup": pick("speedup"),
-            "note": "validated"}
+    result = validator.validate(target, draft_path, list(BUILTIN_PROMPTS), settings or validator.ValidationSettings())
+    if validator.verdict(result, False) != 0:
+        bad = sum(1 for d in result.get("divergences", []) if d.get("kind") != "tie")
+        raise DflashError(f"{draft_path.name}: validation failed: with the drafter, {bad} prompt(s) gave other "
+                          f"tokens than {target.name} alone; run `dflash-gguf validate` for the report")
+    speedup = result.get("speedup")
+    return {"validated": True, "tau": float(result["mean_acceptance_length"]),
+            "speedup": float(speedup) if speedup is not None else None, "note": "validated"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,14 +251,22 @@ class ReleaseResult:
     target_repo: str | None
     variant: str
     block_size: int
+    draft_length: int
+    spec_type: str
     license: dict
     files: list[str]
     variants: list[VariantResult]
     warnings: list[str]
+    run_args: list[str] = field(default_factory=list)  # the launch recipe's drafter flags, for the card
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def example_variant(variants: list[VariantResult]) -> str:
+    """The file the card's command line runs: the Q8_0 variant, else the first."""
+    return next((v.file for v in variants if v.type == "Q8_0"), variants[0].file)
 
 
 def _size(n: int) -> str:
@@ -305,7 +298,7 @@ def render_card(result: ReleaseResult, terms: lic.Terms, plan: LicensePlan) -> s
     lines += [
         f"{result.variant} speculative-decoding drafter "
         f"{_hub_link(result.base_model if base_is_repo else None, result.base_model)}, converted to GGUF for "
-        f"llama.cpp (`--spec-type draft-dflash`). It drafts for {_hub_link(result.target_repo, target_label)}: "
+        f"llama.cpp (`--spec-type {result.spec_type}`). It drafts for {_hub_link(result.target_repo, target_label)}: "
         "it carries that model's tokenizer and borrows its token embeddings and output head at run time, "
         "so it works with that target only.",
         "",
@@ -328,16 +321,14 @@ def render_card(result: ReleaseResult, terms: lic.Terms, plan: LicensePlan) -> s
     lines += ["", "τ is the mean number of tokens produced per target verification step (accepted draft "
               "tokens plus the target's own); speedup is generation speed with the drafter over the target "
               "alone. Both are measured by `dflash-gguf validate` on the pinned llama.cpp.", ""]
-    example = next((v.file for v in result.variants if v.type == "Q8_0"), result.variants[0].file)
-    n_max = max(result.block_size - 1, 1)
     lines += [
         "## Run it", "",
         "```sh",
-        f"llama-server -m {result.name}.gguf -md {example} --spec-type draft-dflash --spec-draft-n-max {n_max}",
+        f"llama-server -m {result.name}.gguf {' '.join(result.run_args)}",
         "```", "",
         f"`-m` is the target model's GGUF (any quantization of {target_label}). The drafter's block size is "
-        f"{result.block_size}, so drafts are at most {n_max} tokens long; a smaller `--spec-draft-n-max` "
-        "drafts fewer tokens per step.", "",
+        f"{result.block_size}, so drafts are at most {result.draft_length} tokens long; a smaller "
+        "`--spec-draft-n-max` drafts fewer tokens per step.", "",
         "## License", "",
         f"- Drafter weights ({result.base_model}): {_describe(terms.drafter)}",
         f"- Tokenizer embedded from the target ({target_label}): {_describe(terms.target)}",
@@ -363,17 +354,6 @@ def parse_types(types: str | list[str]) -> list[str]:
     if not out:
         raise DflashError("--types: give at least one type, e.g. F16,Q8_0,Q4_K_M")
     return out
-
-
-def _describe_gguf(path: Path) -> tuple[dict[str, int], int, str]:
-    """(ggml type -> tensor count, block size, variant name) of a drafter GGUF."""
-    with GGUFFile(path) as f:
-        counts: dict[str, int] = {}
-        for t in f.tensors.values():
-            counts[t.type.name] = counts.get(t.type.name, 0) + 1
-        variant = next((layout.VARIANT_NAMES[v] for tensor, v in layout.VARIANT_MARKERS.items()
-                        if tensor in f.tensors), layout.VARIANT_NAMES[layout.DFLASH])
-        return dict(sorted(counts.items())), int(f.get(f"{layout.ARCH}.block_size", 16)), variant
 
 
 def is_release_file(name: str) -> bool:
@@ -418,9 +398,12 @@ def _publish_folder(tmp: Path, out_dir: Path) -> None:
 def release(draft_dir: str | Path, target: str | Path, types: str | list[str], out_dir: str | Path, *,
             license_id: str | None = None, target_license_id: str | None = None, name: str | None = None,
             base_model: str | None = None, recipe: str = DEFAULT_RECIPE, skip_validate: bool = False,
-            llama_bin: Path | None = None, threads: int | None = None, force: bool = False,
+            backend: str | None = None, llama_bin: Path | None = None, threads: int | None = None,
+            force: bool = False, server_args: tuple[str, ...] | list[str] = (),
             progress: Progress | None = None) -> ReleaseResult:
-    """Convert, quantize, validate and describe one drafter as a release folder at `out_dir`."""
+    """Convert, quantize, validate and describe one drafter as a release folder at `out_dir`.
+    `backend` / `llama_bin` choose the llama.cpp build that quantizes and validates; `server_args`
+    go to llama-server in each validation, as after `validate --`."""
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
     shown = str(out_dir)
@@ -431,6 +414,10 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
         raise DflashError(f"{target}: no such target (give the target's .gguf file or its Hugging Face folder)")
     wanted = parse_types(types)
     rec = get_recipe(recipe)
+    if server_args and skip_validate:
+        raise DflashError("llama-server arguments after -- are for validating the variants; "
+                          "--skip-validate runs no server")
+    parse_server_args(server_args)  # refuse what the runner manages before any work
     _check_destination(out_dir, force)
     warnings: list[str] = []
 
@@ -451,8 +438,12 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
     terms = lic.effective_terms(drafter_license, target_license, lic.merge_gating(drafter_card, target_card))
     plan = plan_license_files(terms)
     if any(t not in FLOAT_TYPES for t in wanted):
-        find_llama_quantize(llama_bin)  # fail now, not after the conversion
+        find_llama_quantize(llama_bin, backend)  # fail now, not after the conversion
     gguf_license = plan.card.get("license_name") if plan.card["license"] == "other" else plan.card["license"]
+
+    from ..runner.validate import ValidationSettings
+
+    validation_settings = ValidationSettings(backend=backend, llama_bin=llama_bin, server_args=list(server_args))
 
     # 2. build everything in a temporary folder beside out_dir
     tmp = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.partial")
@@ -462,8 +453,10 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
         say(f"converting {draft_dir.name}")
         base = tmp / ".base.gguf"
         planned = convert(draft_dir, target, base, "auto", gguf_license)
+        warnings += planned.warnings
         base_type = planned.outtype.upper()
-        base_counts, block_size, variant_label = _describe_gguf(base)
+        drafter: DrafterDescription = describe(base)
+        base_counts = drafter.count_by_type()
         variants: list[VariantResult] = []
         for qtype in wanted:
             path = tmp / variant_file(name, qtype)
@@ -475,12 +468,13 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
             elif qtype in FLOAT_TYPES:
                 say(f"converting {draft_dir.name} as {qtype}")
                 convert(draft_dir, target, path, qtype.lower(), gguf_license)
-                counts = _describe_gguf(path)[0]
+                counts = describe(path).count_by_type()
             else:
                 say(f"quantizing {qtype} (recipe {rec.name})")
-                q = quantize(base, path, qtype, rec.name, llama_bin, threads)
+                q = quantize(base, path, qtype, rec.name, llama_bin, threads, backend=backend)
                 counts, off, used_recipe = q.types, q.off_type, rec.name
-            validation = _not_validated("--skip-validate") if skip_validate else validate_variant(target, path)
+            validation = (_not_validated("--skip-validate") if skip_validate
+                          else validate_variant(target, path, validation_settings))
             if not skip_validate:
                 say(f"validated {path.name}: {validation['note']}")
             variants.append(VariantResult(path.name, qtype, used_recipe, path.stat().st_size, sha256_file(path),
@@ -495,8 +489,9 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
             (tmp / lic.COMBINED_LICENSE_FILE).write_text(plan.combined, encoding="utf-8")
         result = ReleaseResult(
             folder=shown, name=name, base_model=base_model, target=str(target), target_repo=target_repo,
-            variant=variant_label, block_size=block_size, license=plan.card, files=[], variants=variants,
-            warnings=warnings)
+            variant=drafter.variant_name, block_size=drafter.block_size, draft_length=drafter.draft_length,
+            spec_type=str(drafter.spec_type), license=plan.card, files=[], variants=variants, warnings=warnings,
+            run_args=speculative_args(drafter, shown_path=example_variant(variants)))
         (tmp / "README.md").write_text(render_card(result, terms, plan), encoding="utf-8")
         result.files = sorted(p.name for p in tmp.iterdir())
         _publish_folder(tmp, out_dir)

@@ -27,6 +27,7 @@ import contextlib
 import datetime as _dt
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -40,6 +41,8 @@ from typing import Callable, Iterator
 from ..errors import LlamaBuildError
 from ..paths import cache_dir
 from . import sdist
+
+log = logging.getLogger(__name__)
 
 BACKENDS = ("cpu", "cuda", "metal")
 TARGETS = ("llama-server", "llama-cli", "llama-quantize", "llama-speculative-simple", "llama-bench")
@@ -394,6 +397,26 @@ def find_build(backend: str | None = None, source_dir: Path | None = None) -> Pa
     if (root / "build.json").is_file() and (root / "bin").is_dir():
         return root / "bin"
     return None
+
+
+def find_bin_dir(backend: str | None = None, llama_bin: str | Path | None = None) -> Path:
+    """The bin folder of the llama.cpp build a command runs: `llama_bin` when given (any build,
+    e.g. `--llama-bin DIR`), else the patched build for `backend`; without a backend, the default
+    backend's build, else the CPU build when that is the one that exists."""
+    if llama_bin is not None:
+        if not Path(llama_bin).is_dir():
+            raise LlamaBuildError(f"{llama_bin}: not a folder; --llama-bin is the bin folder of a llama.cpp build")
+        return Path(llama_bin)
+    found = find_build(backend)
+    if found is None and backend is None and default_backend() != "cpu":
+        found = find_build("cpu")
+        if found is not None:
+            log.info("no %s build of the patched llama.cpp; using the cpu build %s", default_backend(), found)
+    if found is None:
+        raise LlamaBuildError(
+            f"no patched llama.cpp build for backend {backend or default_backend()}; "
+            f"build it with `dflash-gguf llama build{' --backend ' + backend if backend else ''}`")
+    return Path(found)
 
 
 @contextlib.contextmanager

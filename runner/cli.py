@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import click
 
+from ..errors import LlamaBuildError
+from ..options import json_option
 from . import build as _build
 
 _backend_option = click.option(
@@ -42,7 +43,7 @@ def llama_group() -> None:
 @click.option("--prepare-only", is_flag=True,
               help="Fetch the pinned tree and apply the patch series, then stop before compiling; "
                    "prints the patched source folder.")
-@click.option("--json", "as_json", is_flag=True, help="Print the build manifest as JSON.")
+@json_option
 def build_command(backend: str | None, source_dir: Path | None, jobs: int | None, force: bool,
                   prepare_only: bool, as_json: bool) -> None:
     """Patch, configure and build llama.cpp, then print the folder of its binaries.
@@ -81,13 +82,13 @@ def build_command(backend: str | None, source_dir: Path | None, jobs: int | None
 @_backend_option
 @_source_option
 def path_command(backend: str | None, source_dir: Path | None) -> None:
-    """Print the bin folder of the build for the current key (exit 1 if it is not built)."""
+    """Print the bin folder of the build for the current key (exit status 2, one line, when it
+    is not built)."""
     found = _build.find_build(backend, source_dir)
     if found is None:
         key = _build.key_for(backend, source_dir)
-        click.echo(f"error: no llama.cpp build for key {key} (backend {backend or _build.default_backend()}); "
-                   "run `dflash-gguf llama build` first", err=True)
-        sys.exit(1)
+        raise LlamaBuildError(f"no llama.cpp build for key {key} (backend {backend or _build.default_backend()}); "
+                              "run `dflash-gguf llama build` first")
     click.echo(str(found))
 
 

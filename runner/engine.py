@@ -16,11 +16,10 @@ from ..errors import LlamaBuildError
 from . import build, sdist
 
 
-def use_patched_library(backend: str | None = None) -> Path:
-    """Point the bindings at the patched build; must run before `import llama_cpp`."""
-    bin_dir = build.find_build(backend)
-    if bin_dir is None:
-        raise LlamaBuildError("no patched llama.cpp build for this checkout: run `dflash-gguf llama build` first")
+def use_patched_library(backend: str | None = None, bin_dir: Path | None = None) -> Path:
+    """Point the bindings at the build in `bin_dir` (default: the patched build for `backend`);
+    must run before `import llama_cpp`."""
+    bin_dir = Path(bin_dir) if bin_dir is not None else build.find_bin_dir(backend)
     current = os.environ.get("LLAMA_CPP_LIB_PATH")
     if current and Path(current) != bin_dir:
         raise LlamaBuildError(f"LLAMA_CPP_LIB_PATH is already {current}; unset it to use the patched build {bin_dir}")
@@ -48,8 +47,8 @@ def bindings():
     return llama_cpp
 
 
-def load_model(path: str | Path, *, backend: str | None = None, **kwargs):
+def load_model(path: str | Path, *, backend: str | None = None, bin_dir: Path | None = None, **kwargs):
     """A `llama_cpp.Llama` on the patched libllama (quiet unless `verbose=True` is given)."""
-    use_patched_library(backend)
+    use_patched_library(backend, bin_dir)
     kwargs.setdefault("verbose", False)
     return bindings().Llama(str(path), **kwargs)

@@ -1,7 +1,9 @@
 """`dflash-gguf validate`: is speculative output exactly the target's, and what does the drafter buy?
 
 The patched llama-server runs the same prompts (as token ids) twice, with the drafter and without,
-greedy. Token ids are compared; at a first divergence the target's own logits there (computed
+greedy, each started by the launch recipe `serve` uses (runner/launch.py) with the user's own
+arguments; validate adds only a context size when none is given, and its report says so. Token ids
+are compared; at a first divergence the target's own logits there (computed
 in-process through llama-cpp-python on the same patched libllama) tell a floating-point near-tie
 from a real mismatch. Acceptance comes from the server's per-request `timings`; speed from a
 sequential pass of each server on the same build and prompts.
@@ -19,7 +21,9 @@ from typing import Callable, Sequence
 
 from ..errors import DflashError
 from . import compare
-from .server import Completion, LlamaServer, check_pair, find_bin_dir, read_draft, speculative_args
+from .build import find_bin_dir
+from .client import Completion, LlamaClient
+from .launch import CTX_SIZE, Launch, launch_recipe
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
@@ -47,14 +51,18 @@ class ServerRun:
 @dataclass
 class ValidationSettings:
     n_predict: int = 64
-    parallel: int = 1
+    parallel: int | None = None          # requests in flight = llama-server slots; None: -np after --, else 1
     temperature: float = 0.0
     tie_tolerance: float = compare.DEFAULT_TIE_TOLERANCE
-    threads: int | None = None
-    backend: str | None = None
-    extra_args: list[str] = field(default_factory=list)
+    threads: int | None = None           # llama-server -t
+    backend: str | None = None           # which patched build (or llama_bin: any build's bin folder)
+    llama_bin: Path | None = None
+    server_args: list[str] = field(default_factory=list)  # the user's llama-server arguments (after --)
     reference_draft: Path | None = None  # z-lab HF checkpoints: run the PyTorch reference too
     reference_target: Path | None = None
+
+    def user_server_args(self) -> list[str]:
+        return (["-t", str(self.threads)] if self.threads else []) + [str(a) for a in self.server_args]
 
 
 def _reference_parity(settings: ValidationSettings, prompt_ids: list[list[int]], progress: Progress) -> dict | None:
@@ -71,48 +79,51 @@ def _reference_parity(settings: ValidationSettings, prompt_ids: list[list[int]],
             "prompts": [{"tokens": len(r.tokens), "mean_acceptance_length": round(r.tau, 4)} for r in runs]}
 
 
-def server_args(settings: ValidationSettings, prompt_tokens: int) -> list[str]:
-    per_slot = prompt_tokens + settings.n_predict + 64
-    args = ["-np", str(settings.parallel), "-c", str(per_slot * settings.parallel), "--metrics",
-            "--no-warmup", "-fa", "off"]
-    if settings.threads:
-        args += ["-t", str(settings.threads)]
-    return args + settings.extra_args
+def measuring_launch(launch: Launch, prompts: Sequence[str], n_predict: int) -> Launch:
+    """What measuring adds to the recipe: room in every slot for the longest prompt (a generous
+    bound: its bytes) and the new tokens, unless the user's arguments set the context size."""
+    if launch.user_value(CTX_SIZE) is not None:
+        return launch
+    per_slot = max(len(p.encode()) for p in prompts) + n_predict + 64
+    return launch.adding("-c", str(per_slot * launch.parallel))
 
 
-def _run_server(model: Path, args: list[str], prompts: list[list[int]] | Sequence[str], settings: ValidationSettings,
-                bin_dir: Path, label: str, progress: Progress) -> tuple[ServerRun, list[list[int]]]:
-    """Answer every prompt; text prompts are tokenized by this server first (returned with the run)."""
-    def ask(server: LlamaServer, ids: list[int]) -> Completion:
-        return server.complete(ids, settings.n_predict, temperature=settings.temperature, seed=0, cache_prompt=False)
+def _run_server(launch: Launch, prompts: list[list[int]] | Sequence[str], settings: ValidationSettings,
+                bin_dir: Path, label: str, progress: Progress) -> tuple[ServerRun, list[list[int]], list[str]]:
+    """Answer every prompt; text prompts are tokenized by this server first (returned with the run),
+    and so is the command line the server ran."""
+    def ask(client: LlamaClient, ids: list[int]) -> Completion:
+        return client.complete(ids, settings.n_predict, temperature=settings.temperature, seed=0, cache_prompt=False)
 
-    with LlamaServer(model, args, bin_dir=bin_dir) as server:
+    with launch.server(bin_dir=bin_dir) as server:
+        client = server.client
         if prompts and isinstance(prompts[0], str):
-            prompts = _tokenize(server, prompts)
-        progress(f"{label}: server up at {server.url}; {len(prompts)} prompts, {settings.parallel} in flight")
-        ask(server, prompts[0][:8])  # warm-up, not measured
-        with ThreadPoolExecutor(max_workers=settings.parallel) as pool:
-            completions = list(pool.map(lambda ids: ask(server, ids), prompts))
-        sequential = completions if settings.parallel == 1 else [ask(server, ids) for ids in prompts]
+            prompts = _tokenize(client, prompts)
+        progress(f"{label}: server up at {client.url}; {len(prompts)} prompts, {launch.parallel} in flight")
+        ask(client, prompts[0][:8])  # warm-up, not measured
+        with ThreadPoolExecutor(max_workers=launch.parallel) as pool:
+            completions = list(pool.map(lambda ids: ask(client, ids), prompts))
+        sequential = completions if launch.parallel == 1 else [ask(client, ids) for ids in prompts]
+        command = server.command()
         progress(f"{label}: done")
-    return ServerRun(completions, sequential), prompts
+    return ServerRun(completions, sequential), prompts, command
 
 
-def _tokenize(server: LlamaServer, prompts: Sequence[str]) -> list[list[int]]:
-    ids = [server.tokenize(p, add_special=True, parse_special=True) for p in prompts]
+def _tokenize(client: LlamaClient, prompts: Sequence[str]) -> list[list[int]]:
+    ids = [client.tokenize(p, add_special=True, parse_special=True) for p in prompts]
     for prompt, tokens in zip(prompts, ids):
         if not tokens:
             raise DflashError(f"prompt {prompt[:40]!r} tokenizes to nothing; give a non-empty prompt")
     return ids
 
 
-def _divergence_logits(target: Path, prompt: list[int], prefix: list[int], backend: str | None):
+def _divergence_logits(target: Path, prompt: list[int], prefix: list[int], bin_dir: Path):
     """The target's logits for the token after prompt+prefix, computed alone (no batching)."""
     import numpy as np
 
     from .engine import load_model
 
-    llm = load_model(target, backend=backend, n_ctx=len(prompt) + len(prefix) + 8, logits_all=True, n_threads=2)
+    llm = load_model(target, bin_dir=bin_dir, n_ctx=len(prompt) + len(prefix) + 8, logits_all=True, n_threads=2)
     try:
         llm.reset()
         llm.eval(prompt + prefix)
@@ -127,14 +138,13 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
     progress = progress or (lambda msg: log.info(msg))
     target, draft = Path(target), Path(draft)
     baseline = Path(baseline) if baseline else target
-    warnings = check_pair(target, draft)
-    info = read_draft(draft)
-    bin_dir = find_bin_dir(settings.backend)
-    # context per slot: a generous bound on the prompt length (bytes) plus the new tokens
-    base_args = server_args(settings, max(len(p.encode()) for p in prompts))
-    spec, prompt_ids = _run_server(target, base_args + speculative_args(draft), list(prompts), settings, bin_dir,
-                                   "speculative", progress)
-    alone, _ = _run_server(baseline, base_args, prompt_ids, settings, bin_dir, "target alone", progress)
+    bin_dir = find_bin_dir(settings.backend, settings.llama_bin)
+    launch = measuring_launch(launch_recipe(target, draft, parallel=settings.parallel,
+                                            server_args=settings.user_server_args()),
+                              prompts, settings.n_predict)
+    spec, prompt_ids, spec_command = _run_server(launch, list(prompts), settings, bin_dir, "speculative", progress)
+    alone, _, alone_command = _run_server(launch.alone(baseline), prompt_ids, settings, bin_dir, "target alone",
+                                          progress)
 
     results, divergences = [], []
     for text, ids, s, t in zip(prompts, prompt_ids, spec.completions, alone.completions):
@@ -142,7 +152,7 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
         entry = {"prompt": text, "exact": position is None, "tokens": len(t.tokens),
                  "draft_n": s.draft_n, "draft_n_accepted": s.draft_n_accepted, "first_divergence": None}
         if position is not None:
-            logits = _divergence_logits(baseline, ids, t.tokens[:position], settings.backend)
+            logits = _divergence_logits(baseline, ids, t.tokens[:position], bin_dir)
             d = compare.classify(logits, position, s.tokens, t.tokens, settings.tie_tolerance)
             entry["first_divergence"] = d.to_dict()
             divergences.append({"prompt": text, **d.to_dict()})
@@ -163,13 +173,15 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
         "tokens_per_second": {"target": round(tps_target, 2), "speculative": round(tps_spec, 2)},
         "speedup": round(tps_spec / tps_target, 3) if tps_target else None,
         "divergences": divergences,
-        "settings": {"n_predict": settings.n_predict, "parallel": settings.parallel,
+        "settings": {"n_predict": settings.n_predict, "parallel": launch.parallel,
                      "temperature": settings.temperature, "tie_tolerance": settings.tie_tolerance,
-                     "draft_max": info.draft_max, "baseline": str(baseline)},
+                     "draft_max": launch.draft_length, "baseline": str(baseline)},
+        # serve's recipe, the user's arguments after --, and what validate added for measuring
+        "launch": {**launch.summary(), "speculative_command": spec_command, "target_command": alone_command},
         "llama": {"backend": build.get("backend", settings.backend), "build": build.get("key", bin_dir.parent.name),
                   "bin": str(bin_dir)},
         "reference": reference,
-        "warnings": warnings,
+        "warnings": list(launch.warnings),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

@@ -10,7 +10,7 @@ import click
 
 from ..errors import DflashError
 from ..extras import require
-from . import build as _build
+from ..options import GGUF, ServerArgsCommand, build_options, draft_option, json_option, target_option
 from .compare import DEFAULT_TIE_TOLERANCE
 from .prompts import BUILTIN_PROMPTS, read_prompts
 from .validate import ValidationSettings, validate, verdict
@@ -47,36 +47,42 @@ def _print_table(report: dict) -> None:
     click.echo(f"tokens/s speculative    {tps['speculative']:.1f}")
     click.echo(f"speedup                 {report['speedup']}x")
     click.echo(f"llama.cpp               {report['llama']['backend']} build {report['llama']['build']}")
+    launch = report["launch"]
+    click.echo(f"llama-server            serve's launch: {' '.join(launch['recipe'])}")
+    if launch["user_args"]:
+        click.echo(f"  your arguments        {' '.join(launch['user_args'])}")
+    if launch["added"]:
+        click.echo(f"  added for measuring   {' '.join(launch['added'])} (room in every slot for the prompts)")
 
 
-@click.command("validate")
-@click.option("--target", "-t", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="The target GGUF.")
-@click.option("--draft", "-d", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="The drafter GGUF.")
+@click.command("validate", cls=ServerArgsCommand)
+@target_option()
+@draft_option()
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help=r"One prompt per line (\n for a newline). Default: a built-in mix of code, math, prose and chat.")
-@click.option("-n", "n_predict", type=click.IntRange(1, 4096), default=64, show_default=True,
+@click.option("-n", "--n-predict", "n_predict", type=click.IntRange(1, 4096), default=64, show_default=True,
               help="New tokens per prompt.")
-@click.option("--parallel", "-np", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Requests in flight (llama-server -np).")
+@click.option("--parallel", "-np", type=click.IntRange(1, 64), default=None,
+              help="Requests in flight, one per llama-server slot. Default: 1, or -np given after --.")
 @click.option("--temperature", type=float, default=0.0, show_default=True,
               help="Sampling temperature; token-level exactness is defined for greedy decoding, so only 0.")
 @click.option("--tie-tolerance", type=float, default=DEFAULT_TIE_TOLERANCE, show_default=True,
               help="Target top-2 logit gap below which a divergence is a numerical tie, not a mismatch.")
 @click.option("--strict", is_flag=True, help="Fail on ties too.")
-@click.option("--baseline", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+@click.option("--baseline", type=GGUF,
               help="Compare against this model alone instead of TARGET (e.g. an F16 copy of a quantized target).")
-@click.option("--backend", type=click.Choice(_build.BACKENDS), help="Which patched build to run.")
+@build_options
 @click.option("--threads", type=click.IntRange(1), help="llama-server threads (-t).")
 @click.option("--reference-draft", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="The drafter's HF checkpoint: also run the z-lab PyTorch reference and report its tau.")
 @click.option("--reference-target", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="The target's HF folder (with weights), for --reference-draft.")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the full report as JSON to this file ('-' for stdout).")
+@json_option
+@click.option("--report", "report_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the full report as JSON to this file.")
 def validate_command(target, draft, prompts_file, n_predict, parallel, temperature, tie_tolerance, strict,
-                     baseline, backend, threads, reference_draft, reference_target, json_out) -> None:
+                     baseline, backend, llama_bin, threads, reference_draft, reference_target, as_json,
+                     report_file, server_args) -> None:
     """Prove a drafter is lossless in llama.cpp, and measure what it buys.
 
     Runs the patched llama-server on the same prompts (as token ids) with the drafter and
@@ -84,6 +90,10 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
     prompt is exact, or reports its first divergence: position, both tokens, and the target's
     top-2 logit margin there (computed alone, in-process); a margin under --tie-tolerance with
     the speculative token as the runner-up is a numerical `tie`, anything else a `mismatch`.
+
+    The servers are started as `serve` starts them, with the arguments after `--` (your
+    deployment: e.g. -- -ctkd q8_0 -fa on -np 8); validate adds only a context size that fits
+    the prompts in every slot, when none is given, and the report says what it added.
 
     Also reports the mean acceptance length tau (tokens per target verification step, bonus
     included, prefill tokens left out), the acceptance rate (accepted / drafted), tokens per
@@ -102,17 +112,18 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
     prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
     settings = ValidationSettings(n_predict=n_predict, parallel=parallel, temperature=temperature,
                                   tie_tolerance=tie_tolerance, threads=threads, backend=backend,
+                                  llama_bin=llama_bin, server_args=list(server_args),
                                   reference_draft=reference_draft, reference_target=reference_target)
     report = validate(target, draft, prompts, settings, baseline,
                       progress=lambda msg: click.echo(msg, err=True))
     for message in report["warnings"]:
         click.echo(f"warning: {message}", err=True)
-    if json_out is not None and str(json_out) == "-":
+    if report_file is not None:
+        report_file.write_text(json.dumps(report, indent=2))
+    if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
         _print_table(report)
-        if json_out is not None:
-            json_out.write_text(json.dumps(report, indent=2))
     sys.exit(verdict(report, strict))
 
 

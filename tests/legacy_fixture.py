@@ -8,6 +8,7 @@ from pathlib import Path
 from gguf import GGUFValueType
 
 from dflash_gguf.convert import layout
+from dflash_gguf.convert.keys import ARCH, LEGACY_ARCH
 from dflash_gguf.convert.gguf_file import KV, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
 
 _RENAMED_BACK = {new: old for old, new in layout.LEGACY_TENSOR_RENAMES.items()}
@@ -15,12 +16,12 @@ _RENAMED_BACK = {new: old for old, new in layout.LEGACY_TENSOR_RENAMES.items()}
 
 def make_legacy(mainline: Path, out: Path) -> Path:
     with GGUFFile(mainline) as src:
-        a, old = layout.ARCH + ".", layout.LEGACY_ARCH + "."
+        a, old = ARCH + ".", LEGACY_ARCH + "."
         nested = old + "dflash."
         plan = GGUFPlan()
         for key, kv in src.kv.items():
             if key == "general.architecture":
-                kv = KV(key, GGUFValueType.STRING, layout.LEGACY_ARCH)
+                kv = KV(key, GGUFValueType.STRING, LEGACY_ARCH)
             elif key == a + "block_size":
                 kv = KV(nested + "block_size", kv.type, kv.value)
             elif key == a + "target_layers":

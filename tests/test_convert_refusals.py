@@ -98,6 +98,7 @@ def test_warns_when_mask_token_is_pad(drafter_copy, target_gguf, tmp_path):
     proc = dflash_gguf("convert", drafter, "--target", target_gguf, "-o", out)
     assert proc.returncode == 0, proc.stderr
     assert "warning:" in proc.stderr and "padding token" in proc.stderr
+    assert proc.stderr.count("padding token") == 1, proc.stderr  # said once, not logged and printed
     assert out.is_file()
 
 

@@ -205,7 +205,7 @@ def test_server_logs_drafts(llama_bin: Path, fixtures: Path, f32_models: dict[st
     args = ["-md", f32_models["dflash-swa"], "--spec-type", "draft-dflash", "--spec-draft-n-max", str(N_DRAFT),
             "--parallel", "1", "-c", "512", "-t", "1", *F32_CACHES, "-lv", "5"]
     with LlamaServer(f32_models["target"], args, bin_dir=llama_bin, log_path=log) as server:
-        answer = server.complete(ids, 4)
+        answer = server.client.complete(ids, 4)
     assert answer.n_predicted == 4
     drafts = parse_drafts(log.read_text(errors="replace"))
     assert drafts, "no `dflash draft:` line in llama-server's log at -lv 5"

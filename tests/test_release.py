@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.machinery
 import json
 import re
 import shutil
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -212,44 +209,19 @@ def test_other_license_link_outside_the_folder_is_refused(drafter_copy, target_g
     assert not (tmp_path / "rel").exists()
 
 
-# -- validation hook -----------------------------------------------------------------------------
-
-def test_validator_results_go_into_the_card(drafter_copy, target_gguf, tmp_path, monkeypatch):
-    calls = []
-    fake = types.ModuleType("dflash_gguf.runner.validate")
-    fake.__spec__ = importlib.machinery.ModuleSpec("dflash_gguf.runner.validate", None)
-
-    def validate_variant(target, draft):
-        calls.append((target, draft.name))
-        return {"tau": 3.456, "speedup": 1.8}
-
-    fake.validate_variant = validate_variant
-    monkeypatch.setitem(sys.modules, "dflash_gguf.runner.validate", fake)
-    drafter = drafter_copy("dflash-b16")
-    _card(drafter, "license: mit\n")
-    r = release(drafter, target_gguf, "F16,F32", tmp_path / "rel", target_license_id="mit", name="T")
-    assert calls == [(target_gguf, "dflash-T-F16.gguf"), (target_gguf, "dflash-T-F32.gguf")]
-    rows = _rows(_front(tmp_path / "rel" / "README.md")[1])
-    assert rows["dflash-T-F16.gguf"][5:] == ["3.46", "1.80x"]
-    assert r.variants[1].validation == {"validated": True, "tau": 3.456, "speedup": 1.8, "note": "validated"}
-
+# -- validation ----------------------------------------------------------------------------------
 
 def _fake_validator(monkeypatch, report: dict, calls: list) -> None:
-    """A stand-in for runner/validate.py's validate(target, draft, prompts, settings) and verdict()."""
-    fake = types.ModuleType("dflash_gguf.runner.validate")
-    fake.__spec__ = importlib.machinery.ModuleSpec("dflash_gguf.runner.validate", None)
-
-    class ValidationSettings:
-        pass
+    """A stand-in for runner/validate.py's validate(target, draft, prompts, settings): the real one
+    runs two llama-servers per variant (its own tests run it); here only what release does with
+    its report and which settings it passes are checked."""
+    from dflash_gguf.runner import validate as validator
 
     def validate(target, draft, prompts, settings):
-        calls.append((Path(target), Path(draft).name, len(prompts)))
+        calls.append((Path(target), Path(draft).name, len(prompts), settings))
         return report
 
-    fake.ValidationSettings = ValidationSettings
-    fake.validate = validate
-    fake.verdict = lambda r, strict: 0 if all(d["kind"] == "tie" for d in r["divergences"]) else 1
-    monkeypatch.setitem(sys.modules, "dflash_gguf.runner.validate", fake)
+    monkeypatch.setattr(validator, "validate", validate)
 
 
 def test_validator_report_gives_tau_and_speedup(drafter_copy, target_gguf, tmp_path, monkeypatch):
@@ -257,9 +229,32 @@ def test_validator_report_gives_tau_and_speedup(drafter_copy, target_gguf, tmp_p
     _fake_validator(monkeypatch, {"mean_acceptance_length": 2.5, "speedup": 1.25, "divergences": []}, calls)
     drafter = drafter_copy("dflash-b16")
     _card(drafter, "license: mit\n")
-    release(drafter, target_gguf, "F16", tmp_path / "rel", target_license_id="mit", name="T")
-    assert calls and calls[0][:2] == (target_gguf, "dflash-T-F16.gguf") and calls[0][2] > 0
+    r = release(drafter, target_gguf, "F16,F32", tmp_path / "rel", target_license_id="mit", name="T")
+    assert [c[:2] for c in calls] == [(target_gguf, "dflash-T-F16.gguf"), (target_gguf, "dflash-T-F32.gguf")]
+    assert calls[0][2] > 0
     assert _rows(_front(tmp_path / "rel" / "README.md")[1])["dflash-T-F16.gguf"][5:] == ["2.50", "1.25x"]
+    assert r.variants[1].validation == {"validated": True, "tau": 2.5, "speedup": 1.25, "note": "validated"}
+
+
+def test_validation_runs_on_the_releases_build_and_server_args(drafter_copy, target_gguf, tmp_path,
+                                                               monkeypatch, llama_bin):
+    calls: list = []
+    _fake_validator(monkeypatch, {"mean_acceptance_length": 1.0, "speedup": 1.0, "divergences": []}, calls)
+    drafter = drafter_copy("dflash-b16")
+    _card(drafter, "license: mit\n")
+    release(drafter, target_gguf, "F16", tmp_path / "rel", target_license_id="mit", name="T",
+            llama_bin=llama_bin, backend="cpu", server_args=["-c", "2048", "-fa", "on"])
+    settings = calls[0][3]
+    assert (settings.llama_bin, settings.backend, settings.server_args) == (llama_bin, "cpu", ["-c", "2048", "-fa", "on"])
+
+
+def test_server_args_the_runner_manages_are_refused_before_any_work(drafter_copy, target_gguf, tmp_path):
+    drafter = drafter_copy("dflash-b16")
+    _card(drafter, "license: mit\n")
+    proc = dflash_gguf("release", drafter, "--target", target_gguf, "--types", "F16", "-o", tmp_path / "rel",
+                       "--target-license", "mit", "--", "-md", "other.gguf")
+    _refused(proc, "-md after --: the drafter is --draft")
+    assert not (tmp_path / "rel").exists()
 
 
 def test_a_failed_validation_stops_the_release(drafter_copy, target_gguf, tmp_path, monkeypatch):
@@ -272,15 +267,14 @@ def test_a_failed_validation_stops_the_release(drafter_copy, target_gguf, tmp_pa
     assert list(tmp_path.iterdir()) == [drafter]
 
 
-def test_without_a_validator_the_card_says_not_validated(drafter_copy, target_gguf, tmp_path, monkeypatch):
-    import importlib.util
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "dflash_gguf.runner.validate" else real(name, *a))
+def test_a_target_folder_is_not_validated(drafter_copy, fixtures, tmp_path, monkeypatch):
+    calls: list = []
+    _fake_validator(monkeypatch, {}, calls)
     drafter = drafter_copy("dflash-b16")
     _card(drafter, "license: mit\n")
-    r = release(drafter, target_gguf, "F16", tmp_path / "rel", target_license_id="mit", name="T")
-    assert r.variants[0].validation["note"] == "not validated (no validator in this build)"
+    r = release(drafter, fixtures / "target-hf", "F16", tmp_path / "rel", target_license_id="mit", name="T")
+    assert calls == []
+    assert r.variants[0].validation["note"].startswith("not validated (the target was given as a folder")
     assert _rows(_front(tmp_path / "rel" / "README.md")[1])["dflash-T-F16.gguf"][5] == "not validated"
 
 

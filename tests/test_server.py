@@ -21,16 +21,9 @@ from pathlib import Path
 import pytest
 
 from dflash_gguf.errors import DflashError
-from dflash_gguf.runner.server import (
-    LlamaClient,
-    LlamaServer,
-    Metrics,
-    ServerStartError,
-    dflash_server,
-    error_line,
-    read_draft,
-    speculative_args,
-)
+from dflash_gguf.runner.client import LlamaClient, Metrics
+from dflash_gguf.runner.launch import dflash_server, read_draft, speculative_args
+from dflash_gguf.runner.server import LlamaServer, ServerStartError, error_line
 from tests.conftest import LLAMA_BACKEND, REPO, dflash_gguf
 from tests.malformed import edit_config, regenerate_weights
 
@@ -129,7 +122,7 @@ def test_speculative_args_follow_the_drafters_block_size(converted: dict[str, Pa
     assert speculative_args(b16, draft_max=4)[-1] == "4"
     assert speculative_args(b16, draft_max=99)[-1] == "15"  # llama.cpp would clamp it anyway
     info = read_draft(b16)
-    assert (info.block_size, info.facts.hidden, info.facts.target_layer_ids) == (16, 64, (0, 2, 4))
+    assert (info.block_size, info.facts().hidden, info.facts().target_layer_ids) == (16, 64, (0, 2, 4))
 
 
 def test_speculative_args_refuse_what_is_not_a_drafter(target_gguf: Path):
@@ -267,7 +260,7 @@ def test_a_server_that_ignores_sigterm_is_killed(fake, exc):
     server, pidfile = fake("stubborn", stop_grace=0.5)
     with pytest.raises(exc):
         with server:
-            assert server.health()
+            assert server.client.health()
             pid = server.pid
             raise exc("boom")
     assert int(pidfile.read_text()) == pid
@@ -277,7 +270,7 @@ def test_a_server_that_ignores_sigterm_is_killed(fake, exc):
 def test_clean_stop_returns_the_exit_status_and_removes_its_temporary_log(fake):
     server, _ = fake("ok", log_path=None)
     server.start()
-    assert LlamaClient(server.url).health()
+    assert LlamaClient(server.client.url).health()
     pid, log = server.pid, server.log_path
     assert log.is_file() and "loading model" in log.read_text()
     assert server.stop() == 0
@@ -305,6 +298,26 @@ def test_serve_refuses_a_drafter_made_for_another_target(target_gguf: Path, misf
     assert llama_servers_using(misfits[kind]) == []
 
 
+@pytest.mark.parametrize("command, args, needle", [
+    ("serve", ["--", "-m", "other.gguf"], "-m after --: the target is --target"),
+    ("serve", ["--", "--model-draft", "d.gguf"], "--model-draft after --: the drafter is --draft"),
+    ("validate", ["--", "--spec-type", "draft-mtp"], "--spec-type after --: the runner sets it"),
+    ("validate", ["--parallel", "2", "--", "-np", "4"], "--parallel is 2 but 4 after --; give it once"),
+    ("serve", ["--port", "8080", "--", "--port", "9090"], "--port is 8080 but 9090 after --; give it once"),
+    ("serve", ["--", "--port", "http"], "--port 'http' after --: expected a whole number"),
+    ("generate", ["hello", "--", "--host", "127.0.0.1,::1"], "one TCP address"),
+    ("serve", ["--", "--ssl-key-file", "k.pem"], "plain HTTP"),
+])
+def test_server_args_the_runner_manages_are_refused_at_once(target_gguf: Path, converted: dict[str, Path],
+                                                            command: str, args: list[str], needle: str):
+    draft = converted["dflash-b16"]
+    proc = dflash_gguf(command, "--target", target_gguf, "--draft", draft, "--backend", BACKEND, *args)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert needle in proc.stderr and proc.stdout == ""
+    assert llama_servers_using(draft) == []
+
+
 def test_generate_needs_a_url_or_a_pair(target_gguf: Path):
     proc = dflash_gguf("generate", "--target", target_gguf, "hello")
     assert proc.returncode == 2 and "--url" in proc.stderr
@@ -316,7 +329,7 @@ def test_generate_needs_a_url_or_a_pair(target_gguf: Path):
 
 @pytest.fixture(scope="module")
 def server(llama_bin: Path, target_gguf: Path, converted: dict[str, Path]):
-    with dflash_server(target_gguf, converted["dflash-b16"], bin_dir=llama_bin, extra_args=SMALL) as s:
+    with dflash_server(target_gguf, converted["dflash-b16"], bin_dir=llama_bin, server_args=SMALL) as s:
         yield s
 
 
@@ -361,12 +374,65 @@ def test_serve_drafts_and_leaves_no_process(llama_bin: Path, target_gguf: Path, 
 
 
 @pytest.mark.integration
+def test_serve_honours_a_port_given_after_the_dashes(target_gguf: Path, converted: dict[str, Path]):
+    """`serve -- --port N`: the server listens on N and the runner polls N (it used to poll a port
+    of its own and wait out the whole start-up timeout)."""
+    from dflash_gguf.runner.server import free_port
+
+    port = free_port()
+    draft = converted["dflash-b16"]
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dflash_gguf.cli", "serve", "--target", str(target_gguf), "--draft", str(draft),
+         "--backend", BACKEND, "--startup-timeout", "100", "--", *SMALL, "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert _read_line(proc, 90) == f"http://127.0.0.1:{port}"
+        assert time.monotonic() - started < 90
+        (child,) = children_named(proc.pid, "llama-server")
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        assert cmdline.count(b"--port") == 1 and cmdline[cmdline.index(b"--port") + 1] == str(port).encode()
+        assert LlamaClient(f"http://127.0.0.1:{port}").health()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.integration
+def test_an_api_key_after_the_dashes_is_sent_by_the_runner(target_gguf: Path, converted: dict[str, Path]):
+    proc = dflash_gguf("generate", "-t", target_gguf, "-d", converted["dflash-b16"], "--backend", BACKEND,
+                       "-n", "4", "--json", "Hello", "--", *SMALL, "--api-key", "s3cret")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["results"][0]["n_predicted"] == 4 and report["metrics"] is not None
+    assert "--api-key" in report["server"]["args"]
+    with pytest.raises(DflashError, match="HTTP 401"):  # the key is really required by that server
+        with dflash_server(target_gguf, converted["dflash-b16"], backend=BACKEND,
+                           server_args=[*SMALL, "--api-key", "s3cret"]) as s:
+            LlamaClient(s.client.url).complete("Hello", n_predict=1)
+
+
+@pytest.mark.integration
+def test_warnings_are_said_once(drafter_copy, target_gguf: Path, tmp_path: Path):
+    """A pair warning (mask token = padding token) is printed once by convert and once by generate."""
+    drafter = edit_config(drafter_copy("dflash-b16"), dflash__mask_token_id=151643)
+    out = tmp_path / "pad-mask.gguf"
+    proc = dflash_gguf("convert", drafter, "--target", target_gguf, "-o", out)
+    assert proc.returncode == 0 and proc.stderr.count("padding token") == 1, proc.stderr
+    proc = dflash_gguf("generate", "-t", target_gguf, "-d", out, "--backend", BACKEND, "-n", "2", "Hi", "--", *SMALL)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("padding token") == 1 and proc.stderr.startswith("warning: "), proc.stderr
+
+
+@pytest.mark.integration
 def test_generate_json_starts_and_stops_its_own_server(llama_bin: Path, target_gguf: Path,
                                                         converted: dict[str, Path]):
     draft = converted["dflash2-b8"]
     proc = dflash_gguf("generate", "--target", target_gguf, "--draft", draft, "--backend", BACKEND,
-                       "--server-arg=-c", "--server-arg=512", "-n", "12", "--json",
-                       "The capital of France is", "def fibonacci(n):")
+                       "-n", "12", "--json", "The capital of France is", "def fibonacci(n):", "--", "-c", "512")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["url"].startswith("http://127.0.0.1:")
@@ -387,15 +453,16 @@ def test_generate_json_starts_and_stops_its_own_server(llama_bin: Path, target_g
 
 @pytest.mark.integration
 def test_generate_against_a_running_server(server: LlamaServer):
-    proc = dflash_gguf("generate", "--url", server.url, "-n", "8", "Hello")
+    proc = dflash_gguf("generate", "--url", server.client.url, "-n", "8", "Hello")
     assert proc.returncode == 0, proc.stderr
-    answer = server.complete("Hello", n_predict=8)  # greedy: the same text again
+    answer = server.client.complete("Hello", n_predict=8)  # greedy: the same text again
     assert proc.stdout == answer.content + "\n"
     assert "drafted" in proc.stderr and "accepted" in proc.stderr
 
 
 @pytest.mark.integration
 def test_client_tokens_and_metrics(server: LlamaServer):
+    server = server.client
     ids = server.tokenize("Hello world!")
     assert ids == [9707, 1879, 0]  # Qwen3's ids
     assert server.detokenize(ids) == "Hello world!"
@@ -413,9 +480,9 @@ def test_client_tokens_and_metrics(server: LlamaServer):
 def test_context_manager_reaps_the_server_on_an_exception(llama_bin: Path, target_gguf: Path,
                                                           converted: dict[str, Path], exc):
     with pytest.raises(exc):
-        with dflash_server(target_gguf, converted["dflash-b16"], bin_dir=llama_bin, extra_args=SMALL) as s:
+        with dflash_server(target_gguf, converted["dflash-b16"], bin_dir=llama_bin, server_args=SMALL) as s:
             pid = s.pid
-            assert s.health()
+            assert s.client.health()
             raise exc("boom")
     assert not pid_alive(pid)
 

@@ -47,7 +47,7 @@ def test_lossless_with_reference_acceptance(drafter, trained, tmp_path):
     out = tmp_path / "report.json"
     proc = dflash_gguf("validate", "--target", trained["target"], "--draft", trained[drafter], "--prompts", prompts,
                        "-n", "128", "--backend", "cpu", "--reference-draft", TRAINED / drafter,
-                       "--reference-target", TRAINED / "target", "--json", out)
+                       "--reference-target", TRAINED / "target", "--report", out)
     report = json.loads(out.read_text())
     assert proc.returncode == 0, proc.stderr
     assert not any(d["kind"] == "mismatch" for d in report["divergences"])

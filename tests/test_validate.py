@@ -31,7 +31,7 @@ def run_validate(*args):
 def test_exact_for_every_variant(drafter, parallel, converted, target_gguf, prompts_file, llama_bin, tmp_path):
     out = tmp_path / "report.json"
     proc = run_validate("--target", target_gguf, "--draft", converted[drafter], "--prompts", prompts_file,
-                        "-n", N, "--parallel", parallel, "--backend", "cpu", "--json", out)
+                        "-n", N, "--parallel", parallel, "--backend", "cpu", "--report", out)
     report = json.loads(out.read_text())
     kinds = {d["kind"] for d in report["divergences"]}
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
@@ -64,7 +64,7 @@ def test_a_run_that_is_not_lossless_fails_with_a_mismatch(converted, target_gguf
                                                          tmp_path):
     out = tmp_path / "report.json"
     proc = run_validate("--target", coarse_target, "--draft", converted["dflash-b16"], "--baseline", target_gguf,
-                        "--prompts", prompts_file, "-n", N, "--backend", "cpu", "--json", out)
+                        "--prompts", prompts_file, "-n", N, "--backend", "cpu", "--report", out)
     report = json.loads(out.read_text())
     assert proc.returncode == 1, proc.stderr
     assert not report["exact"]
@@ -77,7 +77,7 @@ def test_reference_parity(fixtures, converted, target_gguf, prompts_file, tmp_pa
     out = tmp_path / "report.json"
     proc = run_validate("--target", target_gguf, "--draft", converted["dflash2-b8"], "--prompts", prompts_file,
                         "-n", N, "--backend", "cpu", "--reference-draft", fixtures / "dflash2-b8",
-                        "--reference-target", fixtures / "target-hf", "--json", out)
+                        "--reference-target", fixtures / "target-hf", "--report", out)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     ref = report["reference"]
@@ -101,3 +101,70 @@ def test_empty_prompts_file_exits_2(converted, target_gguf, tmp_path):
     empty.write_text("\n\n")
     proc = run_validate("--target", target_gguf, "--draft", converted["dflash-b16"], "--prompts", empty)
     assert proc.returncode == 2 and "no prompts" in proc.stderr
+
+
+def _serve_command(target_gguf, draft, *server_args) -> list[str]:
+    """The command line `serve` gives its llama-server (read from /proc while it runs)."""
+    import signal
+    import sys
+
+    from tests.conftest import REPO
+    from tests.test_server import _read_line, children_named
+
+    proc = subprocess.Popen([sys.executable, "-m", "dflash_gguf.cli", "serve", "--target", str(target_gguf),
+                             "--draft", str(draft), "--backend", "cpu", "--", *server_args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        _read_line(proc, 120)
+        (child,) = children_named(proc.pid, "llama-server")
+        with open(f"/proc/{child}/cmdline", "rb") as fh:
+            return [a.decode() for a in fh.read().split(b"\0") if a]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+def _without(command: list[str], flag: str, n: int) -> list[str]:
+    """The command without `flag` and the n-1 words after it."""
+    i = command.index(flag)
+    return command[:i] + command[i + n:]
+
+
+def _without_port(command: list[str]) -> list[str]:
+    return _without(command, "--port", 2)
+
+
+def test_validate_runs_the_command_serve_runs(converted, target_gguf, prompts_file, tmp_path):
+    """What validate certifies is serve's launch with the user's arguments; here they set the
+    context, so validate adds nothing, and -np / --spec-draft-n-max are read by the runner."""
+    draft = converted["dflash-b16"]
+    user = ["-c", "1024", "-t", "2", "-np", "2", "--spec-draft-n-max", "8"]
+    served = _serve_command(target_gguf, draft, *user)
+    out = tmp_path / "report.json"
+    proc = run_validate("--target", target_gguf, "--draft", draft, "--prompts", prompts_file, "-n", N,
+                        "--backend", "cpu", "--report", out, "--", *user)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    launch = report["launch"]
+    assert _without_port(launch["speculative_command"]) == _without_port(served)
+    assert launch["added"] == [] and launch["user_args"] == ["-c", "1024", "-t", "2"]
+    assert served.count("--spec-draft-n-max") == 1 and served[served.index("--spec-draft-n-max") + 1] == "8"
+    assert served[served.index("--parallel") + 1] == "2" and report["settings"]["parallel"] == 2
+    assert report["settings"]["draft_max"] == 8
+    # the target alone runs the same launch without the drafter's -md/--spec-type/--spec-draft-n-max
+    assert _without_port(launch["target_command"]) == _without(_without_port(served), "-md", 6)
+    assert "your arguments        -c 1024 -t 2" in proc.stdout
+
+
+def test_validate_says_what_it_adds_for_measuring(converted, target_gguf, prompts_file, tmp_path):
+    out = tmp_path / "report.json"
+    proc = run_validate("--target", target_gguf, "--draft", converted["dflash2-b8"], "--prompts", prompts_file,
+                        "-n", N, "--backend", "cpu", "--report", out, "--json")
+    assert proc.returncode == 0, proc.stderr
+    printed = json.loads(proc.stdout)  # --json is a flag: the report on stdout
+    assert printed == json.loads(out.read_text())
+    launch = printed["launch"]
+    assert launch["added"][0] == "-c" and launch["user_args"] == []
+    assert launch["recipe"][-3:] == ["--metrics", "--parallel", "1"]
+    command = launch["speculative_command"]
+    assert command[command.index("--port") + 2:] == launch["recipe"] + launch["added"]

@@ -1,0 +1,247 @@
+"""The one llama-server launch that serve, generate, validate, release and bench all start.
+
+    llama-server -m TARGET --host HOST --port PORT
+                 -md DRAFT --spec-type draft-dflash --spec-draft-n-max N    the drafter's metadata
+                 --metrics --parallel P                                     the runner's own
+                 [what a command adds for itself]                           validate: -c, in its report
+                 [the user's arguments after --]                            last: they override ours
+
+What `validate` certifies is therefore the command `serve` runs, plus the user's own arguments.
+Arguments after `--` that name what the runner manages are honoured (the runner reads them and
+uses them in place of its own: `--port`, `--host`, `-np`, `--spec-draft-n-max`, `--api-key`) or
+refused before anything starts, with the option to use instead (`-m`, `-md`, `--spec-type`, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..convert.compat import check_dflash2_shapes, check_fits_target
+from ..convert.describe import DrafterDescription, describe
+from ..convert.target import load_target
+from ..errors import DflashError
+from .server import DEFAULT_HOST, LlamaServer
+
+DEFAULT_PARALLEL = 1  # one slot: DFlash acceptance drops with many (llama.cpp #27117)
+
+# llama-server options the runner sets itself and cannot take from after `--`: the fix for each
+_REFUSED: dict[tuple[str, ...], str] = {
+    ("-m", "--model", "-mu", "--model-url", "-hf", "-hfr", "--hf-repo", "-dr", "--docker-repo"):
+        "the target is --target",
+    ("-md", "--model-draft", "--spec-draft-model", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf"):
+        "the drafter is --draft",
+    ("--spec-type",): "the runner sets it from the drafter's metadata (draft-dflash or draft-dspark)",
+    ("--ssl-key-file", "--ssl-cert-file"): "the runner talks plain HTTP to the server it starts",
+    ("--models-dir", "--models-preset"): "the runner serves one target and its drafter",
+}
+# ... and the ones it honours: read from after `--` and used in place of its own
+_HONOURED: dict[tuple[str, ...], str] = {
+    ("--port",): "port",
+    ("--host",): "host",
+    ("-np", "--parallel"): "parallel",
+    ("--spec-draft-n-max",): "draft_max",
+}
+_API_KEY = ("--api-key",)
+_API_KEY_FILE = ("--api-key-file",)
+CTX_SIZE = ("-c", "--ctx-size")
+
+
+def _split(arg: str) -> tuple[str, str | None]:
+    """`--port=8080` -> ("--port", "8080"); `--port` -> ("--port", None)."""
+    if arg.startswith("-") and "=" in arg:
+        flag, _, value = arg.partition("=")
+        return flag, value
+    return arg, None
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """The user's llama-server arguments (after `--`), with what the runner honours taken out."""
+
+    passthrough: tuple[str, ...] = ()
+    honoured: dict[str, Any] = field(default_factory=dict)  # "port", "host", "parallel", "draft_max"
+    api_key: str | None = None
+
+    def value_of(self, flags: Sequence[str]) -> str | None:
+        """The last value given to one of `flags` (llama.cpp takes the last), or None."""
+        found = None
+        args = list(self.passthrough)
+        for i, arg in enumerate(args):
+            flag, inline = _split(arg)
+            if flag in flags:
+                found = inline if inline is not None else (args[i + 1] if i + 1 < len(args) else None)
+        return found
+
+
+def _number(flag: str, value: str | None, low: int, high: int | None = None) -> int:
+    try:
+        number = int(value) if value is not None else None
+    except ValueError:
+        number = None
+    if number is None or number < low or (high is not None and number > high):
+        span = f"{low}..{high}" if high is not None else f"at least {low}"
+        raise DflashError(f"{flag} {value!r} after --: expected a whole number, {span}")
+    return number
+
+
+def _api_key_from_file(path: str) -> str | None:
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise DflashError(f"{path}: {err.strerror or err}; --api-key-file after -- must be a readable file") from None
+    return next((line for line in lines if line and not line.startswith("#")), None)
+
+
+def parse_server_args(args: Sequence[str]) -> ServerArgs:
+    """Refuse what the runner manages; take out what it honours; keep the rest, in order."""
+    args = [str(a) for a in args]
+    passthrough: list[str] = []
+    honoured: dict[str, Any] = {}
+    api_key = None
+    i = 0
+    while i < len(args):
+        flag, inline = _split(args[i])
+        for flags, fix in _REFUSED.items():
+            if flag in flags:
+                raise DflashError(f"{flag} after --: {fix}; it cannot be given to llama-server here")
+        takes = next((what for flags, what in _HONOURED.items() if flag in flags), None)
+        if takes is not None or flag in _API_KEY + _API_KEY_FILE:
+            value = inline
+            if value is None:
+                if i + 1 >= len(args):
+                    raise DflashError(f"{flag} after -- needs a value")
+                value, i = args[i + 1], i + 1
+            if takes == "port":
+                honoured[takes] = _number(flag, value, 1, 65535)
+            elif takes == "host":
+                if "," in value or value.endswith(".sock"):
+                    raise DflashError(f"--host {value!r} after --: the runner talks to one TCP address; give one host")
+                honoured[takes] = value
+            elif takes is not None:
+                honoured[takes] = _number(flag, value, 1)
+            else:  # an API key is honoured by sending it, and stays on llama-server's command line
+                key = value.split(",")[0] if flag in _API_KEY else _api_key_from_file(value)
+                api_key = key or api_key
+                passthrough += [flag, value]
+        else:
+            passthrough.append(args[i])
+        i += 1
+    return ServerArgs(tuple(passthrough), honoured, api_key)
+
+
+def _once(name: str, option: Any, given: ServerArgs) -> Any:
+    """The value of a setting given as an option or after `--`: refused when they disagree."""
+    after = given.honoured.get(name)
+    if option is not None and after is not None and option != after:
+        flag = {"draft_max": "--draft-max", "parallel": "--parallel"}.get(name, f"--{name}")
+        raise DflashError(f"{flag} is {option} but {after} after --; give it once")
+    return after if after is not None else option
+
+
+def read_draft(draft_gguf: str | Path) -> DrafterDescription:
+    """The description of a drafter GGUF llama-server can run (CheckpointError otherwise)."""
+    desc = describe(draft_gguf)
+    desc.require_runnable()
+    return desc
+
+
+def speculative_args(draft: str | Path | DrafterDescription, draft_max: int | None = None,
+                     shown_path: str | None = None) -> list[str]:
+    """The drafter's part of the recipe: `-md`, `--spec-type` and the longest draft it was trained
+    for (`draft_max` shortens it; llama.cpp would clamp a longer one). `shown_path` replaces the
+    file's path (a model card names the file as it is published)."""
+    desc = draft if isinstance(draft, DrafterDescription) else read_draft(draft)
+    n_max = desc.draft_length if draft_max is None else min(int(draft_max), desc.draft_length)
+    return ["-md", shown_path or str(desc.path), "--spec-type", str(desc.spec_type), "--spec-draft-n-max", str(n_max)]
+
+
+def check_pair(target_gguf: str | Path, draft: str | Path | DrafterDescription) -> list[str]:
+    """The converter's rules on a (target, drafter) GGUF pair: DflashError when the drafter cannot
+    run with this target (hidden size, layer range, vocabulary, mask token, DFlash 2 shapes);
+    the warnings otherwise."""
+    desc = draft if isinstance(draft, DrafterDescription) else read_draft(draft)
+    facts = desc.facts()
+    check_dflash2_shapes(facts)
+    return check_fits_target(facts, load_target(target_gguf))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One llama-server command line for a target and (optionally) its drafter."""
+
+    target: Path
+    draft: DrafterDescription | None
+    parallel: int = DEFAULT_PARALLEL
+    draft_max: int | None = None
+    host: str = DEFAULT_HOST
+    port: int | None = None
+    api_key: str | None = None
+    user_args: tuple[str, ...] = ()
+    added: tuple[str, ...] = ()     # what a command adds for its own purpose (validate: -c N)
+    warnings: tuple[str, ...] = ()  # the pair check's, for the command line to print once
+
+    @property
+    def draft_length(self) -> int | None:
+        """The --spec-draft-n-max in effect: the drafter's trained length, or shorter if asked."""
+        if self.draft is None:
+            return None
+        return self.draft.draft_length if self.draft_max is None else min(self.draft_max, self.draft.draft_length)
+
+    def speculative_args(self) -> list[str]:
+        return speculative_args(self.draft, self.draft_length) if self.draft is not None else []
+
+    def args(self) -> list[str]:
+        """Everything after `-m TARGET --host HOST --port PORT`."""
+        return [*self.speculative_args(), "--metrics", "--parallel", str(self.parallel),
+                *self.added, *self.user_args]
+
+    def user_value(self, flags: Sequence[str]) -> str | None:
+        return ServerArgs(self.user_args).value_of(flags)
+
+    def adding(self, *args: str) -> "Launch":
+        """The same launch plus arguments a command needs for itself (reported as such)."""
+        return dataclasses.replace(self, added=(*self.added, *map(str, args)))
+
+    def alone(self, model: str | Path | None = None) -> "Launch":
+        """The same launch without the drafter (and on `model` instead of the target, if given)."""
+        return dataclasses.replace(self, draft=None, target=Path(model) if model else self.target)
+
+    def server(self, **kwargs: Any) -> LlamaServer:
+        """A LlamaServer for this launch, not started (kwargs: bin_dir, backend, log_path, ...)."""
+        return LlamaServer(self.target, self.args(), host=self.host, port=self.port, api_key=self.api_key,
+                           **kwargs)
+
+    def summary(self) -> dict[str, Any]:
+        """What a report says about the launch."""
+        return {"recipe": [*self.speculative_args(), "--metrics", "--parallel", str(self.parallel)],
+                "user_args": list(self.user_args), "added": list(self.added)}
+
+
+def launch_recipe(target: str | Path, draft: str | Path | None, *, parallel: int | None = None,
+                  draft_max: int | None = None, host: str | None = None, port: int | None = None,
+                  server_args: Sequence[str] = (), check: bool = True) -> Launch:
+    """The launch for `target` with `draft` as its drafter. Options left None take the value given
+    after `--` (`server_args`), else the recipe's default. `check` applies the converter's rules to
+    the pair first (DflashError before any process starts); its warnings come back in the Launch."""
+    given = parse_server_args(server_args)
+    desc = read_draft(draft) if draft is not None else None
+    warnings = tuple(check_pair(target, desc)) if desc is not None and check else ()
+    return Launch(
+        target=Path(target), draft=desc,
+        parallel=_once("parallel", parallel, given) or DEFAULT_PARALLEL,
+        draft_max=_once("draft_max", draft_max, given),
+        host=_once("host", host, given) or DEFAULT_HOST,
+        port=_once("port", port, given),
+        api_key=given.api_key, user_args=given.passthrough, warnings=warnings)
+
+
+def dflash_server(target: str | Path, draft: str | Path | None, *, server_args: Sequence[str] = (),
+                  parallel: int | None = None, draft_max: int | None = None, host: str | None = None,
+                  port: int | None = None, check: bool = True, **kwargs: Any) -> LlamaServer:
+    """`launch_recipe(...).server(**kwargs)`: a LlamaServer for the target and its drafter, not started."""
+    launch = launch_recipe(target, draft, parallel=parallel, draft_max=draft_max, host=host, port=port,
+                           server_args=server_args, check=check)
+    return launch.server(**kwargs)

@@ -1,0 +1,83 @@
+"""One command vocabulary: the same flag means the same thing in every command, and every error,
+click's usage errors included, is one line on stderr with exit status 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import pytest
+
+from dflash_gguf.cli import main
+from dflash_gguf.options import ServerArgsCommand
+from tests.conftest import dflash_gguf
+
+
+def _commands(group: click.Group, prefix: str = "") -> dict[str, click.Command]:
+    out = {}
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            out.update(_commands(command, f"{prefix}{name} "))
+        else:
+            out[prefix + name] = command
+    return out
+
+
+COMMANDS = _commands(main)
+SERVER_COMMANDS = ("serve", "generate", "validate", "release")
+
+
+def test_each_flag_means_one_thing():
+    spellings: dict[str, set[tuple[str, ...]]] = {}
+    for command in COMMANDS.values():
+        for param in command.params:
+            if isinstance(param, click.Option):
+                for opt in param.opts + param.secondary_opts:
+                    spellings.setdefault(opt, set()).add(tuple(sorted(param.opts)))
+    mixed = {opt: names for opt, names in spellings.items() if len(names) > 1}
+    assert mixed == {}
+    assert spellings["-t"] == {("--target", "-t")} and spellings["-d"] == {("--draft", "-d")}
+    assert spellings["-m"] == {("--message", "-m")}
+
+
+def test_json_is_a_flag_everywhere_and_the_build_is_chosen_one_way():
+    for name, command in COMMANDS.items():
+        options = {opt: p for p in command.params if isinstance(p, click.Option) for opt in p.opts}
+        if "--json" in options:
+            assert options["--json"].is_flag, name
+        if "--llama-bin" in options or "--backend" in options:
+            assert {"--llama-bin", "--backend"} <= set(options) or name.startswith("llama "), name
+    for name in SERVER_COMMANDS:
+        assert isinstance(COMMANDS[name], ServerArgsCommand), name  # extra llama-server args after --
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["serve"], "Missing option '--target'"),
+    (["validate", "-t"], "requires an argument"),
+    (["generate"], "Missing argument 'PROMPT...'"),
+    (["generate", "hello"], "give --url of a running server, or --target and --draft"),
+    (["convert"], "Missing argument 'SRC'"),
+    (["inspect", "--nope"], "--nope"),
+    (["quantize", "a.gguf", "b.gguf", "--type", "Q8_0"], "does not exist"),
+    (["release", ".", "-o", "x"], "Missing option '--target'"),
+    (["publish"], "Missing argument 'DIR'"),
+    (["llama", "build", "--backend", "vulkan"], "'vulkan' is not one of"),
+    (["no-such-command"], "No such command"),
+])
+def test_usage_errors_are_one_line_exit_2(args, needle, tmp_path: Path):
+    proc = dflash_gguf(*args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert needle in proc.stderr and proc.stdout == ""
+
+
+def test_llama_path_without_a_build_is_one_line_exit_2(tmp_path: Path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DFLASH_GGUF_CACHE": str(tmp_path / "empty-cache")}
+    proc = subprocess.run([sys.executable, "-m", "dflash_gguf.cli", "llama", "path", "--backend", "cpu"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("error: no llama.cpp build") and proc.stderr.count("\n") == 1, proc.stderr
