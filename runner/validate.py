@@ -134,14 +134,14 @@ def _divergence_logits(target: Path, prompt: list[int], prefix: list[int], bin_d
 
 def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], settings: ValidationSettings,
              baseline: str | Path | None = None, progress: Progress | None = None) -> dict:
-    """Run both servers and build the report (the JSON `--json` writes)."""
+    """Run both servers and build the report (the JSON `--json` prints and `--report` writes)."""
     progress = progress or (lambda msg: log.info(msg))
     target, draft = Path(target), Path(draft)
     baseline = Path(baseline) if baseline else target
-    bin_dir = find_bin_dir(settings.backend, settings.llama_bin)
     launch = measuring_launch(launch_recipe(target, draft, parallel=settings.parallel,
                                             server_args=settings.user_server_args()),
                               prompts, settings.n_predict)
+    bin_dir = find_bin_dir(settings.backend, settings.llama_bin)
     spec, prompt_ids, spec_command = _run_server(launch, list(prompts), settings, bin_dir, "speculative", progress)
     alone, _, alone_command = _run_server(launch.alone(baseline), prompt_ids, settings, bin_dir, "target alone",
                                           progress)
