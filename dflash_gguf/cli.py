@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import click
@@ -41,6 +42,9 @@ class _Group(click.Group):
         except DflashError as err:
             click.echo(f"error: {err}", err=True)
             sys.exit(err.exit_code)
+        except BrokenPipeError:  # `dflash-gguf inspect --json x | head`: the reader left, as click treats it
+            sys.stdout = open(os.devnull, "w")
+            sys.exit(1)
         except OSError as err:  # an unwritable output folder, a full disk: the user's to fix
             where = f"{err.filename}: " if err.filename else ""
             click.echo(f"error: {where}{err.strerror or err}", err=True)
