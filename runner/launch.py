@@ -153,7 +153,8 @@ def speculative_args(draft: str | Path | DrafterDescription, draft_max: int | No
     """The drafter's part of the recipe: `-md`, `--spec-type` and the longest draft it was trained
     for (`draft_max` shortens it; llama.cpp would clamp a longer one). `shown_path` replaces the
     file's path (a model card names the file as it is published)."""
-    desc = draft if isinstance(draft, DrafterDescription) else read_draft(draft)
+    desc = draft if isinstance(draft, DrafterDescription) else describe(draft)
+    desc.require_runnable()
     n_max = desc.draft_length if draft_max is None else min(int(draft_max), desc.draft_length)
     return ["-md", shown_path or str(desc.path), "--spec-type", str(desc.spec_type), "--spec-draft-n-max", str(n_max)]
 
