@@ -318,6 +318,19 @@ def test_server_args_the_runner_manages_are_refused_at_once(target_gguf: Path, c
     assert llama_servers_using(draft) == []
 
 
+def test_server_args_honoured_are_taken_out_and_the_rest_kept_in_order(tmp_path: Path):
+    from dflash_gguf.runner.launch import CTX_SIZE, parse_server_args
+
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# our keys\nk1\nk2\n")
+    given = parse_server_args(["-c", "512", "--port=8091", "-ctkd", "q8_0", "--host", "0.0.0.0", "-np", "3",
+                               "--spec-draft-n-max", "4", "--api-key-file", str(keys), "-c", "2048"])
+    assert given.honoured == {"port": 8091, "host": "0.0.0.0", "parallel": 3, "draft_max": 4}
+    assert given.passthrough == ("-c", "512", "-ctkd", "q8_0", "--api-key-file", str(keys), "-c", "2048")
+    assert given.api_key == "k1" and given.value_of(CTX_SIZE) == "2048"  # llama.cpp takes the last
+    assert parse_server_args(["--api-key", "a,b"]).api_key == "a"
+
+
 def test_generate_needs_a_url_or_a_pair(target_gguf: Path):
     proc = dflash_gguf("generate", "--target", target_gguf, "hello")
     assert proc.returncode == 2 and "--url" in proc.stderr
