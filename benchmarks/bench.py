@@ -11,11 +11,14 @@ Sections (all in one process, one after the other, on the same machine and llama
       acceptance rate, tokens/s of the target alone and with the drafter (both from the same
       `validate` run), speedup;
   (c) tau in llama.cpp beside the z-lab PyTorch reference's tau on the same token ids (F16, -np 1);
-  (d) quantization recipes: Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0 x plain / keep-fc / keep-fc-f16:
+  (d) quantization recipes: Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0 x every recipe of `quantize`:
       file size, tau, tau per MiB;
   (e) where a speculative step's time goes (llama-server at trace verbosity: drafting time against
       the rest of the step, beside the target's own time per token and llama-bench's; where `perf`
-      is installed, the share of CPU samples per library).
+      is installed, the share of CPU samples per library);
+  (f) the two regimes (benchmarks/regimes.py): the target as it is (compute-bound) and widened by
+      inert FFN units to a memory-bound size, at F16 and Q8_0, both drafters: speedup, tau,
+      efficiency, and the step decomposition in target tokens.
 
 It writes docs/benchmarks.md (tables, machine, date, llama build, commands to reproduce) and
 docs/benchmarks.png. Every speed figure is a ratio of two things measured in the same run; nothing
@@ -40,6 +43,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks import regimes
+from dflash_gguf.quantize.quantize import DEFAULT_RECIPE
+from dflash_gguf.quantize.quantize import RECIPES as RECIPE_TABLE
+
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -48,7 +55,7 @@ WORK = REPO / "build" / "bench"
 DRAFTER_LABELS = {"dflash": "DFlash", "dflash2": "DFlash 2"}
 DECODE_TYPES = ("F16", "Q8_0", "Q4_K_M")
 RECIPE_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
-RECIPES = ("plain", "keep-fc", "keep-fc-f16")
+RECIPES = tuple(RECIPE_TABLE)
 PARALLEL = (1, 4)
 
 _T0 = time.perf_counter()
@@ -236,7 +243,7 @@ def decode_section(models: Models, n_predict: int, with_reference: bool,
     rows, parity, build = [], [], ""
     for drafter in models.drafters:
         for qtype in DECODE_TYPES:
-            path, info = drafter_file(models, drafter, qtype, "keep-fc")
+            path, info = drafter_file(models, drafter, qtype, DEFAULT_RECIPE)
             for parallel in PARALLEL:
                 ref = drafter if (with_reference and qtype == "F16" and parallel == 1) else None
                 progress(f"(b) {DRAFTER_LABELS[drafter]} {qtype} -np {parallel}: validate x{repeats}, "
@@ -695,8 +702,8 @@ def render_markdown(results: dict, png_name: str) -> str:
         "## (b) Decoding: target alone against DFlash and DFlash 2",
         "",
         f"`dflash-gguf validate` for each drafter and type, {s['n_predict']} new tokens per prompt, -np 1 and 4. "
-        "Q8_0 and Q4_K_M are quantized from the F16 conversion with the default recipe (`keep-fc`: fc, "
-        "selector and conv tensors at Q8_0). *exact*: every prompt's tokens equal the target's own. "
+        f"Q8_0 and Q4_K_M are quantized from the F16 conversion with the default recipe (`{DEFAULT_RECIPE}`: "
+        f"{RECIPE_TABLE[DEFAULT_RECIPE].description}). *exact*: every prompt's tokens equal the target's own. "
         "*tau*: tokens per target verification step, bonus token included, each request's prefill token left "
         "out. *acceptance*: accepted / drafted tokens. Tokens/s are from one-prompt-at-a-time passes of the "
         "target alone and of the target with the drafter, in the same `validate` run (so even at -np 4 they "
@@ -715,8 +722,8 @@ def render_markdown(results: dict, png_name: str) -> str:
     lines += [
         "## (d) Quantization recipes: acceptance length per MiB (issue 5)",
         "",
-        f"Each drafter quantized from its F16 conversion with each type and recipe (`plain`: llama-quantize's "
-        "own mixture; `keep-fc`: fc, selector_* and *_conv_* at Q8_0; `keep-fc-f16`: the same at F16), then "
+        "Each drafter quantized from its F16 conversion with each type and recipe ("
+        + "; ".join(f"`{r.name}`: {r.description}" for r in RECIPE_TABLE.values()) + "), then "
         f"`validate -np 1` with {s['recipe_n_predict']} new tokens per prompt (fewer than in (b), to keep the "
         "run short, so tau differs slightly from (b)). *tau per MiB* = tau / file MiB. *tensor types*: what the "
         "file holds (norms and DFlash 2's conv base kernels stay F32).",
@@ -748,6 +755,8 @@ def render_markdown(results: dict, png_name: str) -> str:
                 perf_table(results["perf"]),
                 "",
             ]
+    if results.get("regimes"):
+        lines += regimes.markdown(results["regimes"], DRAFTER_LABELS)
     if notes:
         lines += ["## Observations", ""] + [f"- {n}" for n in notes] + [""]
     lines += [
@@ -757,10 +766,13 @@ def render_markdown(results: dict, png_name: str) -> str:
         "make bench                     # = make llama fixtures, then .venv/bin/python -m benchmarks.bench",
         "# single pieces, by hand:",
         "make bench-convert             # (a) alone",
+        "python -m benchmarks.memory_bound build/fixtures/trained/target.gguf build/bench/wide.gguf --mib 457",
+        "dflash-gguf validate -t build/bench/wide.gguf -d build/fixtures/trained/dflash.gguf \\",
+        "    --prompts build/fixtures/trained/prompts.txt --baseline build/fixtures/trained/target.gguf -- --load-mode none",
         "dflash-gguf validate --target build/fixtures/trained/target.gguf --draft build/fixtures/trained/dflash2.gguf \\",
         f"    --prompts build/fixtures/trained/prompts.txt -n {s['n_predict']} --parallel 1 \\",
         "    --reference-draft tests/fixtures/trained/dflash2 --reference-target tests/fixtures/trained/target --json",
-        "dflash-gguf quantize build/fixtures/trained/dflash2.gguf build/bench/dflash2-Q4_K_M.gguf --type Q4_K_M --recipe keep-fc",
+        "dflash-gguf quantize build/fixtures/trained/dflash2.gguf build/bench/dflash2-Q4_K_M.gguf --type Q4_K_M",
         "dflash-gguf validate --target build/fixtures/trained/target.gguf --draft build/bench/dflash2-Q4_K_M.gguf \\",
         f"    --prompts build/fixtures/trained/prompts.txt -n {s['recipe_n_predict']} --parallel 1",
         "```",
@@ -845,6 +857,9 @@ def print_tables(results: dict) -> None:
         print("(e) profile\n" + profile_table(results["profile"]) + "\n")
     if results.get("perf"):
         print("(e) perf samples by library\n" + perf_table(results["perf"]) + "\n")
+    if results.get("regimes"):
+        print("(f) regimes\n" + regimes.regime_table(results["regimes"], DRAFTER_LABELS) + "\n")
+        print("(f) steps\n" + regimes.step_table(results["regimes"], DRAFTER_LABELS) + "\n")
     for n in results.get("notes") or []:
         print("note: " + n)
 
@@ -859,6 +874,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="validate runs per configuration in (b); the median speedup is reported (5)")
     parser.add_argument("--skip-convert", action="store_true", help="leave out section (a)")
     parser.add_argument("--no-reference", action="store_true", help="leave out section (c)")
+    parser.add_argument("--skip-regimes", action="store_true", help="leave out section (f)")
     parser.add_argument("--docs", type=Path, default=DOCS, help="where benchmarks.md and benchmarks.png go")
     parser.add_argument("--json", type=Path, default=None, help="raw results (default build/bench/results.json)")
     args = parser.parse_args(argv)
@@ -896,6 +912,12 @@ def main(argv: list[str] | None = None) -> None:
     results["recipes"] = recipe_section(models, recipe_n)
     results["settings"]["profile_rounds"] = 1 if args.quick else 3
     results["profile"], results["perf"] = profile_section(models, n_predict, results["settings"]["profile_rounds"])
+    if args.skip_regimes:
+        results["regimes"] = None
+    else:
+        results["regimes"] = regimes.regime_section(
+            models, n_predict, 1 if args.quick else 3, WORK / models.kind / "regimes", _row,
+            lambda m: profile_section(m, n_predict, results["settings"]["profile_rounds"]), progress)
     busy += [b for b in training_running() if b not in busy]
     results["load"] = {"start": load_start, "end": load_average(), "busy": busy}
     results["run_seconds"] = round(time.perf_counter() - _T0, 1)

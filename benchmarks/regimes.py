@@ -1,0 +1,167 @@
+"""Section (f) of `make bench`: the same drafters on a compute-bound and a memory-bound target.
+
+The trained target (11 MiB) decodes from the CPU caches: one verification of a block costs several
+of its own tokens, so drafting barely pays. `memory_bound.widen_ffn` makes the same function
+stream ~457 MiB per token, the regime of a real model, where a verification costs about one token.
+Each target is measured at F16 and Q8_0 (quantized by the patched llama-quantize), each drafter
+`repeats` times with `validate` (target alone and speculative side by side in one run), and the
+memory-bound targets are first proven to give the original's tokens (`validate --baseline`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+from benchmarks.memory_bound import n_ff_for_size, widen_ffn
+
+MEMORY_BOUND_MIB = 457
+TARGET_TYPES = ("F16", "Q8_0")
+REGIMES = ("compute-bound", "memory-bound")
+# both runs of a validate read weights loaded into memory, not pages mmap may have to read back from disk
+SERVER_ARGS = ["--load-mode", "none"]
+
+
+def _quantize_target(src: Path, out: Path, qtype: str) -> Path:
+    from dflash_gguf.runner.build import runtime_env
+    from dflash_gguf.quantize.quantize import find_llama_quantize
+
+    exe = find_llama_quantize(backend="cpu")
+    tmp = out.with_name(f".{out.name}.partial")
+    proc = subprocess.run([str(exe), str(src), str(tmp), qtype], capture_output=True, text=True,
+                          env=runtime_env(exe.parent))
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"llama-quantize {src} {qtype} failed: {proc.stderr[-500:]}")
+    tmp.replace(out)
+    return out
+
+
+def targets(original: Path, work: Path) -> dict[tuple[str, str], Path]:
+    """(regime, type) -> target GGUF, made once under `work`."""
+    work.mkdir(parents=True, exist_ok=True)
+    wide = work / "target-memory-bound-F16.gguf"
+    if not wide.is_file():
+        widen_ffn(original, wide, n_ff_for_size(original, MEMORY_BOUND_MIB))
+    out = {("compute-bound", "F16"): original, ("memory-bound", "F16"): wide}
+    for regime in REGIMES:
+        for qtype in TARGET_TYPES[1:]:
+            path = work / f"target-{regime}-{qtype}.gguf"
+            if not path.is_file():
+                _quantize_target(out[(regime, "F16")], path, qtype)
+            out[(regime, qtype)] = path
+    return out
+
+
+def _settings(n_predict: int):
+    from dflash_gguf.runner.validate import ValidationSettings
+
+    return ValidationSettings(n_predict=n_predict, parallel=1, backend="cpu", server_args=list(SERVER_ARGS))
+
+
+def regime_section(models, n_predict: int, repeats: int, work: Path, validate_row: Callable[[dict], dict],
+                   profile: Callable, progress: Callable[[str], None]) -> dict:
+    """Rows per (regime, type, drafter): target and speculative tok/s, speedup (median of `repeats`
+    runs and their range), tau, efficiency = speedup / tau; the proof that the memory-bound targets
+    keep the original's tokens; and the step decomposition of each regime at F16."""
+    from dflash_gguf.runner.validate import validate
+
+    paths = targets(models.target, work)
+    proofs = []
+    for qtype in TARGET_TYPES:
+        wide, original = paths[("memory-bound", qtype)], paths[("compute-bound", qtype)]
+        drafter = next(iter(models.drafters))
+        progress(f"(f) memory-bound {qtype}: tokens against the original target (validate --baseline)")
+        report = validate(wide, models.drafters[drafter], models.prompts, _settings(n_predict), baseline=original,
+                          progress=lambda m: progress("    " + m))
+        proofs.append({"type": qtype, "drafter": drafter, "exact": report["exact"],
+                       "divergences": [d["kind"] for d in report["divergences"]],
+                       "tokens": report["produced"]})
+    rows = []
+    for (regime, qtype), target in paths.items():
+        for drafter, draft in models.drafters.items():
+            progress(f"(f) {regime} {qtype} target ({target.stat().st_size / 2**20:.0f} MiB), {drafter}: "
+                     f"validate x{repeats}")
+            runs = [validate_row(validate(target, draft, models.prompts, _settings(n_predict),
+                                          progress=lambda m: progress("    " + m))) for _ in range(repeats)]
+            speedups = sorted(r["speedup"] or 0.0 for r in runs)
+            median = runs[[r["speedup"] or 0.0 for r in runs].index(speedups[len(speedups) // 2])]
+            rows.append({"regime": regime, "type": qtype, "drafter": drafter,
+                         "target_mib": round(target.stat().st_size / 2**20, 1),
+                         "exact": all(r["exact"] for r in runs), "tau": median["tau"],
+                         "tps_target": median["tps_target"], "tps_speculative": median["tps_speculative"],
+                         "speedup": median["speedup"], "speedup_runs": speedups,
+                         "efficiency": round(median["speedup"] / median["tau"], 3) if median["tau"] else None})
+            r = rows[-1]
+            progress(f"(f) -> {r['tps_target']:.1f} -> {r['tps_speculative']:.1f} tok/s, {r['speedup']}x, "
+                     f"tau {r['tau']:.2f}, efficiency {r['efficiency']}")
+    steps = []
+    for regime in REGIMES:
+        progress(f"(f) {regime} F16: where a step's time goes")
+        prof, _ = profile(dataclasses.replace(models, target=paths[(regime, "F16")]))
+        steps += [{"regime": regime, **p} for p in prof]
+    return {"rows": rows, "proofs": proofs, "steps": steps, "repeats": repeats, "n_predict": n_predict,
+            "server_args": SERVER_ARGS}
+
+
+def regime_table(section: dict, labels: dict[str, str]) -> str:
+    header = ["target", "type", "MiB", "drafter", "exact", "tau", "target tok/s", "spec tok/s",
+              "speedup (range)", "efficiency"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in section["rows"]:
+        runs = r["speedup_runs"]
+        lines.append("| " + " | ".join([
+            r["regime"], r["type"], f"{r['target_mib']:.0f}", labels[r["drafter"]], "yes" if r["exact"] else "NO",
+            f"{r['tau']:.2f}", f"{r['tps_target']:.1f}", f"{r['tps_speculative']:.1f}",
+            f"{r['speedup']:.2f}x ({runs[0]:.2f}-{runs[-1]:.2f})", f"{r['efficiency']:.2f}"]) + " |")
+    return "\n".join(lines)
+
+
+def step_table(section: dict, labels: dict[str, str]) -> str:
+    header = ["target", "drafter", "target ms/token", "tau", "draft ms/step", "verify+sample ms/step",
+              "draft / target token", "verify / target token", "step / target token"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in section["steps"]:
+        lines.append("| " + " | ".join([
+            r["regime"], labels[r["drafter"]], f"{r['target_ms_per_token']:.2f}", f"{r['tau']:.2f}",
+            f"{r['draft_ms_per_step']:.2f}", f"{r['verify_ms_per_step']:.2f}", f"{r['draft_over_token']:.2f}",
+            f"{r['verify_over_token']:.2f}", f"{r['step_over_token']:.2f}"]) + " |")
+    return "\n".join(lines)
+
+
+def markdown(section: dict, labels: dict[str, str]) -> list[str]:
+    proofs = "; ".join(f"{p['type']}: {'identical' if p['exact'] else 'NOT identical'} over {p['tokens']} tokens"
+                       + (f" ({', '.join(p['divergences'])})" if p["divergences"] else "")
+                       for p in section["proofs"])
+    best = {regime: max((r for r in section["rows"] if r["regime"] == regime), key=lambda r: r["speedup"] or 0)
+            for regime in REGIMES}
+    mb, cb = best["memory-bound"], best["compute-bound"]
+    return [
+        "## (f) Where drafting pays: a compute-bound and a memory-bound target",
+        "",
+        f"The same drafters on two targets with the same function: the trained target as it is, and the same "
+        f"target with every FFN widened by inert, all-zero units (`benchmarks/memory_bound.py`) to about "
+        f"{MEMORY_BOUND_MIB} MiB at F16, so that every decoded token streams the weights from memory as a real "
+        f"model's does. Both at F16 and Q8_0 (llama-quantize), `validate -np 1`, {section['n_predict']} new tokens "
+        f"per prompt, llama-server `{' '.join(section['server_args'])}`, each configuration {section['repeats']} "
+        "times (the median speedup and the range). *efficiency* = speedup / tau: 1.0 would mean a verification "
+        "step costs one target token and drafting is free.",
+        "",
+        f"The widened targets give the original's tokens, with the drafter, against the original alone "
+        f"(`validate --baseline`): {proofs}.",
+        "",
+        regime_table(section, labels),
+        "",
+        f"**Drafting pays where decoding is memory-bound**: best {mb['speedup']:.2f}x there "
+        f"({labels[mb['drafter']]} {mb['type']}, tau {mb['tau']:.2f}), against {cb['speedup']:.2f}x on the "
+        f"compute-bound target ({labels[cb['drafter']]} {cb['type']}), where verifying a block costs several "
+        "target tokens.",
+        "",
+        "Where a speculative step's time goes, in each regime at F16 (as in (e); *x / target token*: in units of "
+        "the target's own single-token decode):",
+        "",
+        step_table(section, labels),
+        "",
+    ]
