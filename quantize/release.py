@@ -1,6 +1,6 @@
 """A release folder: every variant of one drafter, its model card and its license files.
 
-    DIR/dflash-<Target>-<QUANT>.gguf   one file per type, at the root, never split (FACTS §4)
+    DIR/dflash-<Target>-<QUANT>.gguf   one file per type, at the root, never split (what ggml-org ships and llama.cpp's `-hf` sidecar discovery finds)
     DIR/README.md                      model card: license, base_model, tags, gating fields, a table
                                        of the variants (size, sha256, acceptance, speedup), how to run
     DIR/NOTICE                         when a Llama license applies

@@ -98,7 +98,7 @@ def parse_prometheus(text: str) -> list[Sample]:
 
 @dataclass
 class Metrics:
-    """GET /metrics, by metric name without the `llamacpp:` prefix (FACTS §3)."""
+    """GET /metrics (llama-server `--metrics`), by metric name without the `llamacpp:` prefix."""
 
     values: dict[str, float]                      # unlabelled samples
     accepted_per_position: list[float]            # spec_decode_num_accepted_tokens_per_pos_total
