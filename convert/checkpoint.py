@@ -4,13 +4,14 @@ the generic reader, and the z-lab drafter on top of it."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
+from ..inputs import InputError, load_json
+from . import config_values as cv
 from . import layout
 from .safetensors_file import StoredTensor, read_header
 
@@ -19,11 +20,15 @@ INDEX_NAME = "model.safetensors.index.json"
 
 def _load_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{path}: not valid JSON ({err})") from None
+        return load_json(path, "config file")
+    except InputError as err:
+        raise CheckpointError(str(err)) from None
+
+
+# Bounds no real drafter reaches; beyond them llama.cpp fails (bad_alloc) or the numbers are garbage.
+MAX_SIZE = 1 << 20          # hidden, ffn, head counts
+MAX_VOCAB = 1 << 24
+MAX_BLOCK_SIZE = 1024       # block_size 0 or 1 drafts nothing; 10^9 made llama-server answer bad_alloc
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -50,14 +55,15 @@ class Checkpoint:
     def setting(self, name: str, default: Any = None) -> Any:
         return self.config.get(name, default)
 
-    def required(self, name: str, kind: type = int) -> Any:
+    def required(self, name: str, hi: int = MAX_SIZE) -> int:
+        """A positive integer setting that must be present."""
         value = self.setting(name)
         if value is None:
             raise CheckpointError(f"{self.config_path}: field {name!r} is missing; add it to config.json")
-        try:
-            return kind(value)
-        except (TypeError, ValueError):
-            raise CheckpointError(f"{self.config_path}: field {name!r} = {value!r} is not a {kind.__name__}") from None
+        return cv.integer(self.config_path, name, value, 1, hi)
+
+    def optional(self, name: str, hi: int = MAX_SIZE) -> int | None:
+        return cv.optional_integer(self.config_path, name, self.setting(name), 1, hi)
 
     @cached_property
     def hidden_size(self) -> int:
@@ -65,21 +71,26 @@ class Checkpoint:
 
     @cached_property
     def n_layers(self) -> int:
-        return self.required("num_hidden_layers")
+        n = self.required("num_hidden_layers")
+        stored = len(self.tensors)
+        if n > stored:  # every layer has tensors: bound the work by what the files hold
+            raise CheckpointError(f"{self.config_path}: num_hidden_layers = {n}, but the checkpoint stores only "
+                                  f"{stored} tensors; fix num_hidden_layers")
+        return n
 
     @cached_property
     def vocab_size(self) -> int:
-        return self.required("vocab_size")
+        return self.required("vocab_size", MAX_VOCAB)
 
     @cached_property
     def head_dim(self) -> int:
-        return int(self.setting("head_dim") or self.hidden_size // self.required("num_attention_heads"))
+        return self.optional("head_dim") or max(1, self.hidden_size // self.required("num_attention_heads"))
 
     def geometry(self) -> layout.Geometry:
         n_head = self.required("num_attention_heads")
         return layout.Geometry(
             hidden=self.hidden_size, n_head=n_head,
-            n_head_kv=int(self.setting("num_key_value_heads") or n_head), head_dim=self.head_dim,
+            n_head_kv=self.optional("num_key_value_heads") or n_head, head_dim=self.head_dim,
             ffn=self.required("intermediate_size"), n_taps=0, vocab=self.vocab_size)
 
     # -- tensors ----------------------------------------------------------------------------------
@@ -131,7 +142,7 @@ class DrafterCheckpoint(Checkpoint):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.dflash_config: dict = self.config.get("dflash_config") or {}
+        self.dflash_config: dict = cv.mapping(self.config_path, "dflash_config", self.config.get("dflash_config"))
 
     def setting(self, name: str, default: Any = None) -> Any:
         """A DFlash setting: `dflash_config[name]`, else the top-level field (the reference's rule)."""
@@ -143,7 +154,7 @@ class DrafterCheckpoint(Checkpoint):
     @cached_property
     def architecture(self) -> str:
         archs = self.config.get("architectures") or []
-        arch = archs[0] if archs else None
+        arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
         if arch not in layout.ARCHITECTURES:
             known = ", ".join(layout.ARCHITECTURES)
             raise CheckpointError(
@@ -156,12 +167,11 @@ class DrafterCheckpoint(Checkpoint):
 
     @cached_property
     def block_size(self) -> int:
-        return int(self.setting("block_size", 16))
+        return cv.integer(self.config_path, "block_size", self.setting("block_size", 16), 2, MAX_BLOCK_SIZE)
 
     @cached_property
     def mask_token_id(self) -> int | None:
-        value = self.setting("mask_token_id")
-        return None if value is None else int(value)
+        return cv.optional_integer(self.config_path, "mask_token_id", self.setting("mask_token_id"), 0, MAX_VOCAB)
 
     @cached_property
     def target_layer_ids(self) -> list[int]:
@@ -172,8 +182,12 @@ class DrafterCheckpoint(Checkpoint):
                     f"{self.config_path}: neither 'target_layer_ids' nor 'num_target_layers' is set; "
                     "add the target layer ids the drafter was trained on")
             return build_target_layer_ids(self.required("num_target_layers"), self.n_layers)
-        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
-            raise CheckpointError(f"{self.config_path}: 'target_layer_ids' must be a non-empty list of integers")
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                           and 0 <= i < MAX_SIZE for i in ids):
+            raise CheckpointError(f"{self.config_path}: 'target_layer_ids' must be a non-empty list of layer "
+                                  f"numbers (integers from 0), not {str(ids)[:60]}")
+        if len(set(ids)) != len(ids):
+            raise CheckpointError(f"{self.config_path}: 'target_layer_ids' {ids} names a layer twice")
         return ids
 
     def pair(self, first: str, second: str) -> tuple[int, int] | None:
@@ -183,7 +197,7 @@ class DrafterCheckpoint(Checkpoint):
             given, missing = (first, second) if a is not None else (second, first)
             raise CheckpointError(
                 f"{self.config_path}: {given!r} is set but {missing!r} is not; DFlash 2 needs both (or neither)")
-        return None if a is None else (int(a), int(b))
+        return None if a is None else (cv.integer(self.config_path, first, a), cv.integer(self.config_path, second, b))
 
     @cached_property
     def conv(self) -> tuple[int, int] | None:

@@ -11,6 +11,7 @@ import click
 
 from ..errors import DflashError
 from ..options import force_option, json_option, target_option
+from ..outputs import Input, Output, check_outputs
 from .converter import OUTTYPES, convert as convert_checkpoint
 from .describe import describe
 from .gguf_file import GGUFFile
@@ -41,15 +42,11 @@ class _ProgressBar:
 
 
 def _default_out(src: Path, outtype: str) -> Path:
-    stem = src.stem if src.is_file() else src.resolve().name
+    """<checkpoint folder>[-TYPE].gguf, or <legacy file>-migrated.gguf (never the input's own name)."""
+    if src.is_file():
+        return Path(f"{src.stem}-migrated.gguf")
+    stem = src.resolve().name
     return Path(f"{stem}-{outtype.upper()}.gguf" if outtype != "auto" else f"{stem}.gguf")
-
-
-def _check_out(out: Path, force: bool) -> None:
-    if out.exists() and not force:
-        raise DflashError(f"{out}: already exists; pass --force to replace it")
-    if not out.parent.exists():
-        raise DflashError(f"{out.parent}: output folder does not exist")
 
 
 @click.command()
@@ -61,8 +58,10 @@ def _check_out(out: Path, force: bool) -> None:
 @click.option("--outtype", type=click.Choice(OUTTYPES), default="auto", show_default=True,
               help="Tensor type for matrices (norms and conv kernels stay F32). auto: bf16 for a bf16 "
                    "checkpoint, f16 otherwise, as upstream's converter does.")
-@click.option("--license", "license_id", help="Hub license id written as general.license "
-                                               "(default: the `license:` of the checkpoint's README).")
+@click.option("--license", "license_id",
+              help="Hub license id written as general.license when the checkpoint's README declares none or one "
+                   "this tool does not know; it never overrides a declared license (default: the README's "
+                   "`license:`, or stricter terms stated in its LICENSE files).")
 @force_option
 @json_option
 def convert(src: Path, target: Path | None, out: Path | None, outtype: str, license_id: str | None,
@@ -85,7 +84,7 @@ def convert(src: Path, target: Path | None, out: Path | None, outtype: str, lice
     """
     started = time.perf_counter()
     out = out or _default_out(src, outtype)
-    _check_out(out, force)
+    check_outputs([Output(out, "-o")], [Input(src, "SRC"), Input(target, "--target")], force=force)
     bar = _ProgressBar(f"writing {out.name}")
     try:
         if src.is_file():

@@ -17,6 +17,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf import LlamaFileType as FT
 
 from ..errors import CheckpointError
+from ..quantize.licenses import License, license_from_folder, with_override
+from . import config_values as cv
 from . import layout
 from .checkpoint import Checkpoint, DrafterCheckpoint
 from .compat import DrafterFacts, check_dflash2_shapes, check_fits_target
@@ -163,19 +165,23 @@ def match_tensors(ckpt: Checkpoint, variant: str, table: tuple[layout.TensorRule
 def qwen3_hparams(ckpt: Checkpoint, arch: str, file_type: FT) -> tuple[gguf.GGUFWriter, dict]:
     """general.* and the Qwen3 hyperparameters, written through gguf-py as upstream's TextModel does;
     returns the writer and the rope parameters."""
-    cfg = ckpt.config
+    cfg, src = ckpt.config, ckpt.config_path
     w = gguf.GGUFWriter(path=None, arch=arch)
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(ckpt.folder.name)
     w.add_block_count(ckpt.n_layers)
-    if (n_ctx := cfg.get("max_position_embeddings")) is not None:
+    if (n_ctx := cv.optional_integer(src, "max_position_embeddings", cfg.get("max_position_embeddings"),
+                                     hi=1 << 31)) is not None:
         w.add_context_length(n_ctx)
     w.add_embedding_length(ckpt.hidden_size)
     w.add_feed_forward_length(ckpt.required("intermediate_size"))
     w.add_head_count(ckpt.required("num_attention_heads"))
-    if (n_kv := cfg.get("num_key_value_heads")) is not None:
+    if (n_kv := cv.optional_integer(src, "num_key_value_heads", cfg.get("num_key_value_heads"))) is not None:
         w.add_head_count_kv(n_kv)
-    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    rope_key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
+    rope = dict(cv.mapping(src, rope_key, cfg.get(rope_key)))
+    if rope.get("factor") is not None:
+        cv.number(src, f"{rope_key}.factor", rope["factor"], positive=True)
     rope_type = rope.get("rope_type") or rope.get("type")
     if rope_type == "linear" and rope.get("factor") is not None:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -183,17 +189,19 @@ def qwen3_hparams(ckpt: Checkpoint, arch: str, file_type: FT) -> tuple[gguf.GGUF
     elif rope_type == "yarn" and rope.get("factor") is not None:
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
-        orig = rope.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+        orig = cv.optional_integer(src, "original_max_position_embeddings", rope.get(
+            "original_max_position_embeddings", cfg.get("original_max_position_embeddings")), hi=1 << 31)
         if orig is None:
             raise CheckpointError(f"{ckpt.config_path}: yarn rope scaling needs original_max_position_embeddings")
         w.add_rope_scaling_orig_ctx_len(orig)
     elif rope_type not in (None, "default"):
         raise CheckpointError(f"{ckpt.config_path}: rope type {rope_type!r} is not supported for DFlash drafters")
-    if (rope_theta := rope.get("rope_theta", cfg.get("rope_theta"))) is not None:
+    if (rope_theta := cv.optional_number(src, "rope_theta", rope.get("rope_theta", cfg.get("rope_theta")),
+                                         positive=True)) is not None:
         w.add_rope_freq_base(rope_theta)
-    if (eps := cfg.get("rms_norm_eps")) is not None:
+    if (eps := cv.optional_number(src, "rms_norm_eps", cfg.get("rms_norm_eps"), positive=True, hi=1.0)) is not None:
         w.add_layer_norm_rms_eps(eps)
-    if (head_dim := cfg.get("head_dim")) is not None:
+    if (head_dim := cv.optional_integer(src, "head_dim", cfg.get("head_dim"))) is not None:
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_file_type(file_type)
@@ -201,12 +209,16 @@ def qwen3_hparams(ckpt: Checkpoint, arch: str, file_type: FT) -> tuple[gguf.GGUF
 
 
 def _dflash_metadata(ckpt: DrafterCheckpoint, target: TargetInfo, file_type: FT,
-                     license_id: str | None) -> gguf.GGUFWriter:
+                     license: License | None) -> gguf.GGUFWriter:
     """The general.* and dflash.* keys, with names and types as upstream writes them."""
     cfg = ckpt.config
     w, rope = qwen3_hparams(ckpt, ARCH, file_type)
-    if license_id:
-        w.add_license(license_id)
+    if license is not None and license.id:
+        w.add_license(license.id)
+        if license.id == "other" and license.name:
+            w.add_license_name(license.name)
+        if license.id == "other" and license.link:
+            w.add_license_link(license.link)
     if target.name or target.repo:
         w.add_uint32(General.BASE_MODEL_COUNT, 1)
         w.add_string(General.BASE_MODEL_NAME.format(id=0), target.repo or target.name)
@@ -215,10 +227,11 @@ def _dflash_metadata(ckpt: DrafterCheckpoint, target: TargetInfo, file_type: FT,
             w.add_string(General.BASE_MODEL_REPO_URL.format(id=0), url)
 
     # DFlash-specific keys from the key table (PyPI gguf has no constants for them), mirroring upstream.
-    partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    partial = cv.optional_number(ckpt.config_path, "partial_rotary_factor",
+                                 rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor")), positive=True, hi=1.0)
     if partial is not None:
         w.add_uint32(DFlash.ROPE_DIMENSION_COUNT, int(ckpt.head_dim * partial))
-    if (value_scale := ckpt.dflash_config.get("attention_value_scale")) is not None:
+    if (value_scale := _finite(ckpt, "attention_value_scale", ckpt.dflash_config.get("attention_value_scale"))) is not None:
         w.add_float32(DFlash.VALUE_SCALE, float(value_scale))
     w.add_uint32(DFlash.BLOCK_SIZE, ckpt.block_size)
     if ckpt.conv and ckpt.selector:
@@ -226,17 +239,18 @@ def _dflash_metadata(ckpt: DrafterCheckpoint, target: TargetInfo, file_type: FT,
         w.add_uint32(DFlash.CONV_GROUP_SIZE, ckpt.conv[1])
         w.add_uint32(DFlash.SELECTOR_RANK, ckpt.selector[0])
         w.add_uint32(DFlash.SELECTOR_TOP_K, ckpt.selector[1])
-    if (multiplier := ckpt.setting("output_multiplier")) is not None:
+    if (multiplier := _finite(ckpt, "output_multiplier", ckpt.setting("output_multiplier"))) is not None:
         w.add_float32(DFlash.LOGIT_SCALE, float(multiplier))
-    if (softcap := ckpt.setting("final_logit_softcapping")) is not None and float(softcap) > 0:
+    if (softcap := _finite(ckpt, "final_logit_softcapping", ckpt.setting("final_logit_softcapping"))) is not None \
+            and softcap > 0:
         w.add_float32(DFlash.FINAL_LOGIT_SOFTCAPPING, float(softcap))
-    if (embedding_scale := ckpt.setting("input_embedding_scale")) is not None:
+    if (embedding_scale := _finite(ckpt, "input_embedding_scale", ckpt.setting("input_embedding_scale"))) is not None:
         w.add_float32(DFlash.EMBEDDING_SCALE, float(embedding_scale))
     w.add_array(DFlash.TARGET_LAYERS, [i + 1 for i in ckpt.target_layer_ids])
     _sliding_window_metadata(ckpt, w)
-    causal = cfg.get("is_causal")
+    causal = cv.optional_boolean(ckpt.config_path, "is_causal", cfg.get("is_causal"))
     if causal is None:
-        causal = ckpt.dflash_config.get("causal")
+        causal = cv.optional_boolean(ckpt.config_path, "dflash_config.causal", ckpt.dflash_config.get("causal"))
     if causal is not None:
         w.add_bool(DFlash.CAUSAL, bool(causal))
     if target.uses_mrope:
@@ -244,13 +258,19 @@ def _dflash_metadata(ckpt: DrafterCheckpoint, target: TargetInfo, file_type: FT,
     return w
 
 
+def _finite(ckpt: DrafterCheckpoint, name: str, value) -> float | None:
+    return cv.optional_number(ckpt.config_path, name, value)
+
+
 def _sliding_window_metadata(ckpt: DrafterCheckpoint, w: gguf.GGUFWriter) -> None:
-    cfg = ckpt.config
-    use_swa_everywhere = bool(ckpt.dflash_config.get("use_swa", False))
-    window = ckpt.dflash_config.get("swa_window_size") or cfg.get("sliding_window")
-    if not ((cfg.get("use_sliding_window", False) or use_swa_everywhere) and window):
+    cfg, src = ckpt.config, ckpt.config_path
+    use_swa_everywhere = cv.boolean(src, "dflash_config.use_swa", ckpt.dflash_config.get("use_swa", False))
+    window = (cv.optional_integer(src, "dflash_config.swa_window_size", ckpt.dflash_config.get("swa_window_size"))
+              or cv.optional_integer(src, "sliding_window", cfg.get("sliding_window"), hi=1 << 31))
+    if not ((cv.optional_boolean(src, "use_sliding_window", cfg.get("use_sliding_window")) or use_swa_everywhere)
+            and window):
         return
-    layer_types = cfg.get("layer_types") or []
+    layer_types = cv.string_list(src, "layer_types", cfg.get("layer_types"))
     if use_swa_everywhere:
         pattern = [True] * ckpt.n_layers
     else:
@@ -264,7 +284,7 @@ def _sliding_window_metadata(ckpt: DrafterCheckpoint, w: gguf.GGUFWriter) -> Non
 
 
 def plan_conversion(src: str | Path, target: str | Path | TargetInfo, outtype: str = "auto",
-                    license_id: str | None = None) -> ConversionPlan:
+                    license_id: str | License | None = None) -> ConversionPlan:
     """Check everything and decide every byte's source, without writing."""
     if outtype not in OUTTYPES:
         raise CheckpointError(f"--outtype {outtype!r}: choose one of {', '.join(OUTTYPES)}")
@@ -278,7 +298,7 @@ def plan_conversion(src: str | Path, target: str | Path | TargetInfo, outtype: s
     warnings = check_fits_target(facts, target_info)
 
     outtype = resolve_outtype(outtype, ckpt.first_matrix_dtype)
-    writer = _dflash_metadata(ckpt, target_info, _FILE_TYPES[outtype], license_id or ckpt_license(ckpt))
+    writer = _dflash_metadata(ckpt, target_info, _FILE_TYPES[outtype], drafter_license(ckpt, license_id))
     plan = GGUFPlan()
     plan.add_kv(kv_from_writer(writer))
     plan.add_kv(target_info.tokenizer_kv)
@@ -294,7 +314,7 @@ def plan_conversion(src: str | Path, target: str | Path | TargetInfo, outtype: s
 def add_tensors(plan: GGUFPlan, tensors: list[tuple[str, StoredTensor, tuple[int, ...]]], outtype: str,
                 ckpt: Checkpoint) -> None:
     """Plan each matched tensor with the type upstream gives it and a producer of its bytes."""
-    permute = not ckpt.config.get("rope_is_neox_style", True)
+    permute = not cv.boolean(ckpt.config_path, "rope_is_neox_style", ckpt.config.get("rope_is_neox_style", True))
     rope_rows = ("attn_q.weight", "attn_k.weight", "attn_q_norm.weight", "attn_k_norm.weight")
     for gguf_name, stored, shape in tensors:
         qtype = tensor_type(gguf_name, shape, outtype)
@@ -302,25 +322,19 @@ def add_tensors(plan: GGUFPlan, tensors: list[tuple[str, StoredTensor, tuple[int
         plan.tensors.append(PlannedTensor(TensorInfo(gguf_name, shape, qtype), _chunks(stored, qtype, order)))
 
 
-def ckpt_license(ckpt: DrafterCheckpoint) -> str | None:
-    """The `license:` of the checkpoint's model card front matter, when it has one."""
-    readme = ckpt.folder / "README.md"
-    if not readme.is_file():
-        return None
-    lines = readme.read_text(encoding="utf-8", errors="replace").splitlines()
-    if not lines or lines[0].strip() != "---":
-        return None
-    for line in lines[1:]:
-        if line.strip() == "---":
-            break
-        key, _, value = line.partition(":")
-        if key.strip() == "license" and value.strip():
-            return value.strip().strip("'\"")
-    return None
+def drafter_license(ckpt: DrafterCheckpoint, given: str | License | None) -> License | None:
+    """What general.license says: the checkpoint folder's license (its card, or stricter terms in its
+    license files), `--license` filling in one that is missing or unknown; a License object (from
+    `release`, which has judged the terms already) is written as it is."""
+    if isinstance(given, License):
+        return given
+    declared = license_from_folder(ckpt.folder)
+    chosen = with_override(declared, given, "--license") if given else declared
+    return chosen if chosen.id else None
 
 
 def convert(src: str | Path, target: str | Path | TargetInfo, out: str | Path, outtype: str = "auto",
-            license_id: str | None = None, progress: Progress | None = None) -> ConversionPlan:
+            license_id: str | License | None = None, progress: Progress | None = None) -> ConversionPlan:
     planned = plan_conversion(src, target, outtype, license_id)
     write_gguf(planned.plan, Path(out), progress)
     return planned

@@ -8,6 +8,7 @@ says (only for a file that is not a readable GGUF): everything wrong goes into `
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 from ..errors import CheckpointError
 from . import layout
+from .checkpoint import MAX_BLOCK_SIZE
 from .compat import DrafterFacts
 from .gguf_file import GGUFFile
 from .keys import ARCH, DEFAULT_BLOCK_SIZE, LEGACY_ARCH, DFlash, General, Legacy, Tokenizer
@@ -78,10 +80,15 @@ class DrafterDescription:
                 f"Migrate it: dflash-gguf convert {path} -o NEW.gguf")
         if self.variant is None:
             raise CheckpointError(
-                f"{path}: general.architecture is {self.architecture!r}, not {ARCH!r}: not a DFlash drafter")
+                f"{path}: general.architecture is {self.architecture!r}, not {ARCH!r}: not a DFlash drafter "
+                "(is it the target? the drafter goes to --draft)")
         if self.hidden is None or not self.target_layers_hf:
             missing = DFlash.EMBEDDING_LENGTH if self.hidden is None else DFlash.TARGET_LAYERS
             raise CheckpointError(f"{path}: key {missing} is missing; re-convert the drafter with dflash-gguf convert")
+        if not 2 <= self.block_size <= MAX_BLOCK_SIZE or any(i < 0 for i in self.target_layers_hf):
+            raise CheckpointError(
+                f"{path}: {DFlash.BLOCK_SIZE} {self.block_size} (2..{MAX_BLOCK_SIZE}) or {DFlash.TARGET_LAYERS} "
+                f"{list(self.target_layers_llama)} (ids from 1) out of range; re-convert the drafter")
 
     def facts(self) -> DrafterFacts:
         """What the compatibility rules (convert/compat.py) need."""
@@ -168,6 +175,36 @@ class _Reader:
         return None
 
 
+def _positive_finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def value_problems(f: GGUFFile, read: _Reader, hf_ids: tuple[int, ...], block_size: int | None) -> list[str]:
+    """Values llama.cpp reads without complaint and then mishandles: empty, low or repeated target
+    layers, block sizes that draft nothing or cannot be allocated, non-finite epsilons, a
+    sliding-window pattern of the wrong length, numbers stored as something else."""
+    problems = [f"{key} is {f.kv[key].type.name} {str(f.kv[key].value)[:20]!r}, not a number"
+                for key in DFlash.REQUIRED if key != DFlash.TARGET_LAYERS and key in f.kv
+                and (isinstance(f.kv[key].value, bool) or not isinstance(f.kv[key].value, (int, float)))]
+    if DFlash.TARGET_LAYERS in f.kv and isinstance(f.get(DFlash.TARGET_LAYERS), list) and not hf_ids:
+        problems.append(f"{DFlash.TARGET_LAYERS} is empty: the drafter taps no target layer")
+    if any(i < 0 for i in hf_ids):
+        problems.append(f"{DFlash.TARGET_LAYERS} {[i + 1 for i in hf_ids]} holds ids below 1 "
+                        "(llama.cpp numbers taps from 1)")
+    if len(set(hf_ids)) != len(hf_ids):
+        problems.append(f"{DFlash.TARGET_LAYERS} {[i + 1 for i in hf_ids]} names a layer twice")
+    if block_size is not None and not 2 <= block_size <= MAX_BLOCK_SIZE:
+        problems.append(f"{DFlash.BLOCK_SIZE} {block_size} is outside 2..{MAX_BLOCK_SIZE}: llama.cpp drafts nothing "
+                        "below 2 and fails to allocate absurd blocks")
+    for key in (DFlash.LAYERNORM_RMS_EPS, DFlash.ROPE_FREQ_BASE):
+        if key in f.kv and not _positive_finite(f.get(key)):
+            problems.append(f"{key} = {f.get(key)!r} is not a positive finite number")
+    pattern, n_layers = f.get(DFlash.SLIDING_WINDOW_PATTERN), f.get(DFlash.BLOCK_COUNT)
+    if isinstance(pattern, list) and isinstance(n_layers, int) and len(pattern) != n_layers:
+        problems.append(f"{DFlash.SLIDING_WINDOW_PATTERN} has {len(pattern)} entries for {n_layers} layers")
+    return problems
+
+
 def describe(source: str | Path | GGUFFile) -> DrafterDescription:
     """Describe a drafter GGUF (a path, or a GGUFFile the caller keeps open)."""
     if isinstance(source, GGUFFile):
@@ -205,8 +242,11 @@ def _describe(f: GGUFFile) -> DrafterDescription:
             problems.append("sliding-window layers without the window metadata: "
                             f"{DFlash.SLIDING_WINDOW} and {DFlash.SLIDING_WINDOW_PATTERN} must come together; "
                             "re-convert")
+        problems += value_problems(f, read, hf_ids, block_size)
         n_layers = read.int(DFlash.BLOCK_COUNT)
-        if n_layers is not None and any(variant in rule.variants for rule in layout.TENSORS):
+        if n_layers is not None and not 1 <= n_layers <= len(f.tensors):  # bound the work by the file
+            problems.append(f"{DFlash.BLOCK_COUNT} {n_layers} does not fit the {len(f.tensors)} tensors the file holds")
+        elif n_layers is not None and any(variant in rule.variants for rule in layout.TENSORS):
             wanted = {rule.gguf_name(bid) for rule, bid in layout.expected_tensors(variant, n_layers)}
             missing = sorted(wanted - set(f.tensors))
             if missing:

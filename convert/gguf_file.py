@@ -9,6 +9,7 @@ chunks, so memory stays bounded by one chunk.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -22,10 +23,14 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWrit
 
 from ..errors import GGUFFormatError
 from .keys import General
+from ..inputs import InputError, open_regular
+from ..outputs import named_for, partial_name
 
 MAGIC = b"GGUF"
 VERSION = 3
 DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4            # GGML_MAX_DIMS
+MAX_TENSOR_NAME = 64    # GGML_MAX_NAME, terminating zero included
 
 _SCALAR = {
     GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b",
@@ -72,7 +77,7 @@ class TensorInfo:
 
     @property
     def n_elements(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -105,9 +110,9 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         try:
-            self._fh = open(self.path, "rb")
-        except OSError as err:
-            raise GGUFFormatError(f"{self.path}: cannot open ({err.strerror})") from None
+            self._fh = open_regular(self.path, "GGUF file")
+        except InputError as err:
+            raise GGUFFormatError(str(err)) from None
         size = os.fstat(self._fh.fileno()).st_size
         if size < 24:
             self.close()
@@ -160,6 +165,9 @@ class GGUFFile:
                 dtype = np.dtype(_SCALAR[sub].replace("?", "b1"))
                 arr = np.frombuffer(self._map, dtype=dtype, count=count, offset=pos)
                 return arr.tolist(), sub, pos + count * width
+            if sub == GGUFValueType.ARRAY:
+                raise GGUFFormatError(f"{self.path}: {what} is an array of arrays, which llama.cpp does not read: "
+                                      "corrupt or not a model GGUF")
             items = []
             for _ in range(count):
                 item, _, pos = self._value(sub, pos, what)
@@ -183,13 +191,21 @@ class GGUFFile:
             start = pos
             vtype, pos = self._unpack("<I", pos, f"metadata {key!r}")
             value, sub, pos = self._value(vtype, pos, f"metadata {key!r}")
+            if key in self.kv:
+                raise GGUFFormatError(f"{self.path}: metadata key {key!r} appears twice; llama.cpp refuses the file")
             self.kv[key] = KV(key, GGUFValueType(vtype), value, sub, bytes(self._map[start:pos]))
         for i in range(n_tensors):
             name_raw, pos = self._string(pos, f"tensor info {i}")
             name = name_raw.decode("utf-8", errors="replace")
+            if len(name_raw) >= MAX_TENSOR_NAME:
+                raise GGUFFormatError(f"{self.path}: tensor name {name[:40]!r}... is {len(name_raw)} bytes; llama.cpp "
+                                      f"takes names shorter than {MAX_TENSOR_NAME}")
+            if name in self.tensors:
+                raise GGUFFormatError(f"{self.path}: tensor {name!r} appears twice; llama.cpp refuses the file")
             n_dims, pos = self._unpack("<I", pos, f"tensor {name!r}")
-            if n_dims > 8:
-                raise GGUFFormatError(f"{self.path}: tensor {name!r} claims {n_dims} dimensions: corrupt")
+            if n_dims > MAX_DIMS:
+                raise GGUFFormatError(f"{self.path}: tensor {name!r} claims {n_dims} dimensions (at most "
+                                      f"{MAX_DIMS}): corrupt")
             dims = []
             for _ in range(n_dims):
                 d, pos = self._unpack("<Q", pos, f"tensor {name!r}")
@@ -200,17 +216,32 @@ class GGUFFile:
                 qtype = GGMLQuantizationType(ttype)
             except ValueError:
                 raise GGUFFormatError(f"{self.path}: tensor {name!r} has unknown type {ttype}") from None
+            block = GGML_QUANT_SIZES[qtype][0] if qtype in GGML_QUANT_SIZES else 0
+            if not block or (dims and dims[0] % block):
+                raise GGUFFormatError(f"{self.path}: tensor {name!r} of type {qtype.name} has rows of "
+                                      f"{dims[0] if dims else 1} values, not a multiple of its block of {block}: corrupt")
             self.tensors[name] = TensorInfo(name, tuple(reversed(dims)), qtype, offset)
         align = self.alignment
         self.data_offset = -(-pos // align) * align
+        expected = 0
         for t in self.tensors.values():
+            if t.offset != expected:
+                raise GGUFFormatError(
+                    f"{self.path}: tensor {t.name!r} starts at data offset {t.offset}, expected {expected} (tensors "
+                    "must follow each other, aligned; these overlap or leave gaps): corrupt, llama.cpp refuses it")
             self._need(self.data_offset + t.offset, t.nbytes, f"data of tensor {t.name!r}")
+            expected += -(-t.nbytes // align) * align
 
     # -- access -----------------------------------------------------------------------------------
     @property
     def alignment(self) -> int:
         kv = self.kv.get(General.ALIGNMENT)
-        return int(kv.value) if kv else DEFAULT_ALIGNMENT
+        if kv is None:
+            return DEFAULT_ALIGNMENT
+        if kv.type != GGUFValueType.UINT32 or kv.value <= 0 or kv.value & (kv.value - 1):
+            raise GGUFFormatError(f"{self.path}: general.alignment = {kv.value!r} ({kv.type.name}) is not a power of 2 "
+                                  "stored as UINT32; llama.cpp refuses the file")
+        return int(kv.value)
 
     @property
     def architecture(self) -> str | None:
@@ -276,11 +307,16 @@ def write_gguf(plan: GGUFPlan, out: Path, progress=None) -> None:
     `progress(done_bytes, total_bytes, tensor_name)` is called as data is written.
     """
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    tmp = partial_name(out)
     try:
         with open(tmp, "wb") as fh:
             _GGUFStreamWriter(fh).write(plan, progress)
         os.replace(tmp, out)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if err.filename in (None, str(tmp)):
+            raise named_for(err, out) from None
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -16,6 +16,7 @@ from pathlib import Path
 import gguf
 
 from ..errors import TargetError
+from ..inputs import InputError, load_json
 from .gguf_file import KV, kv_from_writer
 from .keys import ARCH, Tokenizer
 
@@ -73,14 +74,29 @@ def _check_post_processing(path: Path, spec: dict) -> bool:
 
 
 def tokenizer_metadata(folder: Path, vocab_size: int) -> list[KV]:
-    path = folder / "tokenizer.json"
+    """The tokenizer.* metadata of a target folder. tokenizer.json (and gguf-py's reading of
+    tokenizer_config.json) is a deep external format: any value of the wrong shape in it ends in one
+    line naming the folder, not a traceback."""
     try:
-        spec = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise TargetError(f"{path}: not found; the target folder needs tokenizer.json (or pass the target GGUF)") from None
-    except json.JSONDecodeError as err:
-        raise TargetError(f"{path}: not valid JSON ({err})") from None
+        return _tokenizer_metadata(folder, vocab_size)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as err:
+        raise TargetError(f"{folder}: tokenizer files are malformed ({type(err).__name__}: {str(err)[:80]}); "
+                          "fix them or pass the target's GGUF as --target") from None
+
+
+def _tokenizer_metadata(folder: Path, vocab_size: int) -> list[KV]:
+    path = folder / "tokenizer.json"
+    if not path.exists():
+        raise TargetError(f"{path}: not found; the target folder needs tokenizer.json (or pass the target GGUF)")
+    try:
+        spec = load_json(path, "tokenizer")
+    except InputError as err:
+        raise TargetError(str(err)) from None
+    if not isinstance(spec, dict):
+        raise TargetError(f"{path}: not a tokenizer.json (expected a JSON object)")
     model = spec.get("model") or {}
+    if not isinstance(model, dict):
+        raise TargetError(f"{path}: 'model' is not a JSON object; pass the target's GGUF")
     if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
         raise TargetError(f"{path}: model.type {model.get('type')!r} is not byte-level BPE; pass the target's GGUF")
     pre = _pre_tokenizer_name(path, spec.get("pre_tokenizer"))

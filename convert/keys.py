@@ -62,6 +62,7 @@ class DFlash:
     FEED_FORWARD_LENGTH = _dflash(_K.LLM.FEED_FORWARD_LENGTH)
     HEAD_COUNT = _dflash(_K.Attention.HEAD_COUNT)
     LAYERNORM_RMS_EPS = _dflash(_K.Attention.LAYERNORM_RMS_EPS)
+    ROPE_FREQ_BASE = _dflash(_K.Rope.FREQ_BASE)
     TARGET_LAYERS = f"{ARCH}.target_layers"    # int32 array: HF target_layer_ids, each plus 1
     BLOCK_SIZE = f"{ARCH}.block_size"          # u32; llama.cpp assumes DEFAULT_BLOCK_SIZE without it
     # DFlash 2: all four or none

@@ -3,7 +3,7 @@ and tensor data is read in row chunks with `pread`, so memory stays bounded what
 
 from __future__ import annotations
 
-import json
+import math
 import mmap
 import os
 import struct
@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..errors import CheckpointError
+from ..inputs import InputError, open_regular, parse_json
 from .gguf_file import FileSpan
 
 # safetensors dtype -> (numpy dtype used to read it, bytes per element)
@@ -47,8 +48,8 @@ class StoredTensor:
 def read_header(path: Path) -> dict[str, StoredTensor]:
     """Parse and validate one safetensors file's header. Raises CheckpointError on anything off."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
+        with open_regular(path, "safetensors file") as fh:
+            size = os.fstat(fh.fileno()).st_size
             head = fh.read(8)
             if len(head) < 8:
                 raise CheckpointError(f"{path}: {size} bytes is too short for safetensors (truncated?)")
@@ -56,11 +57,15 @@ def read_header(path: Path) -> dict[str, StoredTensor]:
             if n > MAX_HEADER or 8 + n > size:
                 raise CheckpointError(
                     f"{path}: header length {n} does not fit in the file ({size} bytes): truncated or corrupt")
-            header = json.loads(fh.read(n))
+            raw = fh.read(n)
     except OSError as err:
         raise CheckpointError(f"{path}: cannot read ({err.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{path}: safetensors header is not valid JSON ({err}): corrupt file") from None
+    except InputError as err:
+        raise CheckpointError(str(err)) from None
+    try:
+        header = parse_json(raw, f"{path}: safetensors header")
+    except InputError as err:
+        raise CheckpointError(f"{err}: corrupt file") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: safetensors header is not a JSON object: corrupt file")
     data_start = 8 + n
@@ -69,12 +74,15 @@ def read_header(path: Path) -> dict[str, StoredTensor]:
         if name == "__metadata__":
             continue
         try:
-            dtype, shape, (begin, end) = meta["dtype"], tuple(int(d) for d in meta["shape"]), meta["data_offsets"]
+            dtype, shape, (begin, end) = meta["dtype"], tuple(meta["shape"]), meta["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry: corrupt file") from None
+        if not all(_is_count(v) for v in (*shape, begin, end)):
+            raise CheckpointError(f"{path}: tensor {name!r} has a shape or data_offsets that are not whole numbers "
+                                  f"(shape {meta['shape']!r}, data_offsets {meta['data_offsets']!r}): corrupt file")
         if dtype not in DTYPES:
             raise CheckpointError(f"{path}: tensor {name!r} has dtype {dtype}, which this converter does not read")
-        expected = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][1]
+        expected = math.prod(shape) * DTYPES[dtype][1]
         if not (0 <= begin <= end) or end - begin != expected:
             raise CheckpointError(
                 f"{path}: tensor {name!r} offsets {begin}..{end} do not match its shape {list(shape)} "
@@ -84,7 +92,16 @@ def read_header(path: Path) -> dict[str, StoredTensor]:
                 f"{path}: tensor {name!r} ends at byte {data_start + end} but the file has {size} bytes: "
                 "truncated download? fetch the file again")
         tensors[name] = StoredTensor(path, name, dtype, shape, data_start + begin, expected)
+    spans = sorted((t.start, t.start + t.nbytes, t.name) for t in tensors.values() if t.nbytes)
+    for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+        if start < end:
+            raise CheckpointError(f"{path}: tensors {first!r} and {second!r} share bytes (overlapping "
+                                  "data_offsets): corrupt file")
     return tensors
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def to_float32(raw: np.ndarray, dtype: str) -> np.ndarray:

@@ -6,13 +6,14 @@ compatibility checks need (embedding length, depth, vocabulary size).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TargetError
+from ..inputs import InputError, load_json
+from . import config_values as cv
 from .gguf_file import KV, GGUFFile
-from .keys import General, Model, Tokenizer, per_arch
+from .keys import ARCH, LEGACY_ARCH, General, Model, Tokenizer, per_arch
 
 
 @dataclass
@@ -50,16 +51,23 @@ def _from_gguf(path: Path) -> TargetInfo:
         if not arch:
             raise TargetError(f"{path}: no {General.ARCHITECTURE} key; is this a model GGUF?")
 
+        if not isinstance(arch, str):
+            raise TargetError(f"{path}: general.architecture is not a string; is this a model GGUF?")
+        if arch in (ARCH, LEGACY_ARCH):
+            raise TargetError(f"{path}: this is a DFlash drafter ({arch}), not a target model; give the target's "
+                              "GGUF as the target (were target and drafter swapped?)")
+
         def need(key: str) -> int:
             value = gguf.get(key)
             if value is None:
                 raise TargetError(f"{path}: key {key!r} is missing; re-convert the target with llama.cpp")
-            return int(value)
+            return cv.integer(path, key, value, 1, None, TargetError)
 
         tokens = gguf.get(Tokenizer.TOKENS)
-        if not tokens:
+        if not tokens or not isinstance(tokens, list) or not isinstance(tokens[0], str):
             raise TargetError(f"{path}: no {Tokenizer.TOKENS}; the target GGUF must carry its tokenizer")
-        n_vocab = gguf.get(per_arch(Model.VOCAB_SIZE, arch)) or len(tokens)
+        vocab_key = per_arch(Model.VOCAB_SIZE, arch)
+        n_vocab = cv.optional_integer(path, vocab_key, gguf.get(vocab_key), 1, None, TargetError) or len(tokens)
         return TargetInfo(
             path=path,
             n_embd=need(per_arch(Model.EMBEDDING_LENGTH, arch)),
@@ -73,36 +81,38 @@ def _from_gguf(path: Path) -> TargetInfo:
         )
 
 
-def _text_config(config: dict) -> dict:
-    return {**config, **(config.get("text_config") or {})}
+def _text_config(config: object, source: Path) -> dict:
+    config = cv.mapping(source, "(the whole file)", config, TargetError)
+    return {**config, **cv.mapping(source, "text_config", config.get("text_config"), TargetError)}
 
 
 def _from_hf_folder(path: Path, vocab_size_hint: int | None) -> TargetInfo:
     from .hf_vocab import tokenizer_metadata
 
     config_path = path / "config.json"
+    if not config_path.exists():
+        raise TargetError(f"{config_path}: not found; the target folder needs its config.json")
     try:
-        config = _text_config(json.loads(config_path.read_text(encoding="utf-8")))
-    except FileNotFoundError:
-        raise TargetError(f"{config_path}: not found; the target folder needs its config.json") from None
-    except json.JSONDecodeError as err:
-        raise TargetError(f"{config_path}: not valid JSON ({err})") from None
+        config = _text_config(load_json(config_path, "target config"), config_path)
+    except InputError as err:
+        raise TargetError(str(err)) from None
 
     def need(key: str) -> int:
         if key not in config:
             raise TargetError(f"{config_path}: field {key!r} is missing")
-        return int(config[key])
+        return cv.integer(config_path, key, config[key], 1, None, TargetError)
 
-    n_vocab = need("vocab_size")
-    tokenizer_kv = tokenizer_metadata(path, vocab_size_hint or n_vocab)
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    n_vocab, n_embd, n_layer = need("vocab_size"), need("hidden_size"), need("num_hidden_layers")
+    rope_key = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
+    rope = cv.mapping(config_path, rope_key, config.get(rope_key), TargetError)
+    tokenizer_kv = tokenizer_metadata(path, vocab_size_hint or n_vocab)  # the slow part, last
     return TargetInfo(
         path=path,
-        n_embd=need("hidden_size"),
-        n_layer=need("num_hidden_layers"),
+        n_embd=n_embd,
+        n_layer=n_layer,
         n_vocab=n_vocab,
         tokenizer_kv=tokenizer_kv,
         uses_mrope="mrope_section" in rope,
-        name=config.get("_name_or_path") or path.name,
-        repo=config.get("_name_or_path") if "/" in str(config.get("_name_or_path", "")) else None,
+        name=str(config.get("_name_or_path") or path.name),
+        repo=str(config["_name_or_path"]) if "/" in str(config.get("_name_or_path", "")) else None,
     )

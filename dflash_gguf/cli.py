@@ -10,6 +10,7 @@ import click
 
 from . import __version__
 from .errors import DflashError
+from .signals import exit_status, raise_on_terminate, signal_name
 
 
 def _one_line(text: str) -> str:
@@ -38,7 +39,12 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            with raise_on_terminate():
+                return super().invoke(ctx)
+        except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP: cleaned up on the way out
+            status = exit_status(stop)
+            click.echo(f"interrupted ({signal_name(status)})", err=True)
+            sys.exit(status)
         except DflashError as err:
             click.echo(f"error: {err}", err=True)
             sys.exit(err.exit_code)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import click
 
-from ..errors import DflashError
 from ..options import ServerArgsCommand, build_options, force_option, json_option, target_option
+from ..outputs import Input, Output, check_outputs
 from .quantize import ALL_TYPES, DEFAULT_RECIPE, RECIPES
 from .quantize import quantize as quantize_file
 
@@ -69,10 +69,7 @@ def quantize(src: Path, out: Path, qtype: str, recipe: str, backend: str | None,
       dflash-gguf quantize dflash-Qwen3-8B-F16.gguf dflash-Qwen3-8B-Q4_K_M.gguf --type Q4_K_M
       dflash-gguf quantize in.gguf out.gguf --type Q8_0 --recipe plain --json
     """
-    if out.exists() and not force:
-        raise DflashError(f"{out}: already exists; pass --force to replace it")
-    if not out.resolve().parent.is_dir():
-        raise DflashError(f"{out.parent}: output folder does not exist")
+    check_outputs([Output(out, "OUT.gguf")], [Input(src, "IN.gguf"), Input(llama_bin, "--llama-bin")], force=force)
     r = quantize_file(src, out, qtype, recipe, llama_bin, threads, progress=_progress, backend=backend)
     if as_json:
         click.echo(json.dumps(r.to_dict(), indent=2))
@@ -205,6 +202,8 @@ def publish(folder: Path, repo: str, private: bool, dry_run: bool, message: str 
                + (" (private)" if private else ""))
     for f in r.files:
         click.echo(f"  {f['path']:<52} {f['bytes']:>14,} bytes")
+    if r.skipped:
+        click.echo(f"  left out (hidden): {', '.join(r.skipped)}")
     if r.commit_url:
         click.echo(f"commit {r.commit_url}")
 

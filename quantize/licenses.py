@@ -27,7 +27,9 @@ from pathlib import Path
 
 import yaml
 
+from ..confine import file_in
 from ..errors import DflashError
+from ..inputs import open_regular
 
 
 class LicenseError(DflashError):
@@ -115,15 +117,48 @@ LICENSE_FILE_NAMES = ("LICENSE", "LICENSE.txt", "LICENSE.md", "LICENCE", "LICENC
 
 
 def normalize_id(value: object) -> str | None:
-    """A license value as a lower-case Hub id ("Apache-2.0" -> "apache-2.0"); None when empty."""
+    """A license value as a lower-case Hub id ("Apache-2.0" -> "apache-2.0"); None when empty.
+    A list or a multi-license string gives its strictest id (see `license_ids`)."""
+    ids = license_ids(value)
+    return strictest_id(ids) if ids else None
+
+
+def _normalize_one(text: str) -> str | None:
+    text = re.sub(r"[\s_,]+", "-", text.strip().lower()).strip("-")
+    return _ALIASES.get(text, text) if text else None
+
+
+_COMMENT = re.compile(r"(^|\s)#.*$")
+_SEPARATORS = re.compile(r"\s*(?:[,;/+&|]|\band\b|\bor\b|\bAND\b|\bOR\b)\s*")
+
+
+def license_ids(value: object) -> list[str]:
+    """Every license a metadata value names, as normalized Hub ids: the one parser for card
+    `license:` fields (a YAML string or list), GGUF `general.license` strings (which may carry a
+    trailing `# comment`, or name several licenses: "mit AND cc-by-nc-nd-4.0") and option values."""
     if value is None:
-        return None
-    if isinstance(value, (list, tuple)):  # some cards list one license in a YAML list
-        value = value[0] if len(value) == 1 else " ".join(map(str, value))
-    text = re.sub(r"[\s_,]+", "-", str(value).strip().lower()).strip("-")
-    if not text:
-        return None
-    return _ALIASES.get(text, text)
+        return []
+    if isinstance(value, (list, tuple)):
+        return [i for item in value for i in license_ids(item)]
+    if isinstance(value, dict):
+        return [i for item in value.values() for i in license_ids(item)]
+    text = _COMMENT.sub("", str(value)).strip()
+    whole = _normalize_one(text)
+    if whole is None:
+        return []
+    if kind_of(whole) is not Kind.UNKNOWN:
+        return [whole]
+    parts = [p for p in (_normalize_one(part) for part in _SEPARATORS.split(text)) if p]
+    return parts if len(parts) > 1 else [whole]
+
+
+# How strict each family is: where several terms are found for one work, the strictest applies.
+STRICTNESS = {Kind.MISSING: 0, Kind.PERMISSIVE: 1, Kind.OTHER: 2, Kind.LLAMA: 3, Kind.NON_COMMERCIAL: 3,
+              Kind.UNKNOWN: 4, Kind.NO_DERIVATIVES: 5}
+
+
+def strictest_id(ids: list[str]) -> str:
+    return max(ids, key=lambda i: STRICTNESS[kind_of(i)])
 
 
 def kind_of(license_id: str | None) -> Kind:
@@ -158,7 +193,7 @@ class License:
     def kind(self) -> Kind:
         if self.id == "other":
             # `other` names its terms; those may be a family we know (license_name: cc-by-nc-nd-4.0)
-            named = [kind_of(normalize_id(part)) for part in re.split(r"-and-|\+", self.name or "")]
+            named = [kind_of(i) for i in license_ids(self.name)]
             if Kind.NO_DERIVATIVES in named:
                 return Kind.NO_DERIVATIVES
             return Kind.OTHER if self.name and self.link else Kind.UNKNOWN
@@ -192,17 +227,28 @@ def split_front_matter(text: str, source: str = "README.md") -> tuple[dict, str]
         where = getattr(err, "problem_mark", None)
         line = f" (line {where.line + 2})" if where is not None else ""
         raise LicenseError(f"{source}: front matter is not valid YAML{line}") from None
+    except RecursionError:
+        raise LicenseError(f"{source}: front matter is nested too deeply to be a model card") from None
     if not isinstance(meta, dict):
         raise LicenseError(f"{source}: front matter is not a YAML mapping")
     return meta, "".join(lines[end + 1:])
 
 
 def read_card(folder: Path) -> dict:
-    """The front matter of a model folder's README.md ({} when there is none)."""
-    readme = Path(folder) / "README.md"
-    if not readme.is_file():
+    """The front matter of a model folder's README.md ({} when there is none). A README.md that is
+    a link out of the folder is refused (its fields are carried into a release's card)."""
+    readme = file_in(folder, "README.md", "model card")
+    if readme is None:
         return {}
-    return split_front_matter(readme.read_text(encoding="utf-8", errors="replace"), str(readme))[0]
+    return split_front_matter(read_text(readme), str(readme))[0]
+
+
+_CARD_MAX_BYTES = 8 << 20
+
+
+def read_text(path: Path, limit: int = _CARD_MAX_BYTES) -> str:
+    with open_regular(path, "model card or license file") as fh:
+        return fh.read(limit).decode("utf-8", errors="replace")
 
 
 def gating_fields(meta: dict) -> dict:
@@ -210,21 +256,48 @@ def gating_fields(meta: dict) -> dict:
     return {k: v for k, v in meta.items() if isinstance(k, str) and k.startswith("extra_gated_")}
 
 
+def strictest(found: list[License]) -> License:
+    """The strictest of the licenses found for one work (the first of equals); MISSING when none."""
+    return max(found, key=lambda lic: STRICTNESS[lic.kind])
+
+
 def license_from_card(meta: dict, source: str, folder: Path | None = None, repo: str | None = None) -> License:
     name, link = meta.get("license_name"), meta.get("license_link")
-    return License(normalize_id(meta.get("license")), source,
-                   str(name) if name is not None else None, str(link) if link is not None else None,
-                   folder, repo)
+    name = str(name) if name is not None else None
+    link = str(link) if link is not None else None
+    found = [License(i, source, name, link, folder, repo) for i in license_ids(meta.get("license"))]
+    return strictest(found) if found else License(None, source, name, link, folder, repo)
+
+
+# Texts of the Creative Commons NoDerivatives licenses (deeds, legal code, their URLs).
+_ND_TEXT = re.compile(r"Attribution-(?:NonCommercial-)?NoDerivatives|Attribution-(?:NonCommercial-)?NoDerivs|"
+                      r"\bCC[ -]BY-(?:NC-)?ND\b|creativecommons\.org/licenses/by-(?:nc-)?nd/", re.IGNORECASE)
+
+
+def licenses_in_texts(folder: Path) -> list[License]:
+    """NoDerivatives terms stated in a folder's license files (LICENSE, ...), whatever its card says."""
+    found = []
+    for name in LICENSE_FILE_NAMES:
+        path = file_in(folder, name, "license file")
+        if path is None:
+            continue
+        match = _ND_TEXT.search(read_text(path, 1 << 20))
+        if match:
+            nc = "noncommercial" in match.group(0).lower() or "-nc-" in match.group(0).lower()
+            found.append(License("cc-by-nc-nd" if nc else "cc-by-nd", f"{path} (its text)", folder=Path(folder)))
+    return found
 
 
 def license_from_folder(folder: Path, repo: str | None = None) -> License:
+    """A model folder's license: its card's, unless its license files state stricter terms."""
     folder = Path(folder)
-    return license_from_card(read_card(folder), str(folder / "README.md"), folder, repo)
+    card = license_from_card(read_card(folder), str(folder / "README.md"), folder, repo)
+    return strictest([card, *licenses_in_texts(folder)])
 
 
 def license_from_gguf(path, opened=None) -> License:
-    """`general.license` (with `general.license.name` / `.link` for `other`) of a GGUF.
-    `opened`: the file already open as a GGUFFile (saves parsing it again)."""
+    """`general.license` (with `general.license.name` / `.link` for `other`) of a GGUF; the strictest
+    when it names several. `opened`: the file already open as a GGUFFile (saves parsing it again)."""
     from ..convert.gguf_file import GGUFFile
     from ..convert.keys import General
 
@@ -235,7 +308,12 @@ def license_from_gguf(path, opened=None) -> License:
     finally:
         if opened is None:
             f.close()
-    return License(normalize_id(value), f"{path} {General.LICENSE}", name, link, None, repo)
+    name = str(name) if name is not None else None
+    link = str(link) if link is not None else None
+    repo = str(repo) if repo is not None else None
+    source = f"{path} {General.LICENSE}"
+    found = [License(i, source, name, link, None, repo) for i in license_ids(value)]
+    return strictest(found) if found else License(None, source, name, link, None, repo)
 
 
 def with_override(declared: License, override: str | None, option: str) -> License:
@@ -360,23 +438,29 @@ def merge_gating(*metas: dict) -> dict:
 # What a release folder must hold before it is published
 # ---------------------------------------------------------------------------------------------
 
-def publish_problems(folder: Path) -> list[str]:
-    """Why the release folder may not be published (empty when it may)."""
+def publish_problems(folder: Path, ggufs: list[Path] = ()) -> list[str]:
+    """Why the release folder may not be published (empty when it may). The strictest terms found
+    anywhere win: the card, the license files' texts, and each GGUF's general.license."""
     folder = Path(folder)
-    readme = folder / "README.md"
-    if not readme.is_file():
-        return [f"{readme}: missing; a release needs its model card (license, base_model) in the same commit"]
-    meta, _ = split_front_matter(readme.read_text(encoding="utf-8", errors="replace"), str(readme))
-    lic = license_from_card(meta, str(readme), folder)
+    readme = file_in(folder, "README.md", "model card")
+    if readme is None:
+        return [f"{folder / 'README.md'}: missing; a release needs its model card (license, base_model) in the same commit"]
+    meta, _ = split_front_matter(read_text(readme), str(readme))
+    card = license_from_card(meta, str(readme), folder)
+    found = [card, *licenses_in_texts(folder), *(license_from_gguf(g) for g in ggufs)]
+    lic = strictest(found)
     problems = []
     if lic.kind is Kind.NO_DERIVATIVES:
-        problems.append(f"{readme}: license {lic.label} is NoDerivatives: this folder may not be published")
+        problems.append(f"{lic.source}: license {lic.label} is NoDerivatives: this folder may not be published")
     elif lic.kind in (Kind.MISSING, Kind.UNKNOWN):
-        problems.append(f"{readme}: license {lic.label!r} cannot be published as it is (give a Hub license id, "
+        problems.append(f"{lic.source}: license {lic.label!r} cannot be published as it is (give a Hub license id, "
                         "or other + license_name + license_link, in the front matter)")
-    if lic.id == "other" and lic.link and "://" not in lic.link and not (folder / lic.link).is_file():
-        problems.append(f"{readme}: license_link {lic.link!r} names a file this folder lacks")
-    mentions_llama = lic.kind is Kind.LLAMA or (lic.id == "other" and "llama" in (lic.name or ""))
-    if mentions_llama and not (folder / "NOTICE").is_file():
+    elif lic is not card and STRICTNESS[lic.kind] > STRICTNESS[card.kind]:
+        problems.append(f"{lic.source}: license {lic.label} is stricter than the card's {card.label} ({readme}); "
+                        "the card must state the terms that apply")
+    if card.id == "other" and card.link and "://" not in card.link and file_in(folder, card.link) is None:
+        problems.append(f"{readme}: license_link {card.link!r} names a file this folder lacks")
+    mentions_llama = any(x.kind is Kind.LLAMA or (x.id == "other" and "llama" in (x.name or "")) for x in found)
+    if mentions_llama and file_in(folder, "NOTICE") is None:
         problems.append(f"{folder}: the Llama license requires a NOTICE file beside the model card")
     return problems

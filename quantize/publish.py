@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import __version__
+from ..confine import check_inside, file_in
 from ..errors import DflashError
 from . import licenses as lic
 
@@ -37,32 +38,68 @@ def check_repo_id(repo: str) -> str:
     return repo
 
 
-def plan_upload(folder: str | Path) -> list[Upload]:
-    """Every file of the commit, after checking the folder may be published as it is."""
+_LISTED = re.compile(r"\]\(\./([^)\s#?]+)\)")
+
+
+def release_listing(meta: dict, body: str) -> set[str]:
+    """The files a release consists of: its card, every file the card links to (`[x](./x)`: the
+    variants table, NOTICE, license files) and a `license_link` naming a file."""
+    listed = {"README.md", *_LISTED.findall(body)}
+    link = meta.get("license_link")
+    if isinstance(link, str) and link and "://" not in link:
+        listed.add(link.removeprefix("./"))
+    return listed
+
+
+def plan_upload(folder: str | Path) -> tuple[list[Upload], list[str]]:
+    """(every file of the commit, the hidden entries left out), after checking that the folder holds
+    exactly what its card lists, nothing that leads out of it, and that it may be published."""
     folder = Path(folder)
     if not folder.is_dir():
         raise DflashError(f"{folder}: not a folder; give the folder `dflash-gguf release` wrote")
-    problems = lic.publish_problems(folder)
-    if problems:
-        raise lic.LicenseError("; ".join(problems))
-    uploads, ggufs = [], []
-    for path in sorted(folder.rglob("*")):
-        rel = path.relative_to(folder)
-        if any(part.startswith(".") for part in rel.parts) or path.is_dir():
-            continue  # hidden files and folders (.git, editor leftovers) are not part of a release
+    readme = file_in(folder, "README.md", "model card")
+    if readme is None:
+        raise DflashError(f"{folder / 'README.md'}: missing; a release needs its model card (license, base_model) "
+                          "in the same commit")
+    meta, body = lic.split_front_matter(lic.read_text(readme), str(readme))
+    listed = release_listing(meta, body)
+    uploads, ggufs, extra, skipped = [], [], [], []
+    for path in sorted(folder.iterdir()):
+        name = path.name
+        if name.startswith("."):
+            skipped.append(name)  # .git, editor leftovers: never part of a release, never read
+            continue
+        check_inside(path, folder)
+        if path.is_dir():
+            extra.append(name + "/")
+            continue
         if not path.is_file():
             raise DflashError(f"{path}: not a regular file")
         if path.suffix == ".gguf":
-            if len(rel.parts) > 1 or not path.name.startswith("dflash-"):
+            if not name.startswith("dflash-"):
                 raise DflashError(f"{path}: drafter files sit at the folder's root and are named dflash-*.gguf "
                                   "(llama.cpp's drafter discovery looks for that prefix)")
-            if _SPLIT.search(path.name):
+            if _SPLIT.search(name):
                 raise DflashError(f"{path}: split GGUF; publish one file per quantization, never split")
+        if name not in listed:
+            extra.append(name)
+            continue
+        if path.suffix == ".gguf":
             ggufs.append(path)
-        uploads.append(Upload(rel.as_posix(), path.stat().st_size, str(path)))
+        uploads.append(Upload(name, path.stat().st_size, str(path)))
+    if extra:
+        more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
+        raise DflashError(f"{folder}: {', '.join(extra[:5])}{more} not part of the release (its README.md does not "
+                          "list them); a release holds only what its card lists: move them out of the folder")
+    missing = sorted(listed - {u.path for u in uploads})
+    if missing:
+        raise DflashError(f"{readme}: lists {', '.join(missing[:5])}, which the folder lacks")
     if not ggufs:
         raise DflashError(f"{folder}: no dflash-*.gguf file to publish")
-    return uploads
+    problems = lic.publish_problems(folder, ggufs)
+    if problems:
+        raise lic.LicenseError("; ".join(problems))
+    return uploads, skipped
 
 
 def _one_line(err: Exception) -> str:
@@ -91,6 +128,7 @@ class PublishResult:
     dry_run: bool
     files: list[dict]
     total_bytes: int
+    skipped: list[str]                # hidden entries of the folder, never read nor sent
     commit_url: str | None = None
     commit_oid: str | None = None
 
@@ -106,9 +144,9 @@ def publish(folder: str | Path, repo: str, *, private: bool = False, dry_run: bo
     `dry_run` checks and lists the commit without touching the network.
     """
     check_repo_id(repo)
-    uploads = plan_upload(folder)
+    uploads, skipped = plan_upload(folder)
     result = PublishResult(repo, private, dry_run, [{"path": u.path, "bytes": u.bytes} for u in uploads],
-                           sum(u.bytes for u in uploads))
+                           sum(u.bytes for u in uploads), skipped)
     if dry_run:
         return result
 

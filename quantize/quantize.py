@@ -27,6 +27,7 @@ from gguf import GGMLQuantizationType as QT
 from ..convert.describe import describe
 from ..convert.gguf_file import GGUFFile
 from ..errors import DflashError
+from ..outputs import Input, Output, check_outputs, named_for, partial_name
 from ..runner.build import find_bin_dir, runtime_env
 from .licenses import Kind, LicenseError, license_from_gguf
 
@@ -178,6 +179,19 @@ def parse_fallbacks(log_text: str) -> list[dict]:
     return out
 
 
+_FAILURE = re.compile(r"error|failed|invalid|not a |unsupported|cannot|power of 2|wrong", re.IGNORECASE)
+_GENERIC = re.compile(r"failed to quantize model from|failed to quantize: llama_model_loader: failed to load model")
+
+
+def failure_reason(output: str) -> str:
+    """The line of llama-quantize's output that says why it failed: the first specific complaint
+    (e.g. gguf's "alignment 7 is not a power of 2"), not the generic lines it ends with."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    hits = [ln for ln in lines if _FAILURE.search(ln)]
+    specific = [ln for ln in hits if not _GENERIC.search(ln)]
+    return (specific or hits or lines or ["no output"])[0]
+
+
 def check_input(src: Path) -> GGUFFile:
     """Open a drafter GGUF fit to quantize: one llama.cpp can run, float tensors, license allows."""
     f = GGUFFile(src)
@@ -241,11 +255,14 @@ def quantize(src: str | Path, out: str | Path, qtype: str, recipe: str = DEFAULT
     started = time.perf_counter()
     src, out = Path(src), Path(out)
     qtype, rec = parse_type(qtype), get_recipe(recipe)
-    exe = find_llama_quantize(llama_bin, backend)
-    if out.resolve() == src.resolve():
-        raise DflashError(f"{out}: output would overwrite the input")
-    source = check_input(src)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    check_outputs([Output(out, "OUT.gguf")], [Input(src, "IN.gguf")], force=True)
+    source = check_input(src)  # the license and the layout decide before a build is looked for
+    try:
+        exe = find_llama_quantize(llama_bin, backend)
+    except BaseException:
+        source.close()
+        raise
+    tmp = partial_name(out)
     try:
         cmd = [str(exe), *llama_quantize_args(qtype, rec), str(src), str(tmp), qtype]
         cmd.append(str(threads or os.cpu_count() or 1))
@@ -256,12 +273,13 @@ def quantize(src: str | Path, out: str | Path, qtype: str, recipe: str = DEFAULT
                               env=runtime_env(exe.parent))
         text = proc.stdout + proc.stderr
         if proc.returncode != 0 or not tmp.is_file():
-            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-            reason = next((ln for ln in reversed(lines) if "error" in ln.lower() or "failed" in ln.lower()),
-                          lines[-1] if lines else "no output")
+            reason = failure_reason(text)
             raise DflashError(f"llama-quantize failed on {src} (exit {proc.returncode}): {reason}")
         reports = verify(source, tmp, qtype, rec)
         os.replace(tmp, out)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise named_for(err, out) if err.filename in (None, str(tmp)) else err from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -29,8 +29,11 @@ from .. import __version__
 from ..convert.converter import convert
 from ..convert.describe import DrafterDescription, describe
 from ..convert.gguf_file import GGUFFile
+from ..confine import check_inside, file_in
 from ..convert.keys import General
 from ..errors import DflashError
+from ..inputs import InputError, load_json
+from ..outputs import Input, Output, check_outputs, named_for, partial_name
 from ..runner.launch import parse_server_args, speculative_args
 from ..runner.sdist import sha256_file
 from . import licenses as lic
@@ -71,8 +74,8 @@ def _hub_cache_repo(path: Path) -> str | None:
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        data = load_json(path, "config file")
+    except InputError:
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -85,7 +88,7 @@ def target_facts(target: Path) -> tuple[str, str | None, lic.License]:
         name_or_path = str(_read_json(target / "config.json").get("_name_or_path") or "")
         if repo is None and re.fullmatch(r"[\w.-]+/[\w.-]+", name_or_path):
             repo = name_or_path
-        declared = lic.license_from_card(lic.read_card(target), str(target / "README.md"), target, repo)
+        declared = lic.license_from_folder(target, repo)
         return (repo.split("/")[-1] if repo else target.resolve().name), repo, declared
     with GGUFFile(target) as f:
         url = f.get(General.REPO_URL) or f.get(General.SOURCE_REPO_URL)
@@ -159,7 +162,8 @@ class LicensePlan:
 def _license_files(folder: Path | None) -> list[Path]:
     if folder is None or not Path(folder).is_dir():
         return []
-    return [Path(folder) / n for n in lic.LICENSE_FILE_NAMES if (Path(folder) / n).is_file()]
+    found = (file_in(folder, n, "license file") for n in lic.LICENSE_FILE_NAMES)
+    return [path for path in found if path is not None]
 
 
 def _target_name(name: str) -> str:
@@ -183,7 +187,7 @@ def plan_license_files(terms: lic.Terms) -> LicensePlan:
         role = "drafter" if owner is terms.drafter else "target"
         if Path(link).is_absolute() or ".." in Path(link).parts:
             raise lic.LicenseError(f"{owner.source}: license_link {link!r} points outside the model folder")
-        src = owner.folder / link if owner.folder else None
+        src = check_inside(owner.folder / link, owner.folder, "license_link file") if owner.folder else None
         if src is not None and src.is_file():
             base = Path(link).name  # a release is flat: the file goes to the root
             name = renamed.get((role, link)) or (base if base not in plan.copies else _target_name(base))
@@ -418,6 +422,8 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
         raise DflashError("llama-server arguments after -- are for validating the variants; "
                           "--skip-validate runs no server")
     parse_server_args(server_args)  # refuse what the runner manages before any work
+    check_outputs([Output(out_dir, "-o", folder=True)],
+                  [Input(draft_dir, "DRAFT_DIR"), Input(target, "--target"), Input(llama_bin, "--llama-bin")])
     _check_destination(out_dir, force)
     warnings: list[str] = []
 
@@ -431,24 +437,27 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
                         "so the card links the drafter it was made from")
     drafter_card = lic.read_card(draft_dir)
     target_card = lic.read_card(target) if target.is_dir() else {}
-    declared_drafter = lic.license_from_card(drafter_card, str(draft_dir / "README.md"), draft_dir,
-                                             base_model if "/" in base_model else None)
+    declared_drafter = lic.license_from_folder(draft_dir, base_model if "/" in base_model else None)
     drafter_license = lic.with_override(declared_drafter, license_id, "--license")
     target_license = lic.with_override(declared_target, target_license_id, "--target-license")
     terms = lic.effective_terms(drafter_license, target_license, lic.merge_gating(drafter_card, target_card))
     plan = plan_license_files(terms)
     if any(t not in FLOAT_TYPES for t in wanted):
         find_llama_quantize(llama_bin, backend)  # fail now, not after the conversion
-    gguf_license = plan.card.get("license_name") if plan.card["license"] == "other" else plan.card["license"]
+    gguf_license = lic.License(plan.card["license"], "the release's card", plan.card.get("license_name"),
+                               plan.card.get("license_link"))
 
     from ..runner.validate import ValidationSettings
 
     validation_settings = ValidationSettings(backend=backend, llama_bin=llama_bin, server_args=list(server_args))
 
     # 2. build everything in a temporary folder beside out_dir
-    tmp = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.partial")
+    tmp = partial_name(out_dir)
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        tmp.mkdir()
+    except OSError as err:
+        raise named_for(err, out_dir) from None
     try:
         say(f"converting {draft_dir.name}")
         base = tmp / ".base.gguf"
@@ -495,6 +504,11 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
         (tmp / "README.md").write_text(render_card(result, terms, plan), encoding="utf-8")
         result.files = sorted(p.name for p in tmp.iterdir())
         _publish_folder(tmp, out_dir)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if err.filename is None or str(err.filename).startswith(str(tmp)):
+            raise named_for(err, out_dir) from None
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import DflashError
+from ..inputs import read_text
 
 BUILTIN_PROMPTS: tuple[str, ...] = (
     # code
@@ -27,12 +28,7 @@ BUILTIN_PROMPTS: tuple[str, ...] = (
 def read_prompts(path: str | Path) -> list[str]:
     """One prompt per line; `\\n` in a line stands for a newline (`\\\\` for a backslash)."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as err:
-        raise DflashError(f"{path}: cannot read prompts ({err.strerror})") from None
-    except UnicodeDecodeError:
-        raise DflashError(f"{path}: prompts file is not UTF-8 text") from None
+    lines = read_text(path, "prompts file").splitlines()
     prompts = [_unescape(line) for line in lines if line.strip()]
     if not prompts:
         raise DflashError(f"{path}: no prompts (expected one prompt per line)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import urllib.parse
 from pathlib import Path
 
 import click
@@ -17,22 +18,28 @@ from ..options import (
     server_options,
     target_option,
 )
+from ..outputs import Input, Output, Replace, check_outputs
 from .build import find_bin_dir
 from .client import Completion, LlamaClient, Metrics
 from .launch import Launch, launch_recipe
 from .server import LlamaServer, stop_on_signals
+from .server_log import is_server_log
 
 
 def _start(target: Path, draft: Path, *, backend: str | None, llama_bin: Path | None, host: str | None,
            port: int | None, parallel: int | None, draft_max: int | None, log_path: Path | None,
-           startup_timeout: float, server_args: tuple[str, ...]) -> tuple[Launch, LlamaServer]:
+           startup_timeout: float, server_args: tuple[str, ...],
+           request_timeout: float | None = 600.0) -> tuple[Launch, LlamaServer]:
     """The launch recipe for the pair (checked first; its warnings printed once) and its server."""
+    if log_path is not None:
+        check_outputs([Output(log_path, "--log", Replace.OWNED, owned=is_server_log, what="llama-server log")],
+                      [Input(target, "--target"), Input(draft, "--draft")])
     launch = launch_recipe(target, draft, parallel=parallel, draft_max=draft_max, host=host, port=port,
                            server_args=server_args)
     for warning in launch.warnings:
         click.echo(f"warning: {warning}", err=True)
     server = launch.server(bin_dir=find_bin_dir(backend, llama_bin), log_path=log_path,
-                           startup_timeout=startup_timeout)
+                           startup_timeout=startup_timeout, request_timeout=request_timeout)
     return launch, server
 
 
@@ -79,6 +86,18 @@ def serve(target: Path, draft: Path, backend: str | None, llama_bin: Path | None
         click.echo(f"stopped llama-server ({stop or 'SIGINT'})", err=True)
 
 
+def _checked_url(url: str) -> str:
+    """An http(s) URL with a host (and a valid port), or one line saying what is wrong."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise DflashError(f"--url {url!r}: give a running llama-server's address, e.g. http://127.0.0.1:8080")
+    return url
+
+
 def _result(prompt: str, c: Completion) -> dict:
     return {
         "prompt": prompt,
@@ -109,11 +128,14 @@ def _pct(x: float | None) -> str:
               help="0 is greedy. Above 0 the target's sampler still decides (the output keeps "
                    "the target's distribution); the drafter drafts greedily.")
 @click.option("--seed", type=int, default=None, help="Sampling seed (with --temperature > 0).")
+@click.option("--timeout", "request_timeout", type=click.FloatRange(min=0.1), default=600.0, show_default=True,
+              help="Seconds to wait for each answer (and for a --url server to respond at all).")
 @json_option
 @build_options
 @server_options
 def generate(prompts: tuple[str, ...], url: str | None, target: Path | None, draft: Path | None,
-             n_predict: int, temperature: float, seed: int | None, as_json: bool, backend: str | None,
+             n_predict: int, temperature: float, seed: int | None, request_timeout: float, as_json: bool,
+             backend: str | None,
              llama_bin: Path | None, host: str | None, port: int | None, parallel: int | None,
              draft_max: int | None, log_path: Path | None, startup_timeout: float,
              server_args: tuple[str, ...]) -> None:
@@ -153,12 +175,13 @@ def generate(prompts: tuple[str, ...], url: str | None, target: Path | None, dra
         return {"url": client.url, "results": results, "metrics": run_metrics}
 
     if url is not None:
-        report = run(LlamaClient(url))
+        report = run(LlamaClient(_checked_url(url), timeout=request_timeout))
         report["server"] = None
     else:
         _, server = _start(target, draft, backend=backend, llama_bin=llama_bin, host=host, port=port,
                            parallel=parallel, draft_max=draft_max, log_path=log_path,
-                           startup_timeout=startup_timeout, server_args=server_args)
+                           startup_timeout=startup_timeout, server_args=server_args,
+                           request_timeout=request_timeout)
         with stop_on_signals(), server:
             report = run(server.client)
             report["server"] = {"target": str(target), "draft": str(draft), "args": server.args}

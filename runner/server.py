@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..errors import LlamaBuildError, ServerError, ServerStartError
-from . import build as _build
+from . import build as _build, server_log
 from .client import LlamaClient
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ class LlamaServer:
             self.log_path = Path(name)
         else:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self.log_path.write_bytes(b"")  # this run's log only: errors are quoted from it
+            self.log_path.write_bytes(server_log.HEADER)  # this run's log only: errors are quoted from it
         try:
             for attempt in range(3):
                 if not self._fixed_port:
@@ -197,8 +197,8 @@ class LlamaServer:
                     if self._fixed_port or attempt == 2 or _BIND_FAILED not in self.log_tail(20):
                         raise err
             raise AssertionError("unreachable")
-        except BaseException:
-            self.stop(keep_log=True)
+        except BaseException as err:
+            self.stop(keep_log=not isinstance(err, KeyboardInterrupt))  # interrupted: nothing to read in it
             raise
 
     def _spawn(self) -> None:

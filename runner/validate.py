@@ -101,8 +101,12 @@ def _run_server(launch: Launch, prompts: list[list[int]] | Sequence[str], settin
             prompts = _tokenize(client, prompts)
         progress(f"{label}: server up at {client.url}; {len(prompts)} prompts, {launch.parallel} in flight")
         ask(client, prompts[0][:8])  # warm-up, not measured
-        with ThreadPoolExecutor(max_workers=launch.parallel) as pool:
+        pool = ThreadPoolExecutor(max_workers=launch.parallel)
+        try:
             completions = list(pool.map(lambda ids: ask(client, ids), prompts))
+        finally:
+            # on Ctrl-C or SIGTERM, do not wait for the requests in flight: stopping the server ends them
+            pool.shutdown(wait=False, cancel_futures=True)
         sequential = completions if launch.parallel == 1 else [ask(client, ids) for ids in prompts]
         command = server.command()
         progress(f"{label}: done")
@@ -184,6 +188,21 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
         "warnings": list(launch.warnings),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+REPORT_KEYS = ("prompts", "mean_acceptance_length", "divergences")
+_REPORT_MAX_BYTES = 256 << 20
+
+
+def is_report(path: Path) -> bool:
+    """Whether `path` holds a report `validate --json` wrote (what a new report may replace)."""
+    try:
+        if path.stat().st_size > _REPORT_MAX_BYTES:
+            return False
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and all(key in data for key in REPORT_KEYS)
 
 
 def verdict(report: dict, strict: bool) -> int:

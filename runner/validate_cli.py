@@ -11,9 +11,10 @@ import click
 from ..errors import DflashError
 from ..extras import require
 from ..options import GGUF, ServerArgsCommand, build_options, draft_option, json_option, target_option
+from ..outputs import Input, Output, Replace, check_outputs, write_text
 from .compare import DEFAULT_TIE_TOLERANCE
 from .prompts import BUILTIN_PROMPTS, read_prompts
-from .validate import ValidationSettings, validate, verdict
+from .validate import ValidationSettings, is_report, validate, verdict
 
 
 def exactness(report: dict) -> str:
@@ -109,6 +110,11 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
         raise DflashError("--reference-draft and --reference-target go together")
     if reference_draft is not None:
         require("reference", "--reference-draft")
+    check_outputs([Output(report_file, "--report", Replace.OWNED, owned=is_report, what="report")]
+                  if report_file is not None else [],
+                  [Input(target, "--target"), Input(draft, "--draft"), Input(prompts_file, "--prompts"),
+                   Input(baseline, "--baseline"), Input(reference_draft, "--reference-draft"),
+                   Input(reference_target, "--reference-target")])
     prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
     settings = ValidationSettings(n_predict=n_predict, parallel=parallel, temperature=temperature,
                                   tie_tolerance=tie_tolerance, threads=threads, backend=backend,
@@ -119,7 +125,7 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
     for message in report["warnings"]:
         click.echo(f"warning: {message}", err=True)
     if report_file is not None:
-        report_file.write_text(json.dumps(report, indent=2))
+        write_text(report_file, json.dumps(report, indent=2))
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:

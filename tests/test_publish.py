@@ -134,16 +134,35 @@ def _publish(*args, env: dict, verbose: bool = False) -> subprocess.CompletedPro
                            *map(str, args)], check=False, capture_output=True, text=True, env=env)
 
 
-def _folder(path: Path, front: str = "license: apache-2.0\nbase_model: z-lab/x\n", extra: dict | None = None) -> Path:
+def tiny_gguf(path: Path, n: int, license: str | None = None) -> Path:
+    """A small real GGUF (publish reads each drafter's general.license)."""
+    from gguf import GGMLQuantizationType, GGUFValueType
+
+    from dflash_gguf.convert.gguf_file import KV, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
+
+    plan = GGUFPlan()
+    plan.add_kv([KV("general.architecture", GGUFValueType.STRING, "dflash")])
+    if license is not None:
+        plan.add_kv([KV("general.license", GGUFValueType.STRING, license)])
+    data = bytes(range(256)) * n
+    plan.tensors.append(PlannedTensor(TensorInfo("fc.weight", (len(data) // 4,), GGMLQuantizationType.F32),
+                                      lambda: [data]))
+    write_gguf(plan, path)
+    return path
+
+
+def _folder(path: Path, front: str = "license: apache-2.0\nbase_model: z-lab/x\n", extra: dict | None = None,
+            gguf_license: str | None = None) -> Path:
     path.mkdir(parents=True)
-    (path / "README.md").write_text(f"---\n{front}---\n# card\n")
-    (path / "dflash-Tiny-F16.gguf").write_bytes(b"GGUF" + bytes(range(256)) * 4)
-    (path / "dflash-Tiny-Q8_0.gguf").write_bytes(b"GGUF" + b"\x01" * 333)
+    tiny_gguf(path / "dflash-Tiny-F16.gguf", 4, gguf_license)
+    tiny_gguf(path / "dflash-Tiny-Q8_0.gguf", 1, gguf_license)
     (path / "LICENSE").write_text("license text\n")
     (path / ".cache").mkdir()
     (path / ".cache" / "junk").write_text("not part of the release")
     for name, data in (extra or {}).items():
         (path / name).write_text(data)
+    listed = "\n".join(f"- [{p.name}](./{p.name})" for p in sorted(path.iterdir()) if not p.name.startswith("."))
+    (path / "README.md").write_text(f"---\n{front}---\n# card\n\n{listed}\n")
     return path
 
 
@@ -237,7 +256,8 @@ def test_library_call_with_an_explicit_endpoint(hub, tmp_path):
     assert result.commit_url == f"{hub.url}/org/model/commit/{1:040x}"
     (commit,) = hub.commits["org/model"]
     assert commit[0]["value"]["summary"] == "first release"
-    assert "- dflash-Tiny-Q8_0.gguf (337 bytes)" in commit[0]["value"]["description"]
+    size = (folder / "dflash-Tiny-Q8_0.gguf").stat().st_size
+    assert f"- dflash-Tiny-Q8_0.gguf ({size} bytes)" in commit[0]["value"]["description"]
 
 
 # -- refusals: checked before the network -----------------------------------------------------------

@@ -182,7 +182,7 @@ def test_other_license_with_a_relative_link_ships_that_file(drafter_copy, target
     assert (meta["license_name"], meta["license_link"]) == ("acme-model-license", "LICENSE.md")
     assert (out / "LICENSE.md").read_text() == "ACME terms\n"
     with GGUFFile(next(out.glob("*.gguf"))) as f:
-        assert f.get("general.license") == "acme-model-license"
+        assert (f.get("general.license"), f.get("general.license.name")) == ("other", "acme-model-license")
 
 
 def test_other_license_link_in_a_subfolder_lands_at_the_root(drafter_copy, target_gguf, tmp_path):
