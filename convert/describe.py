@@ -81,7 +81,7 @@ class DrafterDescription:
         if self.variant is None:
             raise CheckpointError(
                 f"{path}: general.architecture is {self.architecture!r}, not {ARCH!r}: not a DFlash drafter "
-                "(is it the target? the drafter goes to --draft)")
+                "(were target and drafter swapped? the drafter goes to --draft)")
         if self.hidden is None or not self.target_layers_hf:
             missing = DFlash.EMBEDDING_LENGTH if self.hidden is None else DFlash.TARGET_LAYERS
             raise CheckpointError(f"{path}: key {missing} is missing; re-convert the drafter with dflash-gguf convert")
