@@ -43,7 +43,7 @@ def test_widened_target_decodes_the_originals_tokens_with_a_drafter(trained, lla
     prompts.write_text("".join(trained["prompts"].read_text().splitlines(keepends=True)[:3]))
     out = tmp_path / "report.json"
     proc = dflash_gguf("validate", "--target", wide, "--draft", trained["dflash2"], "--baseline", trained["target"],
-                       "--prompts", prompts, "-n", "64", "--backend", "cpu", "--json", out)
+                       "--prompts", prompts, "-n", "64", "--backend", "cpu", "--report", out)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     assert not any(d["kind"] == "mismatch" for d in report["divergences"])
