@@ -222,7 +222,7 @@ def _row(report: dict) -> dict:
     return {"exact": report["exact"], "divergences": [d.get("kind") for d in report["divergences"]],
             "prompts": len(report["prompts"]),
             "divergence_at": [{"prompt": d["prompt"][:32], "position": d.get("position"), "kind": d.get("kind"),
-                               "margin": d.get("top2_margin")} for d in report["divergences"]],
+                               "margin": d.get("margin")} for d in report["divergences"]],
             "tau": report["mean_acceptance_length"], "acceptance_rate": report["acceptance_rate"],
             "drafted": report["drafted"], "accepted": report["accepted"], "produced": report["produced"],
             "tps_target": report["tokens_per_second"]["target"],

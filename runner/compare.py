@@ -12,19 +12,20 @@ import numpy as np
 TIE = "tie"
 MISMATCH = "mismatch"
 
-# Logit gap below which the target's top two tokens count as a floating-point near-tie: batched
+# Logit gap to the target's argmax below which an emitted token counts as a floating-point near-tie: batched
 # verification is not bit-identical to one-token decoding on some back-ends (llama.cpp #27407,
 # #25618), and such a gap can flip the argmax without any bug.
 DEFAULT_TIE_TOLERANCE = 0.05
 
 
 @dataclass
-class Divergence:
+class Finding:
+    """A position where the emitted token is not the target's argmax (teacher-forced logits)."""
+
     position: int  # index into the new tokens
-    speculative_token: int | None  # None: the speculative run stopped here
-    target_token: int | None  # None: the target-only run stopped here
-    top2_margin: float | None  # target's logit(top1) - logit(top2) at that position
-    both_in_top2: bool  # the two diverging tokens are the target's top two, in either order
+    speculative_token: int  # what the speculative run emitted
+    target_token: int  # the target's argmax there
+    margin: float  # logit(target_token) - logit(speculative_token), >= 0
     kind: str  # TIE or MISMATCH
 
     def to_dict(self) -> dict:
@@ -39,20 +40,26 @@ def first_divergence(speculative: list[int], target: list[int]) -> int | None:
     return None if len(speculative) == len(target) else min(len(speculative), len(target))
 
 
-def classify(logits: np.ndarray | None, position: int, speculative: list[int], target: list[int],
-             tolerance: float = DEFAULT_TIE_TOLERANCE) -> Divergence:
-    """A divergence is a tie when the two diverging tokens are the target's top two and their logit
-    gap is below `tolerance`; anything else is a mismatch. Either order counts: the logits here are
-    computed by a separate, unbatched pass, which may itself land on the other side of the tie."""
-    spec_tok = speculative[position] if position < len(speculative) else None
-    tgt_tok = target[position] if position < len(target) else None
-    margin, both = None, False
-    if logits is not None:
-        order = np.argsort(logits)[::-1][:2]
-        margin = float(logits[order[0]] - logits[order[1]])
-        both = {int(order[0]), int(order[1])} == {spec_tok, tgt_tok}
-    kind = TIE if both and margin is not None and margin < tolerance else MISMATCH
-    return Divergence(position, spec_tok, tgt_tok, margin, both, kind)
+def check_tokens(logits: np.ndarray, tokens: list[int], tolerance: float = DEFAULT_TIE_TOLERANCE) -> list[Finding]:
+    """Every emitted token against the target's logits for its position (row i predicts tokens[i]).
+
+    A token that is the argmax passes; one whose logit is within `tolerance` of the argmax's is a
+    `tie` (a floating-point near-tie: the teacher-forced pass is batched, the run that emitted
+    the token was not, or the other way round); anything else a `mismatch`."""
+    if len(logits) != len(tokens):
+        raise ValueError(f"{len(logits)} rows of logits for {len(tokens)} tokens")
+    findings = []
+    if not tokens:
+        return findings
+    rows = np.asarray(logits, dtype=np.float32)
+    emitted = np.asarray(tokens, dtype=np.int64)
+    best = rows.argmax(axis=1)
+    margins = rows[np.arange(len(rows)), best] - rows[np.arange(len(rows)), emitted]
+    for i in np.flatnonzero(margins > 0):
+        margin = float(margins[i])
+        findings.append(Finding(int(i), int(emitted[i]), int(best[i]), margin,
+                                TIE if margin < tolerance else MISMATCH))
+    return findings
 
 
 def mean_acceptance_length(produced: int, accepted: int, requests: int = 0) -> float:

@@ -2,10 +2,11 @@
 
 The patched llama-server runs the same prompts (as token ids) twice, with the drafter and without,
 greedy, each started by the launch recipe `serve` uses (runner/launch.py) with the user's own
-arguments; validate adds only a context size when none is given, and its report says so. Token ids
-are compared; at a first divergence the target's own logits there (computed
-in-process through llama-cpp-python on the same patched libllama) tell a floating-point near-tie
-from a real mismatch. Acceptance comes from the server's per-request `timings`; speed from a
+arguments; validate adds only a context size when none is given, and its report says so. Every
+token the speculative run emitted is then checked against the target's own logits at its position
+(one teacher-forced pass, in-process through llama-cpp-python on the same patched libllama): the
+argmax passes, a token within the tie tolerance of it is a floating-point near-tie, anything else a
+mismatch. Acceptance comes from the server's per-request `timings`; speed from a
 sequential pass of each server on the same build and prompts.
 """
 
@@ -24,6 +25,7 @@ from . import compare
 from .build import find_bin_dir
 from .client import Completion, LlamaClient
 from .launch import CTX_SIZE, Launch, launch_recipe
+from .teacher_forcing import TeacherForcing
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
@@ -121,21 +123,6 @@ def _tokenize(client: LlamaClient, prompts: Sequence[str]) -> list[list[int]]:
     return ids
 
 
-def _divergence_logits(target: Path, prompt: list[int], prefix: list[int], bin_dir: Path):
-    """The target's logits for the token after prompt+prefix, computed alone (no batching)."""
-    import numpy as np
-
-    from .engine import load_model
-
-    llm = load_model(target, bin_dir=bin_dir, n_ctx=len(prompt) + len(prefix) + 8, logits_all=True, n_threads=2)
-    try:
-        llm.reset()
-        llm.eval(prompt + prefix)
-        return np.array(llm.scores[len(prompt) + len(prefix) - 1], dtype=np.float32)
-    finally:
-        llm.close()
-
-
 def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], settings: ValidationSettings,
              baseline: str | Path | None = None, progress: Progress | None = None) -> dict:
     """Run both servers and build the report (the JSON `--json` prints and `--report` writes)."""
@@ -151,16 +138,18 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
                                           progress)
 
     results, divergences = [], []
-    for text, ids, s, t in zip(prompts, prompt_ids, spec.completions, alone.completions):
-        position = compare.first_divergence(s.tokens, t.tokens)
-        entry = {"prompt": text, "exact": position is None, "tokens": len(t.tokens),
-                 "draft_n": s.draft_n, "draft_n_accepted": s.draft_n_accepted, "first_divergence": None}
-        if position is not None:
-            logits = _divergence_logits(baseline, ids, t.tokens[:position], bin_dir)
-            d = compare.classify(logits, position, s.tokens, t.tokens, settings.tie_tolerance)
-            entry["first_divergence"] = d.to_dict()
-            divergences.append({"prompt": text, **d.to_dict()})
-        results.append(entry)
+    n_ctx = max(len(ids) for ids in prompt_ids) + settings.n_predict + 1
+    with TeacherForcing(baseline, n_ctx, bin_dir=bin_dir, threads=settings.threads) as forced:
+        progress(f"checking every emitted token against {baseline.name}'s own logits (teacher-forced)")
+        for text, ids, s, t in zip(prompts, prompt_ids, spec.completions, alone.completions):
+            findings = forced.check(ids, s.tokens, settings.tie_tolerance)
+            kinds = [f.kind for f in findings]
+            results.append({"prompt": text, "exact": s.tokens == t.tokens, "tokens": len(t.tokens),
+                            "produced": s.n_predicted, "positions_checked": len(s.tokens),
+                            "first_divergence": compare.first_divergence(s.tokens, t.tokens),
+                            "ties": kinds.count(compare.TIE), "mismatches": kinds.count(compare.MISMATCH),
+                            "draft_n": s.draft_n, "draft_n_accepted": s.draft_n_accepted})
+            divergences += [{"prompt": text, **f.to_dict()} for f in findings]
 
     totals = spec.totals()
     reference = _reference_parity(settings, prompt_ids, progress)
@@ -174,6 +163,7 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
             totals["produced"], totals["accepted"], len(prompt_ids)), 4),
         "acceptance_rate": round(compare.acceptance_rate(totals["drafted"], totals["accepted"]), 4),
         "drafted": totals["drafted"], "accepted": totals["accepted"], "produced": totals["produced"],
+        "positions_checked": sum(r["positions_checked"] for r in results),
         "tokens_per_second": {"target": round(tps_target, 2), "speculative": round(tps_spec, 2)},
         "speedup": round(tps_spec / tps_target, 3) if tps_target else None,
         "divergences": divergences,
@@ -206,8 +196,9 @@ def is_report(path: Path) -> bool:
 
 
 def verdict(report: dict, strict: bool) -> int:
-    """Exit status: 0 when every prompt is exact (ties allowed unless strict), 1 otherwise."""
+    """Exit status: 0 when every emitted token was checked and is the target's (ties allowed unless
+    strict), 1 otherwise."""
     kinds = {d["kind"] for d in report["divergences"]}
     if compare.MISMATCH in kinds or (strict and compare.TIE in kinds):
         return 1
-    return 0
+    return 0 if report.get("positions_checked") == report.get("produced") else 1

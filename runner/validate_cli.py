@@ -27,19 +27,22 @@ def exactness(report: dict) -> str:
 
 
 def _print_table(report: dict) -> None:
-    click.echo(f"{'#':>2}  {'result':<9} {'tokens':>6} {'drafted':>7} {'accepted':>8}  prompt")
+    click.echo(f"{'#':>2}  {'result':<9} {'tokens':>6} {'ties':>4} {'drafted':>7} {'accepted':>8}  prompt")
     for i, r in enumerate(report["prompts"], 1):
-        d = r["first_divergence"]
-        result = "exact" if r["exact"] else d["kind"]
+        result = "mismatch" if r["mismatches"] else "tie" if r["ties"] else "exact"
         prompt = r["prompt"].replace("\n", "\\n")[:48]
-        click.echo(f"{i:>2}  {result:<9} {r['tokens']:>6} {r['draft_n']:>7} {r['draft_n_accepted']:>8}  {prompt}")
-        if d:
-            margin = "n/a" if d["top2_margin"] is None else f"{d['top2_margin']:.4f}"
-            click.echo(f"    first divergence at new token {d['position']}: speculative {d['speculative_token']} "
-                       f"vs target {d['target_token']} (target top-2 margin {margin})")
+        click.echo(f"{i:>2}  {result:<9} {r['positions_checked']:>6} {r['ties']:>4} {r['draft_n']:>7} "
+                   f"{r['draft_n_accepted']:>8}  {prompt}")
+        for d in report["divergences"]:
+            if d["prompt"] == r["prompt"]:
+                click.echo(f"    {d['kind']} at new token {d['position']}: speculative {d['speculative_token']}, "
+                           f"target's argmax {d['target_token']} (logit margin {d['margin']:.4f})")
+        if not r["exact"]:
+            click.echo(f"    the target-alone run's tokens differ from new token {r['first_divergence']} on")
     tps = report["tokens_per_second"]
     click.echo("")
     click.echo(f"exact output            {exactness(report)}")
+    click.echo(f"tokens checked          {report['positions_checked']} of {report['produced']} produced")
     click.echo(f"mean acceptance length  {report['mean_acceptance_length']:.3f} tokens per target step (tau)")
     if report.get("reference"):
         click.echo(f"  reference (PyTorch)   {report['reference']['mean_acceptance_length']:.3f}")
@@ -68,7 +71,7 @@ def _print_table(report: dict) -> None:
 @click.option("--temperature", type=float, default=0.0, show_default=True,
               help="Sampling temperature; token-level exactness is defined for greedy decoding, so only 0.")
 @click.option("--tie-tolerance", type=float, default=DEFAULT_TIE_TOLERANCE, show_default=True,
-              help="Target top-2 logit gap below which a divergence is a numerical tie, not a mismatch.")
+              help="Logit gap to the target's argmax below which an emitted token is a numerical tie, not a mismatch.")
 @click.option("--strict", is_flag=True, help="Fail on ties too.")
 @click.option("--baseline", type=GGUF,
               help="Compare against this model alone instead of TARGET (e.g. an F16 copy of a quantized target).")
@@ -86,11 +89,14 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
                      report_file, server_args) -> None:
     """Prove a drafter is lossless in llama.cpp, and measure what it buys.
 
-    Runs the patched llama-server on the same prompts (as token ids) with the drafter and
-    without it, greedy, N new tokens each, P requests in flight, and compares token ids. A
-    prompt is exact, or reports its first divergence: position, both tokens, and the target's
-    top-2 logit margin there (computed alone, in-process); a margin under --tie-tolerance with
-    the speculative token as the runner-up is a numerical `tie`, anything else a `mismatch`.
+    Runs the patched llama-server on the same prompts (as token ids) with the drafter and without
+    it, greedy, N new tokens each, P requests in flight. Then every token the speculative run
+    emitted is checked against the target's own logits at its position, from one teacher-forced
+    pass of the target over prompt + speculative output (in-process, on the same patched build):
+    the target's argmax passes; a token whose logit is within --tie-tolerance of the argmax's is a
+    numerical `tie`; anything else a `mismatch`. Every tie and mismatch is listed with its
+    position and margin; the report counts the positions checked, which must equal the tokens
+    produced. Whether each prompt's tokens are identical to the target-alone run is reported too.
 
     The servers are started as `serve` starts them, with the arguments after `--` (your
     deployment: e.g. -- -ctkd q8_0 -fa on -np 8); validate adds only a context size that fits
@@ -101,8 +107,8 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
     second for the target alone and with the drafter (each measured one prompt at a time on the
     same build) and their ratio.
 
-    Exit status: 0 when every prompt is exact (ties allowed unless --strict), 1 on a mismatch,
-    2 on bad input.
+    Exit status: 0 when every emitted token is the target's (ties allowed unless --strict), 1 on
+    a mismatch, 2 on bad input.
     """
     if temperature != 0:
         raise DflashError("--temperature: validate compares token ids, which is defined for greedy decoding; use 0")

@@ -40,8 +40,10 @@ def test_exact_for_every_variant(drafter, parallel, converted, target_gguf, prom
                            "speedup", "divergences", "llama"}
     assert len(report["prompts"]) == 3
     for p in report["prompts"]:
-        assert set(p) >= {"prompt", "exact", "tokens", "first_divergence"}
+        assert set(p) >= {"prompt", "exact", "tokens", "first_divergence", "ties", "mismatches"}
         assert p["tokens"] == int(N)
+        assert p["positions_checked"] == p["produced"] == int(N)  # every emitted token checked
+    assert report["positions_checked"] == report["produced"] == 3 * int(N)
     assert report["drafted"] > 0, "the drafter never drafted"
     assert report["mean_acceptance_length"] >= 1.0 and 0.0 <= report["acceptance_rate"] <= 1.0
     assert report["tokens_per_second"]["target"] > 0 and report["tokens_per_second"]["speculative"] > 0
@@ -70,6 +72,8 @@ def test_a_run_that_is_not_lossless_fails_with_a_mismatch(converted, target_gguf
     assert not report["exact"]
     mismatches = [d for d in report["divergences"] if d["kind"] == "mismatch"]
     assert mismatches and all(d["speculative_token"] != d["target_token"] for d in mismatches)
+    assert all(d["margin"] >= report["settings"]["tie_tolerance"] for d in mismatches)
+    assert report["positions_checked"] == report["produced"]
     assert "mismatch" in proc.stdout
 
 
