@@ -100,7 +100,7 @@ def _run_server(launch: Launch, prompts: list[list[int]] | Sequence[str], settin
     with launch.server(bin_dir=bin_dir) as server:
         client = server.client
         if prompts and isinstance(prompts[0], str):
-            prompts = _tokenize(client, prompts)
+            prompts = tokenize_prompts(client, prompts)
         progress(f"{label}: server up at {client.url}; {len(prompts)} prompts, {launch.parallel} in flight")
         ask(client, prompts[0][:8])  # warm-up, not measured
         pool = ThreadPoolExecutor(max_workers=launch.parallel)
@@ -115,12 +115,20 @@ def _run_server(launch: Launch, prompts: list[list[int]] | Sequence[str], settin
     return ServerRun(completions, sequential), prompts, command
 
 
-def _tokenize(client: LlamaClient, prompts: Sequence[str]) -> list[list[int]]:
+def tokenize_prompts(client: LlamaClient, prompts: Sequence[str]) -> list[list[int]]:
     ids = [client.tokenize(p, add_special=True, parse_special=True) for p in prompts]
     for prompt, tokens in zip(prompts, ids):
         if not tokens:
             raise DflashError(f"prompt {prompt[:40]!r} tokenizes to nothing; give a non-empty prompt")
     return ids
+
+
+def build_info(bin_dir: Path, backend: str | None) -> dict:
+    """Which patched build ran: backend, build key, bin folder."""
+    manifest = bin_dir.parent / "build.json"
+    build = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    return {"backend": build.get("backend", backend), "build": build.get("key", bin_dir.parent.name),
+            "bin": str(bin_dir)}
 
 
 def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], settings: ValidationSettings,
@@ -154,8 +162,6 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
     totals = spec.totals()
     reference = _reference_parity(settings, prompt_ids, progress)
     tps_target, tps_spec = alone.tokens_per_second(), spec.tokens_per_second()
-    manifest = bin_dir.parent / "build.json"
-    build = json.loads(manifest.read_text()) if manifest.is_file() else {}
     return {
         "exact": all(r["exact"] for r in results),
         "prompts": results,
@@ -172,8 +178,7 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
                      "draft_max": launch.draft_length, "baseline": str(baseline)},
         # serve's recipe, the user's arguments after --, and what validate added for measuring
         "launch": {**launch.summary(), "speculative_command": spec_command, "target_command": alone_command},
-        "llama": {"backend": build.get("backend", settings.backend), "build": build.get("key", bin_dir.parent.name),
-                  "bin": str(bin_dir)},
+        "llama": build_info(bin_dir, settings.backend),
         "reference": reference,
         "warnings": list(launch.warnings),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

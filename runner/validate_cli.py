@@ -14,7 +14,10 @@ from ..options import GGUF, ServerArgsCommand, build_options, draft_option, json
 from ..outputs import Input, Output, Replace, check_outputs, write_text
 from .compare import DEFAULT_TIE_TOLERANCE
 from .prompts import BUILTIN_PROMPTS, read_prompts
+from .distribution import DEFAULT_ALPHA
 from .validate import ValidationSettings, is_report, validate, verdict
+from .validate_sampled import Sampling, validate_distribution
+from .validate_sampled import verdict as sampled_verdict
 
 
 def exactness(report: dict) -> str:
@@ -59,17 +62,43 @@ def _print_table(report: dict) -> None:
         click.echo(f"  added for measuring   {' '.join(launch['added'])} (room in every slot for the prompts)")
 
 
+def _print_distribution(report: dict) -> None:
+    d, prompts = report["distribution"], report["prompts"]
+    relation = "<" if d["verdict"] == "different" else ">="
+    click.echo(f"distribution            {d['verdict']} (p = {d['p_value']:.3g} {relation} alpha {d['alpha']:g}; "
+               f"{d['tests']} prompt x position tests, {d['samples']} samples per set)")
+    for t in d["differing"][:10]:
+        prompt = prompts[t["prompt"]]["prompt"].replace("\n", "\\n")[:40]
+        click.echo(f"  differs at new token {t['position']} of prompt {t['prompt'] + 1} "
+                   f"(p = {t['p_value']:.3g}): {prompt}")
+    click.echo(f"mean acceptance length  {report['mean_acceptance_length']:.3f} tokens per target step (tau)")
+    click.echo(f"acceptance rate         {report['acceptance_rate']:.3f} ({report['accepted']} / {report['drafted']})")
+    click.echo(f"llama.cpp               {report['llama']['backend']} build {report['llama']['build']}")
+
+
 @click.command("validate", cls=ServerArgsCommand)
 @target_option()
 @draft_option()
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help=r"One prompt per line (\n for a newline). Default: a built-in mix of code, math, prose and chat.")
 @click.option("-n", "--n-predict", "n_predict", type=click.IntRange(1, 4096), default=64, show_default=True,
-              help="New tokens per prompt.")
+              help="New tokens per prompt (greedy; --positions with --temperature).")
 @click.option("--parallel", "-np", type=click.IntRange(1, 64), default=None,
               help="Requests in flight, one per llama-server slot. Default: 1, or -np given after --.")
-@click.option("--temperature", type=float, default=0.0, show_default=True,
-              help="Sampling temperature; token-level exactness is defined for greedy decoding, so only 0.")
+@click.option("--temperature", type=click.FloatRange(0.0), default=0.0, show_default=True,
+              help="0: greedy, every token checked. Above 0: the distribution test (see below).")
+@click.option("--top-k", type=click.IntRange(0), help="With --temperature: top-k sampling (default 0, off).")
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True),
+              help="With --temperature: top-p sampling (default 1.0, off).")
+@click.option("--min-p", type=click.FloatRange(0.0, 1.0), help="With --temperature: min-p sampling (default 0.0, off).")
+@click.option("--samples", type=click.IntRange(10), help="With --temperature: continuations per prompt with and "
+              f"without the drafter (default {Sampling.samples}).")
+@click.option("--positions", type=click.IntRange(1, 256), help="With --temperature: tokens per continuation, each "
+              f"position tested (default {Sampling.positions}).")
+@click.option("--seed", type=click.IntRange(0), help="With --temperature: first seed; every request gets its own "
+              "(default 0).")
+@click.option("--alpha", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
+              help=f"With --temperature: significance level of the test (default {DEFAULT_ALPHA}).")
 @click.option("--tie-tolerance", type=float, default=DEFAULT_TIE_TOLERANCE, show_default=True,
               help="Logit gap to the target's argmax below which an emitted token is a numerical tie, not a mismatch.")
 @click.option("--strict", is_flag=True, help="Fail on ties too.")
@@ -84,9 +113,9 @@ def _print_table(report: dict) -> None:
 @json_option
 @click.option("--report", "report_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the full report as JSON to this file.")
-def validate_command(target, draft, prompts_file, n_predict, parallel, temperature, tie_tolerance, strict,
-                     baseline, backend, llama_bin, threads, reference_draft, reference_target, as_json,
-                     report_file, server_args) -> None:
+def validate_command(target, draft, prompts_file, n_predict, parallel, temperature, top_k, top_p, min_p, samples,
+                     positions, seed, alpha, tie_tolerance, strict, baseline, backend, llama_bin, threads,
+                     reference_draft, reference_target, as_json, report_file, server_args) -> None:
     """Prove a drafter is lossless in llama.cpp, and measure what it buys.
 
     Runs the patched llama-server on the same prompts (as token ids) with the drafter and without
@@ -102,6 +131,10 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
     deployment: e.g. -- -ctkd q8_0 -fa on -np 8); validate adds only a context size that fits
     the prompts in every slot, when none is given, and the report says what it added.
 
+    The servers are started as `serve` starts them, with the arguments after `--` (your
+    deployment: e.g. -- -ctkd q8_0 -fa on -np 8); validate adds only a context size that fits
+    the prompts in every slot, when none is given, and the report says what it added.
+
     Also reports the mean acceptance length tau (tokens per target verification step, bonus
     included, prefill tokens left out), the acceptance rate (accepted / drafted), tokens per
     second for the target alone and with the drafter (each measured one prompt at a time on the
@@ -109,13 +142,18 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
 
     Exit status: 0 when every emitted token is the target's (ties allowed unless --strict), 1 on
     a mismatch, 2 on bad input.
+
+    With --temperature T > 0 speculative decoding promises the target's distribution, not its
+    tokens, and validate tests that instead: every prompt gets --samples continuations of
+    --positions tokens with the drafter and as many without (each request its own seed, the same
+    T, top-k, top-p and min-p). At each position of each prompt, Pearson's chi-square test of
+    homogeneity compares the token counts of the two sets (tokens seen fewer than 10 times there
+    pooled into one class, so every expected count is at least 5; a position where every
+    continuation has the same token is not tested); Holm's correction over all those tests keeps
+    the chance of any false alarm at or below --alpha. The report's `distribution` gives the
+    test, samples, positions, the smallest corrected p-value and the verdict, "same" or
+    "different", with the positions that differ. Exit 1 on "different".
     """
-    if temperature != 0:
-        raise DflashError("--temperature: validate compares token ids, which is defined for greedy decoding; use 0")
-    if (reference_draft is None) != (reference_target is None):
-        raise DflashError("--reference-draft and --reference-target go together")
-    if reference_draft is not None:
-        require("reference", "--reference-draft")
     check_outputs([Output(report_file, "--report", Replace.OWNED, owned=is_report, what="report")]
                   if report_file is not None else [],
                   [Input(target, "--target"), Input(draft, "--draft"), Input(prompts_file, "--prompts"),
@@ -126,8 +164,33 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
                                   tie_tolerance=tie_tolerance, threads=threads, backend=backend,
                                   llama_bin=llama_bin, server_args=list(server_args),
                                   reference_draft=reference_draft, reference_target=reference_target)
-    report = validate(target, draft, prompts, settings, baseline,
-                      progress=lambda msg: click.echo(msg, err=True))
+    sampling_options = {"--top-k": top_k, "--top-p": top_p, "--min-p": min_p, "--samples": samples,
+                        "--positions": positions, "--seed": seed, "--alpha": alpha}
+    if temperature == 0:
+        given = [name for name, value in sampling_options.items() if value is not None]
+        if given:
+            raise DflashError(f"{given[0]}: a sampling option; give --temperature above 0 with it "
+                              "(greedy runs are checked token by token)")
+        if (reference_draft is None) != (reference_target is None):
+            raise DflashError("--reference-draft and --reference-target go together")
+        if reference_draft is not None:
+            require("reference", "--reference-draft")
+        report = validate(target, draft, prompts, settings, baseline, progress=lambda msg: click.echo(msg, err=True))
+        _write(report, as_json, report_file, _print_table)
+        sys.exit(verdict(report, strict))
+    for flag, used in (("--strict", strict), ("--reference-draft", reference_draft),
+                       ("--reference-target", reference_target)):
+        if used:
+            raise DflashError(f"{flag}: applies to greedy runs; leave it out with --temperature above 0")
+    chosen = {name[2:].replace("-", "_"): value for name, value in sampling_options.items() if value is not None}
+    sampling = Sampling(temperature=temperature, **chosen)
+    report = validate_distribution(target, draft, prompts, settings, sampling, baseline,
+                                   progress=lambda msg: click.echo(msg, err=True))
+    _write(report, as_json, report_file, _print_distribution)
+    sys.exit(sampled_verdict(report))
+
+
+def _write(report: dict, as_json: bool, report_file: Path | None, print_summary) -> None:
     for message in report["warnings"]:
         click.echo(f"warning: {message}", err=True)
     if report_file is not None:
@@ -135,8 +198,6 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
-        _print_table(report)
-    sys.exit(verdict(report, strict))
-
+        print_summary(report)
 
 commands = [validate_command]

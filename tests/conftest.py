@@ -90,3 +90,11 @@ def drafter_copy(fixtures: Path, tmp_path: Path):
         shutil.copytree(fixtures / name, dst)
         return dst
     return copy
+
+
+@pytest.fixture(scope="session")
+def trained_pair(tmp_path_factory, llama_bin) -> dict[str, Path]:
+    """The committed trained pair as GGUF files: target, dflash, dflash2 and prompts (held-out)."""
+    from tests.fixtures.trained_gguf import trained_ggufs
+
+    return trained_ggufs(tmp_path_factory.mktemp("trained"))
