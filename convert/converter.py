@@ -262,25 +262,31 @@ def _finite(ckpt: DrafterCheckpoint, name: str, value) -> float | None:
     return cv.optional_number(ckpt.config_path, name, value)
 
 
-def _sliding_window_metadata(ckpt: DrafterCheckpoint, w: gguf.GGUFWriter) -> None:
+def sliding_window(ckpt: DrafterCheckpoint) -> tuple[int, list[bool]] | None:
+    """The checkpoint's attention window and which layers use it; None without sliding-window layers."""
     cfg, src = ckpt.config, ckpt.config_path
     use_swa_everywhere = cv.boolean(src, "dflash_config.use_swa", ckpt.dflash_config.get("use_swa", False))
     window = (cv.optional_integer(src, "dflash_config.swa_window_size", ckpt.dflash_config.get("swa_window_size"))
               or cv.optional_integer(src, "sliding_window", cfg.get("sliding_window"), hi=1 << 31))
     if not ((cv.optional_boolean(src, "use_sliding_window", cfg.get("use_sliding_window")) or use_swa_everywhere)
             and window):
-        return
+        return None
     layer_types = cv.string_list(src, "layer_types", cfg.get("layer_types"))
     if use_swa_everywhere:
-        pattern = [True] * ckpt.n_layers
-    else:
-        if len(layer_types) != ckpt.n_layers:
-            raise CheckpointError(
-                f"{ckpt.config_path}: 'layer_types' has {len(layer_types)} entries for {ckpt.n_layers} layers; "
-                "give one per layer")
-        pattern = [t == "sliding_attention" for t in layer_types]
-    w.add_uint32(DFlash.SLIDING_WINDOW, int(window))
-    w.add_array(DFlash.SLIDING_WINDOW_PATTERN, pattern)
+        return int(window), [True] * ckpt.n_layers
+    if len(layer_types) != ckpt.n_layers:
+        raise CheckpointError(
+            f"{ckpt.config_path}: 'layer_types' has {len(layer_types)} entries for {ckpt.n_layers} layers; "
+            "give one per layer")
+    return int(window), [t == "sliding_attention" for t in layer_types]
+
+
+def _sliding_window_metadata(ckpt: DrafterCheckpoint, w: gguf.GGUFWriter) -> None:
+    found = sliding_window(ckpt)
+    if found is not None:
+        window, pattern = found
+        w.add_uint32(DFlash.SLIDING_WINDOW, window)
+        w.add_array(DFlash.SLIDING_WINDOW_PATTERN, pattern)
 
 
 def plan_conversion(src: str | Path, target: str | Path | TargetInfo, outtype: str = "auto",

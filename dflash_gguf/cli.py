@@ -79,9 +79,11 @@ def _register() -> None:
     from .convert.cli import commands as convert_commands
     from .quantize.cli import commands as quantize_commands
     from .runner.cli import commands as llama_commands
+    from .runner.doctor_cli import commands as doctor_commands
     from .runner.serve_cli import commands as serve_commands
     from .runner.validate_cli import commands as validate_commands
-    for command in convert_commands + llama_commands + serve_commands + validate_commands + quantize_commands:
+    groups = (convert_commands, llama_commands, serve_commands, validate_commands, doctor_commands, quantize_commands)
+    for command in [c for group in groups for c in group]:
         main.add_command(command)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from dflash_gguf.convert.gguf_file import GGUFFile
+from dflash_gguf.convert.gguf_file import KV, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
 
 
 def scaled_copy(src: Path, dst: Path, tensor: str, factor: float) -> Path:
@@ -24,4 +24,24 @@ def scaled_copy(src: Path, dst: Path, tensor: str, factor: float) -> Path:
     with open(dst, "r+b") as fh:
         fh.seek(offset)
         fh.write(values.astype(np.float32).tobytes())
+    return dst
+
+
+def edited_copy(src: Path, dst: Path, *, set_kv: tuple[KV, ...] = (), drop: tuple[str, ...] = (),
+                rename_prefix: tuple[str, str] | None = None) -> Path:
+    """`src` with metadata changed: entries set (added or replaced), dropped, or a key prefix renamed
+    (e.g. ("qwen3.", "qwen2.") with general.architecture set to qwen2); tensors copied as they are."""
+    with GGUFFile(src) as f:
+        plan = GGUFPlan()
+        for key, kv in f.kv.items():
+            if key in drop:
+                continue
+            if rename_prefix and key.startswith(rename_prefix[0]):
+                kv = KV(rename_prefix[1] + key[len(rename_prefix[0]):], kv.type, kv.value, kv.sub_type, kv.raw)
+            plan.add_kv([kv])
+        plan.add_kv(list(set_kv))
+        for name, info in f.tensors.items():
+            data = bytes(f.tensor_bytes(name))
+            plan.tensors.append(PlannedTensor(TensorInfo(name, info.shape, info.type), lambda data=data: [data]))
+        write_gguf(plan, dst)
     return dst

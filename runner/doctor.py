@@ -1,0 +1,208 @@
+"""`dflash-gguf doctor`: why is acceptance low, or the run slower than it should be?
+
+Each check looks for one known cause and says, in one line, how to fix it:
+
+- the files: a legacy `dflash-draft` fork file; drafter metadata older than what its family needs
+  (M-RoPE sections for a target that uses M-RoPE; the sliding-window keys when the checkpoint has
+  sliding-window layers, given with --checkpoint); anything else `inspect` finds wrong; a
+  tokenizer embedded in the drafter that is not the target's; target layer taps the target does
+  not record (its architecture records no layer inputs in the pinned llama.cpp, or the taps lie
+  beyond its depth);
+- the server arguments: a quantized draft KV cache (acceptance collapses, llama.cpp #25725),
+  `--spec-draft-p-min` above 0 (drafts cut short), many parallel slots (llama.cpp #27117);
+- a short measured run, launched as `serve` launches it with the same arguments: tau and the
+  acceptance at each draft position, against the tau of the drafter's release card (a README.md
+  beside the drafter file with the table `dflash-gguf release` writes) when there is one.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..convert import layout
+from ..convert.describe import describe
+from ..convert.gguf_file import GGUFFile
+from ..convert.keys import DFlash, Tokenizer
+from ..convert.target import load_target
+from ..errors import DflashError, TargetError
+from . import compare
+from .launch import check_pair, dflash_server
+
+log = logging.getLogger(__name__)
+
+# Target architectures whose graph records layer inputs for a drafter (`res->t_layer_inp[il]` in the
+# pinned tree's src/models/*.cpp, mapped to their general.architecture names through llama-model.cpp
+# and llama-arch.cpp). Another target runs, but a DFlash drafter gets nothing to read.
+RECORDING_ARCHS = frozenset({
+    "bailingmoe3", "deepseek4", "gemma3n", "gemma4", "gpt-oss", "hunyuan_vl", "lfm2", "llama", "mimo2",
+    "minimax-01", "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "qwen3", "qwen35", "qwen35moe",
+    "qwen3moe", "qwen3next", "qwen4exp",
+})
+FULL_PRECISION_CACHE = frozenset({"f32", "f16", "bf16"})
+MANY_SLOTS = 4
+CARD_TAU_SHORTFALL = 0.8  # a measured tau under this share of the card's is a finding
+CARD_NAME = "README.md"
+
+
+@dataclass
+class Finding:
+    check: str  # a short name: legacy-file, mrope-sections, sliding-window, tokenizer, ...
+    message: str  # what is wrong and the fix, one line
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _arg(args: Sequence[str], names: Sequence[str]) -> str | None:
+    """The value of the last of `names` in llama-server arguments (`--x v` or `--x=v`)."""
+    value = None
+    for i, arg in enumerate(args):
+        name, eq, inline = arg.partition("=")
+        if name in names:
+            value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return value
+
+
+def check_args(args: Sequence[str]) -> list[Finding]:
+    findings = []
+    for names in (("-ctkd", "--cache-type-k-draft", "--spec-draft-type-k"),
+                  ("-ctvd", "--cache-type-v-draft", "--spec-draft-type-v")):
+        kind = _arg(args, names)
+        if kind is not None and kind.lower() not in FULL_PRECISION_CACHE:
+            findings.append(Finding("draft-kv-cache", f"{names[0]} {kind}: a quantized draft KV cache collapses "
+                                    "acceptance (llama.cpp #25725); leave it at f16"))
+    p_min = _arg(args, ("--spec-draft-p-min", "--draft-p-min"))
+    try:
+        if p_min is not None and float(p_min) > 0:
+            findings.append(Finding("draft-p-min", f"--spec-draft-p-min {p_min}: drafts stop at the first token the "
+                                    "drafter is unsure of, so fewer are accepted per step; leave it at 0"))
+    except ValueError:
+        raise DflashError(f"--spec-draft-p-min {p_min!r}: not a number") from None
+    slots = _arg(args, ("-np", "--parallel"))
+    try:
+        if slots is not None and int(slots) >= MANY_SLOTS:
+            findings.append(Finding("parallel-slots", f"-np {slots}: acceptance drops with many slots decoding "
+                                    "together (llama.cpp #27117); use -np 1 or 2 for the fastest single stream"))
+    except ValueError:
+        raise DflashError(f"-np {slots!r}: not a number") from None
+    return findings
+
+
+def _tokens(path: Path) -> list[str] | None:
+    with GGUFFile(path) as f:
+        return f.get(Tokenizer.TOKENS)
+
+
+def check_files(target: Path, draft: Path, checkpoint: Path | None = None) -> list[Finding]:
+    """What is wrong with the drafter file, or with it beside this target."""
+    desc = describe(draft)
+    if desc.variant == layout.LEGACY:
+        return [Finding("legacy-file", f"{draft.name} is a legacy dflash-draft fork file, which mainline llama.cpp "
+                        f"refuses; migrate it: dflash-gguf convert {draft} -o NEW.gguf")]
+    findings = [Finding("drafter-metadata", f"{draft.name}: {p}") for p in desc.problems]
+    target_info = load_target(target)
+    with GGUFFile(target) as t:
+        target_arch = t.architecture
+    with GGUFFile(draft) as d:
+        has = set(d.kv)
+    if target_info.uses_mrope and DFlash.ROPE_DIMENSION_SECTIONS not in has:
+        findings.append(Finding("mrope-sections", f"{draft.name} has no {DFlash.ROPE_DIMENSION_SECTIONS} but "
+                                f"{target.name} uses M-RoPE (files converted before that key existed); re-convert "
+                                "it with `dflash-gguf convert`"))
+    if checkpoint is not None:
+        from ..convert.checkpoint import DrafterCheckpoint
+        from ..convert.converter import sliding_window
+
+        if sliding_window(DrafterCheckpoint(checkpoint)) is not None and DFlash.SLIDING_WINDOW not in has:
+            findings.append(Finding("sliding-window", f"{draft.name} has no {DFlash.SLIDING_WINDOW} keys but "
+                                    f"{checkpoint} has sliding-window layers, so they run with full attention; "
+                                    "re-convert it with `dflash-gguf convert`"))
+    target_tokens, draft_tokens = _tokens(target), _tokens(draft)
+    if draft_tokens is not None and target_tokens is not None and draft_tokens != target_tokens:
+        differ = next((i for i, (x, y) in enumerate(zip(draft_tokens, target_tokens)) if x != y),
+                      min(len(draft_tokens), len(target_tokens)))
+        findings.append(Finding("tokenizer", f"{draft.name} embeds another vocabulary than {target.name} "
+                                f"({len(draft_tokens)} vs {len(target_tokens)} tokens, first difference at id {differ}); "
+                                "re-convert the drafter with --target set to this target"))
+    if target_arch not in RECORDING_ARCHS:
+        findings.append(Finding("target-taps", f"{target.name} is a {target_arch!r} model, whose llama.cpp graph "
+                                "records no layer inputs for a drafter to read; use a target of the architecture "
+                                "the drafter was trained for"))
+    try:
+        check_pair(target, desc)
+    except TargetError as err:
+        findings.append(Finding("target-taps" if "target_layer_ids" in str(err) else "pair", str(err)))
+    except DflashError as err:
+        findings.append(Finding("pair", str(err)))
+    return findings
+
+
+def card_tau(draft: Path) -> float | None:
+    """tau for this file in the release card beside it (the table `dflash-gguf release` writes)."""
+    card = draft.parent / CARD_NAME
+    if not card.is_file():
+        return None
+    header: list[str] | None = None
+    for line in card.read_text(encoding="utf-8", errors="replace").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None and any(c.startswith("τ") for c in cells):
+            header = cells
+        elif header is not None and cells and f"[{draft.name}]" in cells[0]:
+            column = next(i for i, c in enumerate(header) if c.startswith("τ"))
+            match = re.match(r"[0-9.]+", cells[column]) if column < len(cells) else None
+            return float(match.group()) if match else None
+    return None
+
+
+def measure(target: Path, draft: Path, args: Sequence[str], prompts: Sequence[str], n_predict: int,
+            backend: str | None, llama_bin: Path | None = None) -> dict:
+    """A short greedy run, launched as `serve` launches it: tau and acceptance per draft position."""
+    from .build import find_bin_dir
+
+    server = dflash_server(target, draft, server_args=list(args), check=False,
+                           bin_dir=find_bin_dir(backend, llama_bin))
+    with server:
+        client = server.client
+        before = client.metrics()
+        answers = [client.complete(p, n_predict, temperature=0.0, cache_prompt=False) for p in prompts]
+        metrics = client.metrics().since(before)
+    produced = sum(c.n_predicted for c in answers)
+    drafted = sum(c.draft_n for c in answers)
+    accepted = sum(c.draft_n_accepted for c in answers)
+    steps = metrics.drafts
+    return {
+        "prompts": len(prompts), "produced": produced, "drafted": drafted, "accepted": accepted,
+        "tau": round(compare.mean_acceptance_length(produced, accepted, len(prompts)), 4),
+        "acceptance_rate": round(compare.acceptance_rate(drafted, accepted), 4),
+        # share of draft steps whose i-th drafted token was accepted
+        "acceptance_per_position": [round(n / steps, 4) if steps else 0.0 for n in metrics.accepted_per_position],
+    }
+
+
+def diagnose(target: str | Path, draft: str | Path, server_args: Sequence[str] = (), *, checkpoint: Path | None = None,
+             prompts: Sequence[str] = (), n_predict: int = 64, backend: str | None = None,
+             llama_bin: Path | None = None, run: bool = True, progress: Callable[[str], None] | None = None) -> dict:
+    """Every check; the report `--json` prints. `ok` is False when anything was found."""
+    progress = progress or (lambda msg: log.info(msg))
+    target, draft = Path(target), Path(draft)
+    findings = check_files(target, draft, checkpoint) + check_args(server_args)
+    measured, card = None, card_tau(draft)
+    blocking = {"legacy-file", "tokenizer", "target-taps", "pair", "drafter-metadata"}
+    if run and not any(f.check in blocking for f in findings):
+        progress(f"measuring: {len(prompts)} prompts, {n_predict} tokens each, greedy")
+        measured = measure(target, draft, server_args, prompts, n_predict, backend, llama_bin)
+        if measured["drafted"] and not measured["accepted"]:
+            findings.append(Finding("acceptance", f"not one of {measured['drafted']} drafted tokens was accepted: "
+                                    "the drafter does not fit this target (or its metadata is wrong); check "
+                                    "`dflash-gguf inspect` and re-convert"))
+        elif card is not None and measured["tau"] < CARD_TAU_SHORTFALL * card:
+            findings.append(Finding("acceptance", f"measured tau {measured['tau']:.2f} is under "
+                                    f"{CARD_TAU_SHORTFALL:.0%} of the release card's {card:.2f}; run with the "
+                                    "card's settings (and the prompts it was trained for) to compare"))
+    return {"target": str(target), "draft": str(draft), "server_args": list(server_args),
+            "ok": not findings, "findings": [f.to_dict() for f in findings],
+            "measured": measured, "card_tau": card}

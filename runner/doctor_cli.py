@@ -1,0 +1,62 @@
+"""`dflash-gguf doctor`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ..options import GGUF, ServerArgsCommand, build_options, draft_option, json_option, target_option
+from .doctor import diagnose
+from .prompts import BUILTIN_PROMPTS, read_prompts
+
+
+@click.command("doctor", cls=ServerArgsCommand)
+@target_option()
+@draft_option()
+@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="The drafter's HF checkpoint folder: also check the GGUF against what it needs (sliding window).")
+@click.option("--prompts", "prompts_file", type=GGUF, help="Prompts for the measured run, one per line. "
+              "Default: the built-in mix.")
+@click.option("-n", "n_predict", type=click.IntRange(1, 1024), default=64, show_default=True,
+              help="New tokens per prompt in the measured run.")
+@click.option("--no-run", is_flag=True, help="Only the checks of files and arguments; start no server.")
+@build_options
+@json_option
+def doctor_command(target, draft, checkpoint, prompts_file, n_predict, no_run, backend, llama_bin, as_json,
+                   server_args) -> None:
+    """Why is acceptance low, or the run slower than it should be?
+
+    Checks the drafter file (legacy dflash-draft layout; metadata older than its family needs:
+    M-RoPE sections, and with --checkpoint the sliding-window keys; whatever `inspect` finds),
+    the pair (the drafter's embedded tokenizer against the target's; target layer taps the target
+    does not record), the llama-server arguments after `--` (a quantized draft KV cache, llama.cpp
+    #25725; --spec-draft-p-min; many parallel slots, #27117), then measures a short greedy run
+    launched as `serve` launches it with those arguments: tau and the acceptance at each draft
+    position, against the tau of the release card (README.md) beside the drafter when there is one.
+    Each finding is one line with its fix.
+
+    Exit status: 0 when nothing is wrong, 1 when something is, 2 on bad input.
+    """
+    prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
+    report = diagnose(target, draft, list(server_args), checkpoint=checkpoint, prompts=prompts, n_predict=n_predict,
+                      backend=backend, llama_bin=llama_bin, run=not no_run, progress=lambda msg: click.echo(msg, err=True))
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        for f in report["findings"]:
+            click.echo(f"{f['check']:<16} {f['message']}")
+        m = report["measured"]
+        if m is not None:
+            per_position = " ".join(f"{x:.2f}" for x in m["acceptance_per_position"])
+            card = f" (release card: {report['card_tau']:.2f})" if report["card_tau"] is not None else ""
+            click.echo(f"measured         tau {m['tau']:.2f}{card}, acceptance {m['acceptance_rate']:.2f}; "
+                       f"per draft position: {per_position}")
+        if report["ok"]:
+            click.echo("nothing wrong found")
+    sys.exit(0 if report["ok"] else 1)
+
+
+commands = [doctor_command]
