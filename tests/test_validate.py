@@ -73,6 +73,10 @@ def test_a_run_that_is_not_lossless_fails_with_a_mismatch(converted, target_gguf
     mismatches = [d for d in report["divergences"] if d["kind"] == "mismatch"]
     assert mismatches and all(d["speculative_token"] != d["target_token"] for d in mismatches)
     assert all(d["margin"] >= report["settings"]["tie_tolerance"] for d in mismatches)
+    # every token is checked, not only the first divergence: prompts hold several mismatches each
+    for prompt in report["prompts"]:
+        assert prompt["mismatches"] == sum(d["prompt"] == prompt["prompt"] for d in mismatches)
+    assert max(p["mismatches"] for p in report["prompts"]) > 1
     assert report["positions_checked"] == report["produced"]
     assert "mismatch" in proc.stdout
 
