@@ -1,6 +1,6 @@
 """Both error rates of `validate --temperature`, measured on the trained pair (`make fixtures`).
 
-    .venv/bin/python -m benchmarks.validate_distribution [--seeds 20] [--power-seeds 10] [--drafters dflash,dflash2]
+    .venv/bin/python -m benchmarks.validate_distribution [--seeds 20] [--power-seeds 5] [--drafters dflash,dflash2]
 
 - false alarms: each real drafter (DFlash, DFlash 2) against the target alone, `--seeds` runs (DFlash
   with seeds 0, 1, ..., DFlash 2 with 100, 101, ...): how often the verdict is "different" at
@@ -50,7 +50,7 @@ def _rate(runs: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=20)
-    parser.add_argument("--power-seeds", type=int, default=10)
+    parser.add_argument("--power-seeds", type=int, default=5)
     parser.add_argument("--drafters", default="dflash,dflash2", help="comma-separated (--power-seeds 0 skips the power runs)")
     parser.add_argument("--json", type=Path, default=Path("build/bench/distribution.json"))
     args = parser.parse_args(argv)
