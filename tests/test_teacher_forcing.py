@@ -8,7 +8,8 @@ import pytest
 
 from dflash_gguf.runner.compare import DEFAULT_TIE_TOLERANCE, MISMATCH, TIE
 from dflash_gguf.runner.prompts import read_prompts
-from dflash_gguf.runner.server import LlamaServer, speculative_args
+from dflash_gguf.runner.launch import speculative_args
+from dflash_gguf.runner.server import LlamaServer
 from dflash_gguf.runner.teacher_forcing import TeacherForcing
 
 pytestmark = pytest.mark.integration
@@ -27,13 +28,15 @@ def test_a_mismatch_after_a_tie_is_found(trained_pair, llama_bin):
     ranks last; the continuations after each are the speculative server's own greedy tokens."""
     target = trained_pair["target"]
     with LlamaServer(target, ["-np", "1", "-c", "1024", "--no-warmup"] + speculative_args(trained_pair["dflash"]),
-                     bin_dir=llama_bin) as server, TeacherForcing(target, 256, backend="cpu") as forced:
+                     bin_dir=llama_bin) as server, TeacherForcing(target, 256, bin_dir=llama_bin) as forced:
+        client = server.client
+
         def continue_greedy(prompt: list[int], prefix: list[int]) -> list[int]:
             rest = N_NEW - len(prefix)
-            return prefix + server.complete(prompt + prefix, rest, temperature=0.0, cache_prompt=False).tokens
+            return prefix + client.complete(prompt + prefix, rest, temperature=0.0, cache_prompt=False).tokens
 
         for text in read_prompts(trained_pair["prompts"]):
-            prompt = server.tokenize(text, add_special=True)
+            prompt = client.tokenize(text, add_special=True)
             output = continue_greedy(prompt, [])
             assert forced.check(prompt, output) == [] or all(f.kind == TIE for f in forced.check(prompt, output))
             gaps = _top2_gaps(forced.logits(prompt, output))[: N_NEW - GAP_AFTER_TIE - 2]

@@ -25,7 +25,7 @@ def first_prompts(trained_pair, tmp_path_factory):
 
 def _validate(trained_pair, prompts, out, *args):
     proc = dflash_gguf("validate", "--target", trained_pair["target"], "--draft", trained_pair["dflash"],
-                       "--prompts", prompts, *COMMON, "--json", out, *args)
+                       "--prompts", prompts, *COMMON, "--report", out, *args)
     return proc, json.loads(out.read_text())
 
 
