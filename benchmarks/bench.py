@@ -813,7 +813,7 @@ def observations(results: dict) -> list[str]:
         else:
             notes.append(f"{where}: NOT lossless, divergences {', '.join(r['divergences'])}.")
     if ties_b or ties_d:
-        at = "; ".join(f"{prompt!r}... at new token {pos} (top-2 margin {m:.2g})" for (prompt, pos), m in where_tie.items())
+        at = "; ".join(f"{prompt!r}... at new token {pos} (margin to the argmax {m:.2g})" for (prompt, pos), m in where_tie.items())
         notes.append(
             f"Ties, no mismatch: in (b) {len(ties_b)} of {len(results['decode'])} configurations "
             f"({', '.join(ties_b) or 'none'}) and in (d) {ties_d} of {len(results['recipes'])} had a prompt "

@@ -262,7 +262,7 @@ def test_a_failed_validation_stops_the_release(drafter_copy, target_gguf, tmp_pa
                                   "divergences": [{"kind": "mismatch"}]}, [])
     drafter = drafter_copy("dflash-b16")
     _card(drafter, "license: mit\n")
-    with pytest.raises(DflashError, match="validation failed: with the drafter, 1 prompt"):
+    with pytest.raises(DflashError, match="validation failed: with the drafter, 1 token"):
         release(drafter, target_gguf, "F16", tmp_path / "rel", target_license_id="mit", name="T")
     assert list(tmp_path.iterdir()) == [drafter]
 
