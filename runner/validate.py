@@ -185,7 +185,8 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
     }
 
 
-REPORT_KEYS = ("prompts", "mean_acceptance_length", "divergences")
+REPORT_KEYS = ("prompts", "mean_acceptance_length")
+REPORT_KINDS = ("divergences", "distribution")  # greedy, or --temperature (runner/validate_sampled.py)
 _REPORT_MAX_BYTES = 256 << 20
 
 
@@ -197,7 +198,8 @@ def is_report(path: Path) -> bool:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(data, dict) and all(key in data for key in REPORT_KEYS)
+    return (isinstance(data, dict) and all(key in data for key in REPORT_KEYS)
+            and any(key in data for key in REPORT_KINDS))
 
 
 def verdict(report: dict, strict: bool) -> int:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from dflash_gguf.runner.validate import is_report
 from dflash_gguf.runner.validate_sampled import Sampling
 from tests.conftest import dflash_gguf
 from tests.gguf_edit import scaled_copy
@@ -39,6 +40,7 @@ def test_same_distribution_passes(trained_pair, first_prompts, tmp_path):
     assert report["drafted"] > 0 and report["accepted"] > 0  # the drafter did take part
     assert report["produced"] == 3 * 100 * Sampling.positions
     assert "distribution            same" in proc.stdout
+    assert is_report(tmp_path / "r.json")  # a later --report may replace it
 
 
 def test_shifted_distribution_is_caught_at_the_default_sample_size(trained_pair, first_prompts, tmp_path):
