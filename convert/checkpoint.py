@@ -116,6 +116,11 @@ class Checkpoint:
             raise CheckpointError(f"{self.folder}: no .safetensors file (and no {INDEX_NAME})")
         return files
 
+    def source_files(self) -> list[Path]:
+        """Every file the checkpoint is read from: config.json, the index if any, the weights."""
+        index = self.folder / INDEX_NAME
+        return [self.config_path, *([index] if index.is_file() else []), *self._shard_files()]
+
     @cached_property
     def tensors(self) -> dict[str, StoredTensor]:
         """Every stored tensor by its table name; headers validated."""

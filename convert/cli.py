@@ -12,10 +12,12 @@ import click
 from ..errors import DflashError
 from ..options import force_option, json_option, target_option
 from ..outputs import Input, Output, check_outputs
+from . import hub
 from .converter import OUTTYPES, convert as convert_checkpoint
 from .describe import describe
 from .gguf_file import GGUFFile
 from .legacy import is_legacy, migrate
+from .model_param import HELP_FORMS, HELP_GGUF_FORMS, ModelParam
 from .target import load_target
 
 
@@ -41,19 +43,21 @@ class _ProgressBar:
             self.bar.__exit__(None, None, None)
 
 
-def _default_out(src: Path, outtype: str) -> Path:
-    """<checkpoint folder>[-TYPE].gguf, or <legacy file>-migrated.gguf (never the input's own name)."""
-    if src.is_file():
+def _default_out(src: Path | hub.HubRef, outtype: str) -> Path:
+    """<checkpoint folder or repo name>[-TYPE].gguf, or <legacy file>-migrated.gguf (never the input's own name)."""
+    if isinstance(src, Path) and src.is_file():
         return Path(f"{src.stem}-migrated.gguf")
-    stem = src.resolve().name
+    stem = src.repo.split("/")[-1] if isinstance(src, hub.HubRef) else src.resolve().name
     return Path(f"{stem}-{outtype.upper()}.gguf" if outtype != "auto" else f"{stem}.gguf")
 
 
 @click.command()
-@click.argument("src", type=click.Path(exists=True, path_type=Path))
-@target_option(required=False, folder_ok=True,
+@click.argument("src", type=ModelParam(hub_gguf_ok=False))
+@target_option(required=False, folder_ok=True, hub=True,
                help="The target model: its GGUF (tokenizer copied verbatim) or its Hugging Face folder "
-                    "(config.json + tokenizer files; no weights needed). Optional for a legacy GGUF.")
+                    f"(config.json + tokenizer files; no weights needed); {HELP_FORMS}, or for a GGUF "
+                    f"{HELP_GGUF_FORMS} (only its metadata is read, by range requests). Optional for a "
+                    "legacy GGUF.")
 @click.option("-o", "--out", type=click.Path(path_type=Path), help="Output GGUF (default: <src>[-TYPE].gguf).")
 @click.option("--outtype", type=click.Choice(OUTTYPES), default="auto", show_default=True,
               help="Tensor type for matrices (norms and conv kernels stay F32). auto: bf16 for a bf16 "
@@ -64,14 +68,19 @@ def _default_out(src: Path, outtype: str) -> Path:
                    "`license:`, or stricter terms stated in its LICENSE files).")
 @force_option
 @json_option
-def convert(src: Path, target: Path | None, out: Path | None, outtype: str, license_id: str | None,
-            force: bool, as_json: bool) -> None:
+def convert(src: Path | hub.HubRef, target: Path | hub.HubRef | None, out: Path | None, outtype: str,
+            license_id: str | None, force: bool, as_json: bool) -> None:
     """Convert a DFlash / DFlash 2 drafter to the GGUF mainline llama.cpp loads.
 
     SRC is a drafter checkpoint folder (config.json with architectures DFlashDraftModel or
     DFlash2DraftModel, plus one or more .safetensors files, sharded through
-    model.safetensors.index.json), or a legacy fork GGUF (general.architecture = dflash-draft)
-    to migrate without touching its tensor bytes.
+    model.safetensors.index.json) or its Hub repo id owner/name[@revision] (only its config,
+    weights, index and card are fetched, into the Hugging Face cache), or a legacy fork GGUF
+    (general.architecture = dflash-draft) to migrate without touching its tensor bytes.
+
+    The GGUF records the drafter's and the target's Hub repository and commit when they came
+    from the Hub (general.source.*, general.base_model.0.*); --json reports them, and for a
+    target GGUF read in place, the bytes fetched.
 
     Before writing, the drafter is checked against the target: hidden size, target layer ids
     within the target's depth, vocabulary size, mask token, and DFlash 2 shapes llama.cpp would
@@ -80,6 +89,7 @@ def convert(src: Path, target: Path | None, out: Path | None, outtype: str, lice
     \b
     Examples:
       dflash-gguf convert Qwen3-8B-DFlash-b16/ --target Qwen3-8B-Q4_K_M.gguf -o dflash-Qwen3-8B-F16.gguf
+      dflash-gguf convert z-lab/Qwen3-8B-DFlash-b16 --target unsloth/Qwen3-8B-GGUF:Q4_K_M
       dflash-gguf convert old-dflash-draft.gguf -o dflash-migrated.gguf
     """
     started = time.perf_counter()
@@ -87,7 +97,7 @@ def convert(src: Path, target: Path | None, out: Path | None, outtype: str, lice
     check_outputs([Output(out, "-o")], [Input(src, "SRC"), Input(target, "--target")], force=force)
     bar = _ProgressBar(f"writing {out.name}")
     try:
-        if src.is_file():
+        if isinstance(src, Path) and src.is_file():
             if outtype not in ("auto",):
                 raise DflashError("--outtype applies to checkpoints; a legacy GGUF is migrated as it is")
             with GGUFFile(src) as probe:
@@ -103,7 +113,7 @@ def convert(src: Path, target: Path | None, out: Path | None, outtype: str, lice
             planned = convert_checkpoint(src, target, out, outtype, license_id, progress=bar)
             warnings = planned.warnings
             summary = {"source": str(src), "kind": "checkpoint", "variant": planned.variant,
-                       "outtype": planned.outtype, "output": str(out)}
+                       "outtype": planned.outtype, "output": str(out), **planned.provenance()}
     finally:
         bar.close()
     summary.update(bytes=out.stat().st_size, seconds=round(time.perf_counter() - started, 3), warnings=warnings)

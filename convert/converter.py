@@ -19,7 +19,7 @@ from gguf import LlamaFileType as FT
 from ..errors import CheckpointError
 from ..quantize.licenses import License, license_from_folder, with_override
 from . import config_values as cv
-from . import layout
+from . import hub, layout
 from .checkpoint import Checkpoint, DrafterCheckpoint
 from .compat import DrafterFacts, check_dflash2_shapes, check_fits_target
 from .gguf_file import FileSpan, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
@@ -36,12 +36,43 @@ _TENSOR_TYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0}
 Progress = Callable[[int, int, str], None]
 
 
+def hash_files(folder: Path, paths: list[Path]) -> dict[str, str]:
+    """Each file's sha256, by its path relative to `folder`."""
+    from ..runner.sdist import sha256_file
+
+    return {(p.relative_to(folder).as_posix() if p.is_relative_to(folder) else p.name): sha256_file(p)
+            for p in paths}
+
+
 @dataclass
 class ConversionPlan:
     plan: GGUFPlan
     variant: str
     outtype: str
     warnings: list[str] = field(default_factory=list)
+    drafter: Path | None = None        # the checkpoint folder read (a cache snapshot for a repo id)
+    drafter_files: list[Path] = field(default_factory=list)
+    target: TargetInfo | None = None
+
+    def provenance(self, hashes: bool = False) -> dict:
+        """Where the drafter and the target were read: repository and commit, and for a GGUF read in
+        place on the Hub, the bytes fetched against its metadata size. `hashes` adds each source
+        file's sha256 (computed here; for a GGUF read in place, the Hub's)."""
+        drafter = hub.cache_source(self.drafter) if self.drafter else None
+        out = {"drafter": {"path": str(self.drafter), "repo": drafter.repo if drafter else None,
+                           "revision": drafter.revision if drafter else None}}
+        if hashes and self.drafter is not None:
+            out["drafter"]["files"] = hash_files(self.drafter, self.drafter_files)
+        if self.target is not None:
+            t = self.target
+            out["target"] = {"path": str(t.path), "repo": t.source.repo if t.source else None,
+                             "revision": t.source.revision if t.source else None,
+                             "file": t.source.file if t.source else None, **(t.fetched or {})}
+            if hashes:
+                folder = t.path if t.path.is_dir() else t.path.parent
+                out["target"]["files"] = (hash_files(folder, t.files) if t.files
+                                          else {t.source.file: t.source.sha256} if t.source else {})
+        return out
 
 
 def resolve_outtype(outtype: str, first_matrix_dtype: str | None) -> str:
@@ -168,7 +199,7 @@ def qwen3_hparams(ckpt: Checkpoint, arch: str, file_type: FT) -> tuple[gguf.GGUF
     cfg, src = ckpt.config, ckpt.config_path
     w = gguf.GGUFWriter(path=None, arch=arch)
     w.add_type(gguf.GGUFType.MODEL)
-    w.add_name(ckpt.folder.name)
+    w.add_name(hub.folder_name(ckpt.folder))
     w.add_block_count(ckpt.n_layers)
     if (n_ctx := cv.optional_integer(src, "max_position_embeddings", cfg.get("max_position_embeddings"),
                                      hi=1 << 31)) is not None:
@@ -219,12 +250,7 @@ def _dflash_metadata(ckpt: DrafterCheckpoint, target: TargetInfo, file_type: FT,
             w.add_license_name(license.name)
         if license.id == "other" and license.link:
             w.add_license_link(license.link)
-    if target.name or target.repo:
-        w.add_uint32(General.BASE_MODEL_COUNT, 1)
-        w.add_string(General.BASE_MODEL_NAME.format(id=0), target.repo or target.name)
-        if target.repo:
-            url = target.repo if "://" in target.repo else f"https://huggingface.co/{target.repo}"
-            w.add_string(General.BASE_MODEL_REPO_URL.format(id=0), url)
+    _provenance(w, hub.cache_source(ckpt.folder), target)
 
     # DFlash-specific keys from the key table (PyPI gguf has no constants for them), mirroring upstream.
     partial = cv.optional_number(ckpt.config_path, "partial_rotary_factor",
@@ -256,6 +282,27 @@ def _dflash_metadata(ckpt: DrafterCheckpoint, target: TargetInfo, file_type: FT,
     if target.uses_mrope:
         w.add_array(DFlash.ROPE_DIMENSION_SECTIONS, [ckpt.head_dim // 2, 0, 0, 0])
     return w
+
+
+def _provenance(w: gguf.GGUFWriter, drafter: hub.HubSource | None, target: TargetInfo) -> None:
+    """Where the drafter and the target were read: gguf-py's general.source.repo_url and
+    general.base_model.0.*, and the exact Hub commit of each as `revision` beside them (gguf-py has
+    no key for a commit; checkpoints change under the same name)."""
+    if drafter is not None:
+        w.add_string(General.SOURCE_REPO_URL, drafter.url)
+        w.add_string(General.SOURCE_REVISION, drafter.revision)
+    if target.source is None and not (target.name or target.repo):
+        return
+    w.add_uint32(General.BASE_MODEL_COUNT, 1)
+    if target.source is not None:
+        w.add_string(General.BASE_MODEL_NAME.format(id=0), target.name or target.source.repo)
+        w.add_string(General.BASE_MODEL_REPO_URL.format(id=0), target.source.url)
+        w.add_string(General.BASE_MODEL_REVISION.format(id=0), target.source.revision)
+    else:
+        w.add_string(General.BASE_MODEL_NAME.format(id=0), target.repo or target.name)
+        if target.repo:
+            url = target.repo if "://" in target.repo else f"https://huggingface.co/{target.repo}"
+            w.add_string(General.BASE_MODEL_REPO_URL.format(id=0), url)
 
 
 def _finite(ckpt: DrafterCheckpoint, name: str, value) -> float | None:
@@ -294,7 +341,7 @@ def plan_conversion(src: str | Path, target: str | Path | TargetInfo, outtype: s
     """Check everything and decide every byte's source, without writing."""
     if outtype not in OUTTYPES:
         raise CheckpointError(f"--outtype {outtype!r}: choose one of {', '.join(OUTTYPES)}")
-    ckpt = DrafterCheckpoint(Path(src))
+    ckpt = DrafterCheckpoint(hub.drafter_folder(src))
     ckpt.architecture  # noqa: B018 - refuse unknown architectures first
     _check_variant_settings(ckpt)
     facts = drafter_facts(ckpt)
@@ -314,7 +361,7 @@ def plan_conversion(src: str | Path, target: str | Path | TargetInfo, outtype: s
         plan.add_kv([kv for kv in kv_from_writer(mask) if kv.key == Tokenizer.MASK_ID])
 
     add_tensors(plan, tensors, outtype, ckpt)
-    return ConversionPlan(plan, ckpt.variant, outtype, warnings)
+    return ConversionPlan(plan, ckpt.variant, outtype, warnings, ckpt.folder, ckpt.source_files(), target_info)
 
 
 def add_tensors(plan: GGUFPlan, tensors: list[tuple[str, StoredTensor, tuple[int, ...]]], outtype: str,

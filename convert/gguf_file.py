@@ -104,23 +104,43 @@ def kv_from_writer(writer: GGUFWriter) -> list[KV]:
     return [KV(key, v.type, v.value, v.sub_type) for key, v in writer.kv_data[0].items()]
 
 
-class GGUFFile:
-    """A GGUF file opened read-only through mmap; every structure is bounds-checked."""
+FIRST_READ = 256 << 10  # first range read of a file object; each later read doubles what is held
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        try:
-            self._fh = open_regular(self.path, "GGUF file")
-        except InputError as err:
-            raise GGUFFormatError(str(err)) from None
-        size = os.fstat(self._fh.fileno()).st_size
-        if size < 24:
-            self.close()
-            raise GGUFFormatError(f"{self.path}: {size} bytes is too short for a GGUF header (truncated?)")
-        self._map = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ)
-        self.size = size
+
+class GGUFFile:
+    """A GGUF opened read-only, every structure bounds-checked.
+
+    `source` is a path (read through mmap) or a seekable binary file object, such as a remote file
+    answering range reads: from one, only the header, metadata and tensor infos are read, into a
+    prefix that doubles as parsing needs more, so the bytes read stay under twice `data_offset`.
+    `name` labels a file object in messages.
+    """
+
+    def __init__(self, source: str | os.PathLike | BinaryIO, name: str | None = None):
         self.kv: dict[str, KV] = {}
         self.tensors: dict[str, TensorInfo] = {}
+        self._map = None
+        self._fh = None
+        if isinstance(source, (str, os.PathLike)):
+            self.path = Path(source)
+            try:
+                self._fh = open_regular(self.path, "GGUF file")
+            except InputError as err:
+                raise GGUFFormatError(str(err)) from None
+            self.size = os.fstat(self._fh.fileno()).st_size
+            self._stream = None
+        else:
+            self.path = Path(name or getattr(source, "name", "<stream>"))
+            self._stream = source
+            self.size = source.seek(0, os.SEEK_END)
+        if self.size < 24:
+            self.close()
+            raise GGUFFormatError(f"{self.path}: {self.size} bytes is too short for a GGUF header (truncated?)")
+        if self._stream is None:
+            self._map = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ)
+        else:
+            self._map = b""
+            self._fill(24)
         try:
             self._parse()
         except GGUFFormatError:
@@ -130,12 +150,37 @@ class GGUFFile:
             self.close()
             raise GGUFFormatError(f"{self.path}: corrupt GGUF ({err})") from None
 
+    @property
+    def bytes_read(self) -> int:
+        """Bytes read so far: the prefix held for a file object, the whole size for a mapped file."""
+        return len(self._map) if self._stream is not None else self.size
+
     # -- parsing --------------------------------------------------------------------------------
-    def _need(self, pos: int, n: int, what: str) -> None:
+    def _fill(self, end: int) -> None:
+        """Hold bytes [0, end) of a file object, growing the prefix at least twofold per read."""
+        have = len(self._map)
+        if self._stream is None or end <= have:
+            return
+        want = min(self.size, max(end, FIRST_READ, 2 * have))
+        self._stream.seek(have)
+        parts = [self._map]
+        while have < want:
+            chunk = self._stream.read(want - have)
+            if not chunk:
+                raise GGUFFormatError(f"{self.path}: the file ended at byte {have} of {self.size} while reading")
+            parts.append(chunk)
+            have += len(chunk)
+        self._map = b"".join(parts)
+
+    def _check(self, pos: int, n: int, what: str) -> None:
         if n < 0 or pos + n > self.size:
             raise GGUFFormatError(
                 f"{self.path}: {what} runs past the end of the file at byte {pos} "
                 f"(file is {self.size} bytes: truncated or corrupt)")
+
+    def _need(self, pos: int, n: int, what: str) -> None:
+        self._check(pos, n, what)
+        self._fill(pos + n)
 
     def _unpack(self, fmt: str, pos: int, what: str) -> tuple[Any, int]:
         n = struct.calcsize(fmt)
@@ -229,7 +274,7 @@ class GGUFFile:
                 raise GGUFFormatError(
                     f"{self.path}: tensor {t.name!r} starts at data offset {t.offset}, expected {expected} (tensors "
                     "must follow each other, aligned; these overlap or leave gaps): corrupt, llama.cpp refuses it")
-            self._need(self.data_offset + t.offset, t.nbytes, f"data of tensor {t.name!r}")
+            self._check(self.data_offset + t.offset, t.nbytes, f"data of tensor {t.name!r}")
             expected += -(-t.nbytes // align) * align
 
     # -- access -----------------------------------------------------------------------------------
@@ -253,15 +298,18 @@ class GGUFFile:
         return kv.value if kv is not None else default
 
     def tensor_bytes(self, name: str) -> memoryview:
+        if self._stream is not None:
+            raise GGUFFormatError(f"{self.path}: read for its metadata only; tensor data was not fetched")
         t = self.tensors[name]
         start = self.data_offset + t.offset
         return memoryview(self._map)[start:start + t.nbytes]
 
     def close(self) -> None:
-        if getattr(self, "_map", None) is not None:
+        if isinstance(self._map, mmap.mmap):
             self._map.close()
-            self._map = None
-        self._fh.close()
+        self._map = None
+        if self._fh is not None:
+            self._fh.close()
 
     def __enter__(self) -> "GGUFFile":
         return self
@@ -322,6 +370,25 @@ def write_gguf(plan: GGUFPlan, out: Path, progress=None) -> None:
         raise
 
 
+def encode_header(plan: GGUFPlan, alignment: int = DEFAULT_ALIGNMENT) -> bytes:
+    """Header, key/values and tensor infos, padded to where tensor data starts; sets each tensor's
+    offset in the data section."""
+    out = [MAGIC + struct.pack("<IQQ", VERSION, len(plan.tensors), len(plan.kv))]
+    for kv in plan.kv:
+        key = kv.key.encode("utf-8")
+        out.append(struct.pack("<Q", len(key)) + key + kv.encoded())
+    offset = 0
+    for t in plan.tensors:
+        t.info.offset = offset
+        name = t.info.name.encode("utf-8")
+        dims = tuple(reversed(t.info.shape))
+        out.append(struct.pack("<Q", len(name)) + name + struct.pack("<I", len(dims))
+                   + struct.pack(f"<{len(dims)}Q", *dims) + struct.pack("<IQ", t.info.type, offset))
+        offset += -(-t.info.nbytes // alignment) * alignment
+    size = sum(map(len, out))
+    return b"".join(out) + b"\0" * (-size % alignment)
+
+
 class _GGUFStreamWriter:
     def __init__(self, fh: BinaryIO, alignment: int = DEFAULT_ALIGNMENT):
         self.fh = fh
@@ -337,19 +404,7 @@ class _GGUFStreamWriter:
         if self.state is not _State.COLLECTING:
             raise RuntimeError("GGUF writer already used")
         fh = self.fh
-        fh.write(MAGIC + struct.pack("<IQQ", VERSION, len(plan.tensors), len(plan.kv)))
-        for kv in plan.kv:
-            key = kv.key.encode("utf-8")
-            fh.write(struct.pack("<Q", len(key)) + key + kv.encoded())
-        offset = 0
-        for t in plan.tensors:
-            t.info.offset = offset
-            name = t.info.name.encode("utf-8")
-            dims = tuple(reversed(t.info.shape))
-            fh.write(struct.pack("<Q", len(name)) + name + struct.pack("<I", len(dims))
-                     + struct.pack(f"<{len(dims)}Q", *dims) + struct.pack("<IQ", t.info.type, offset))
-            offset += -(-t.info.nbytes // self.alignment) * self.alignment
-        self._pad(fh.tell())
+        fh.write(encode_header(plan, self.alignment))
         self.state = _State.WRITING_DATA
         total = sum(t.info.nbytes for t in plan.tensors)
         done = 0

@@ -36,6 +36,9 @@ class General:
     BASE_MODEL_COUNT = _K.General.BASE_MODEL_COUNT
     BASE_MODEL_NAME = _K.General.BASE_MODEL_NAME          # .format(id=0)
     BASE_MODEL_REPO_URL = _K.General.BASE_MODEL_REPO_URL  # .format(id=0)
+    # The exact Hub commit read, beside gguf-py's repo_url keys (gguf-py has no key for a commit).
+    SOURCE_REVISION = "general.source.revision"
+    BASE_MODEL_REVISION = "general.base_model.{id}.revision"  # .format(id=0)
 
 
 class Tokenizer:

@@ -6,12 +6,14 @@ compatibility checks need (embedding length, depth, vocabulary size).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import TargetError
 from ..inputs import InputError, load_json
 from . import config_values as cv
+from . import hub
 from .gguf_file import KV, GGUFFile
 from .keys import ARCH, LEGACY_ARCH, General, Model, Tokenizer, per_arch
 
@@ -27,6 +29,15 @@ class TargetInfo:
     name: str | None = None
     repo: str | None = None  # Hub id or URL, when known
     license: str | None = None
+    source: hub.HubSource | None = None  # the Hub repository and commit it was read from
+    general: dict[str, Any] = field(default_factory=dict)  # a GGUF's general.* metadata
+    fetched: dict | None = None  # for a GGUF read in place: bytes fetched, requests, metadata size
+    files: list[Path] = field(default_factory=list)  # the local files it was read from
+
+    @property
+    def local_gguf(self) -> Path | None:
+        """The target's GGUF on this machine (what llama-server can load), if it is one."""
+        return self.path if self.fetched is None and self.path.is_file() else None
 
     @property
     def pad_token_id(self) -> int | None:
@@ -36,49 +47,71 @@ class TargetInfo:
         return None
 
 
-def load_target(path: str | Path, vocab_size_hint: int | None = None) -> TargetInfo:
-    path = Path(path)
+def read_files(path: Path) -> list[Path]:
+    """The local files a target is read from: its GGUF, or its folder's config and tokenizer files."""
     if path.is_dir():
-        return _from_hf_folder(path, vocab_size_hint)
-    if path.is_file():
-        return _from_gguf(path)
-    raise TargetError(f"{path}: no such target (give the target's .gguf file or its Hugging Face folder)")
+        return [path / n for n in hub.TARGET_READ_FILES if (path / n).is_file()]
+    return [path] if path.is_file() else []
 
 
-def _from_gguf(path: Path) -> TargetInfo:
-    with GGUFFile(path) as gguf:
-        arch = gguf.architecture
-        if not arch:
-            raise TargetError(f"{path}: no {General.ARCHITECTURE} key; is this a model GGUF?")
+def load_target(target: str | Path | hub.HubRef, vocab_size_hint: int | None = None) -> TargetInfo:
+    """The target from its GGUF or Hugging Face folder, local or named on the Hub (hub.py)."""
+    model = hub.as_model(target)
+    if isinstance(model, hub.HubRef):
+        if model.is_gguf:
+            opened = hub.open_gguf(model)
+            with opened.gguf as gguf:
+                info = _from_gguf(gguf, opened.local_path or Path(f"{model.repo}/{opened.source.file}"))
+            info.source = opened.source
+            if opened.local_path is None:
+                info.fetched = {"bytes_fetched": opened.bytes_fetched, "requests": opened.requests,
+                                "metadata_bytes": gguf.data_offset, "file_bytes": gguf.size}
+            return info
+        return _from_hf_folder(hub.target_folder(model), vocab_size_hint)
+    if model.is_dir():
+        return _from_hf_folder(model, vocab_size_hint)
+    if model.is_file():
+        with GGUFFile(model) as gguf:
+            return _from_gguf(gguf, model)
+    raise TargetError(f"{model}: no such target (give the target's .gguf file or its Hugging Face folder, "
+                      "or a Hub repo id: owner/name, owner/name:QUANT, owner/name/file.gguf)")
 
-        if not isinstance(arch, str):
-            raise TargetError(f"{path}: general.architecture is not a string; is this a model GGUF?")
-        if arch in (ARCH, LEGACY_ARCH):
-            raise TargetError(f"{path}: this is a DFlash drafter ({arch}), not a target model; give the target's "
-                              "GGUF as the target (were target and drafter swapped?)")
 
-        def need(key: str) -> int:
-            value = gguf.get(key)
-            if value is None:
-                raise TargetError(f"{path}: key {key!r} is missing; re-convert the target with llama.cpp")
-            return cv.integer(path, key, value, 1, None, TargetError)
+def _from_gguf(gguf: GGUFFile, path: Path) -> TargetInfo:
+    arch = gguf.architecture
+    if not arch:
+        raise TargetError(f"{path}: no {General.ARCHITECTURE} key; is this a model GGUF?")
+    if not isinstance(arch, str):
+        raise TargetError(f"{path}: general.architecture is not a string; is this a model GGUF?")
+    if arch in (ARCH, LEGACY_ARCH):
+        raise TargetError(f"{path}: this is a DFlash drafter ({arch}), not a target model; give the target's "
+                          "GGUF as the target (were target and drafter swapped?)")
 
-        tokens = gguf.get(Tokenizer.TOKENS)
-        if not tokens or not isinstance(tokens, list) or not isinstance(tokens[0], str):
-            raise TargetError(f"{path}: no {Tokenizer.TOKENS}; the target GGUF must carry its tokenizer")
-        vocab_key = per_arch(Model.VOCAB_SIZE, arch)
-        n_vocab = cv.optional_integer(path, vocab_key, gguf.get(vocab_key), 1, None, TargetError) or len(tokens)
-        return TargetInfo(
-            path=path,
-            n_embd=need(per_arch(Model.EMBEDDING_LENGTH, arch)),
-            n_layer=need(per_arch(Model.BLOCK_COUNT, arch)),
-            n_vocab=int(n_vocab),
-            tokenizer_kv=[kv for key, kv in gguf.kv.items() if key.startswith(Tokenizer.PREFIX)],
-            uses_mrope=per_arch(Model.ROPE_DIMENSION_SECTIONS, arch) in gguf.kv,
-            name=gguf.get(General.NAME),
-            repo=gguf.get(General.REPO_URL),
-            license=gguf.get(General.LICENSE),
-        )
+    def need(key: str) -> int:
+        value = gguf.get(key)
+        if value is None:
+            raise TargetError(f"{path}: key {key!r} is missing; re-convert the target with llama.cpp")
+        return cv.integer(path, key, value, 1, None, TargetError)
+
+    tokens = gguf.get(Tokenizer.TOKENS)
+    if not tokens or not isinstance(tokens, list) or not isinstance(tokens[0], str):
+        raise TargetError(f"{path}: no {Tokenizer.TOKENS}; the target GGUF must carry its tokenizer")
+    vocab_key = per_arch(Model.VOCAB_SIZE, arch)
+    n_vocab = cv.optional_integer(path, vocab_key, gguf.get(vocab_key), 1, None, TargetError) or len(tokens)
+    return TargetInfo(
+        path=path,
+        n_embd=need(per_arch(Model.EMBEDDING_LENGTH, arch)),
+        n_layer=need(per_arch(Model.BLOCK_COUNT, arch)),
+        n_vocab=int(n_vocab),
+        tokenizer_kv=[kv for key, kv in gguf.kv.items() if key.startswith(Tokenizer.PREFIX)],
+        uses_mrope=per_arch(Model.ROPE_DIMENSION_SECTIONS, arch) in gguf.kv,
+        name=gguf.get(General.NAME),
+        repo=gguf.get(General.REPO_URL),
+        license=gguf.get(General.LICENSE),
+        source=hub.cache_source(path),
+        general={k: kv.value for k, kv in gguf.kv.items() if k.startswith("general.")},
+        files=read_files(path),
+    )
 
 
 def _text_config(config: object, source: Path) -> dict:
@@ -113,6 +146,8 @@ def _from_hf_folder(path: Path, vocab_size_hint: int | None) -> TargetInfo:
         n_vocab=n_vocab,
         tokenizer_kv=tokenizer_kv,
         uses_mrope="mrope_section" in rope,
-        name=str(config.get("_name_or_path") or path.name),
+        name=str(config.get("_name_or_path") or hub.folder_name(path)),
         repo=str(config["_name_or_path"]) if "/" in str(config.get("_name_or_path", "")) else None,
+        source=hub.cache_source(path),
+        files=read_files(path),
     )

@@ -19,9 +19,16 @@ GGUF = click.Path(exists=True, dir_okay=False, path_type=Path)
 SERVER_ARGS_METAVAR = "[-- LLAMA_SERVER_ARGS...]"
 
 
-def target_option(*, required: bool = True, folder_ok: bool = False, help: str = "The target model GGUF."):
-    return click.option("--target", "-t", "target", required=required, help=help,
-                        type=click.Path(exists=True, dir_okay=folder_ok, path_type=Path))
+def target_option(*, required: bool = True, folder_ok: bool = False, hub: bool = False,
+                  help: str = "The target model GGUF."):
+    """`hub`: a Hub repo id is taken too (convert/model_param.py; the command resolves it)."""
+    if hub:
+        from .convert.model_param import ModelParam
+
+        kind = ModelParam(folder_ok=folder_ok)
+    else:
+        kind = click.Path(exists=True, dir_okay=folder_ok, path_type=Path)
+    return click.option("--target", "-t", "target", required=required, help=help, type=kind)
 
 
 def draft_option(*, required: bool = True, help: str = "The drafter GGUF made for that target."):

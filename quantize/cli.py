@@ -10,6 +10,9 @@ from pathlib import Path
 
 import click
 
+from ..convert.hub import HubRef
+from ..convert.model_param import HELP_FORMS, HELP_GGUF_FORMS, ModelParam
+from ..errors import DflashError
 from ..options import ServerArgsCommand, build_options, force_option, json_option, target_option
 from ..outputs import Input, Output, check_outputs
 from .quantize import ALL_TYPES, DEFAULT_RECIPE, RECIPES
@@ -89,13 +92,21 @@ def quantize(src: Path, out: Path, qtype: str, recipe: str, backend: str | None,
 
 
 @click.command(cls=ServerArgsCommand)
-@click.argument("draft_dir", metavar="DRAFT_DIR", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@target_option(folder_ok=True, help="The target model: its GGUF or its Hugging Face folder (config.json, tokenizer, "
-                                    "README.md). Variants are validated beside a GGUF target only.")
+@click.argument("draft_dir", metavar="DRAFT_DIR", type=ModelParam(file_ok=False, hub_gguf_ok=False))
+@target_option(folder_ok=True, hub=True,
+               help="The target model: its GGUF or its Hugging Face folder (config.json, tokenizer, README.md); "
+                    f"{HELP_FORMS}, or for a GGUF {HELP_GGUF_FORMS}. Variants are validated beside a GGUF target "
+                    "only, and one named on the Hub only when it is in the Hugging Face cache (else only its "
+                    "metadata is read, in place).")
 @click.option("--types", default="F16,Q8_0,Q4_K_M", show_default=True, metavar="T1,T2,...",
               help=f"Variants to write, comma-separated: {', '.join(ALL_TYPES)}.")
-@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Release folder to create (built beside it, renamed into place when complete).")
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Release folder to create (built beside it, renamed into place when complete). Required "
+                   "unless --push is given (then a temporary folder is used).")
+@click.option("--push", "push_repo", metavar="ORG/NAME",
+              help="Upload the release to this Hub model repository in one commit, unless it already holds a "
+                   "release of the same source revisions, types and dflash-gguf version (then nothing is done; "
+                   "--force redoes it).")
 @click.option("--license", "license_id", metavar="ID",
               help="The drafter's Hub license id, when its README.md declares none or one this tool does not "
                    "know. It never overrides a license the card declares.")
@@ -114,24 +125,26 @@ def quantize(src: Path, out: Path, qtype: str, recipe: str, backend: str | None,
 @build_options
 @_threads_option
 @click.option("--force", is_flag=True,
-              help="Replace an earlier release folder (one holding only files a release writes).")
+              help="Replace an earlier release folder (one holding only files a release writes); with --push, "
+                   "release again even if the repository holds this release.")
 @json_option
-def release(draft_dir: Path, target: Path, types: str, out_dir: Path, license_id: str | None,
-            target_license_id: str | None, name: str | None, base_model: str | None, recipe: str,
-            skip_validate: bool, backend: str | None, llama_bin: Path | None, threads: int | None, force: bool,
-            as_json: bool, server_args: tuple[str, ...]) -> None:
+def release(draft_dir: Path | HubRef, target: Path | HubRef, types: str, out_dir: Path | None,
+            push_repo: str | None, license_id: str | None, target_license_id: str | None, name: str | None,
+            base_model: str | None, recipe: str, skip_validate: bool, backend: str | None, llama_bin: Path | None,
+            threads: int | None, force: bool, as_json: bool, server_args: tuple[str, ...]) -> None:
     """Build a release folder: every variant, a model card and the license files.
 
-    Converts DRAFT_DIR against the target, quantizes each requested type with the recipe,
-    validates each variant beside the target (unless --skip-validate) as `validate` does, on
-    the same build (--backend / --llama-bin) and with the llama-server arguments after `--`,
-    and writes
+    Converts DRAFT_DIR (a checkpoint folder, or its Hub repo id owner/name[@revision]) against
+    the target, quantizes each requested type with the recipe, validates each variant beside
+    the target (unless --skip-validate) as `validate` does, on the same build (--backend /
+    --llama-bin) and with the llama-server arguments after `--`, and writes
 
     \b
       OUT/dflash-<Target>-<QUANT>.gguf  one file per type
       OUT/README.md                     card: license, base_model, base_model_relation:
                                         quantized, tags, gating fields, a table of variants
-                                        (size, sha256, acceptance, speedup), how to run it
+                                        (size, sha256, acceptance, speedup), how to run it,
+                                        the sources (Hub repository, commit, each file's sha256)
       OUT/NOTICE                        when a Llama license applies
       OUT/LICENSE...                    license files found in the drafter / target folders
 
@@ -141,17 +154,37 @@ def release(draft_dir: Path, target: Path, types: str, out_dir: Path, license_id
     Non-commercial licenses are carried to the card; Llama licenses add "Built with Llama",
     the agreement's link and NOTICE.
 
+    With --push ORG/NAME the release is committed to that repository (HF_TOKEN), unless its
+    card already records this release: the same drafter and target commits (or, for local
+    sources, the same file sha256s), the requested types and this dflash-gguf version. That
+    check needs only the Hub's model info, so nothing is downloaded or built when it matches.
+
     \b
-    Example:
+    Examples:
       dflash-gguf release Qwen3-8B-DFlash-b16/ --target Qwen3-8B-Q4_K_M.gguf \\
           --types F16,Q8_0,Q4_K_M -o release/ --target-license apache-2.0
+      dflash-gguf release z-lab/Qwen3-8B-DFlash-b16 --target unsloth/Qwen3-8B-GGUF:Q4_K_M \\
+          --types Q8_0 --push my-org/Qwen3-8B-DFlash-GGUF
     """
     from .release import release as build_release
 
-    r = build_release(draft_dir, target, types, out_dir, license_id=license_id,
-                      target_license_id=target_license_id, name=name, base_model=base_model, recipe=recipe,
-                      skip_validate=skip_validate, backend=backend, llama_bin=llama_bin, threads=threads,
-                      force=force, server_args=server_args, progress=_progress)
+    options = dict(license_id=license_id, target_license_id=target_license_id, name=name, base_model=base_model,
+                   recipe=recipe, skip_validate=skip_validate, backend=backend, llama_bin=llama_bin,
+                   threads=threads, server_args=server_args, progress=_progress)
+    if push_repo is not None:
+        from .push import push_release
+
+        pushed = push_release(draft_dir, target, types, push_repo, out_dir=out_dir, force=force, **options)
+        if as_json:
+            click.echo(json.dumps(pushed.to_dict(), indent=2))
+        elif pushed.skipped:
+            click.echo(f"nothing to do: {pushed.reason}")
+        else:
+            click.echo(f"{pushed.reason} {len(pushed.publish.files)} files to {push_repo}: {pushed.publish.commit_url}")
+        return
+    if out_dir is None:
+        raise DflashError("-o/--out: give the release folder to write (or --push ORG/NAME to upload it)")
+    r = build_release(draft_dir, target, types, out_dir, force=force, **options)
     for message in r.warnings:
         click.echo(f"warning: {message}", err=True)
     if as_json:

@@ -297,7 +297,8 @@ def license_from_folder(folder: Path, repo: str | None = None) -> License:
 
 def license_from_gguf(path, opened=None) -> License:
     """`general.license` (with `general.license.name` / `.link` for `other`) of a GGUF; the strictest
-    when it names several. `opened`: the file already open as a GGUFFile (saves parsing it again)."""
+    when it names several. `opened`: the file already open as a GGUFFile, or its metadata as a dict
+    (saves parsing it again)."""
     from ..convert.gguf_file import GGUFFile
     from ..convert.keys import General
 

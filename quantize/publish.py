@@ -121,6 +121,16 @@ def _scrub(text: str, secrets: list[str]) -> str:
     return text
 
 
+def require_token() -> str:
+    """huggingface_hub's token (HF_TOKEN or the stored login); refused without one."""
+    from huggingface_hub import get_token
+
+    token = get_token()
+    if not token:
+        raise DflashError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (or use --dry-run)")
+    return token
+
+
 @dataclass
 class PublishResult:
     repo: str
@@ -150,12 +160,10 @@ def publish(folder: str | Path, repo: str, *, private: bool = False, dry_run: bo
     if dry_run:
         return result
 
-    from huggingface_hub import CommitOperationAdd, HfApi, get_token
+    from huggingface_hub import CommitOperationAdd, HfApi
 
     api = api or HfApi()
-    token = api.token if getattr(api, "token", None) else get_token()
-    if not token:
-        raise DflashError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (or use --dry-run)")
+    token = api.token if getattr(api, "token", None) else require_token()
     secrets = [token] if isinstance(token, str) else []
     operations = [CommitOperationAdd(path_in_repo=u.path, path_or_fileobj=u.local) for u in uploads]
     summary = message or f"Upload {len(uploads)} files with dflash-gguf {__version__}"

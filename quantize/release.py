@@ -26,11 +26,13 @@ from pathlib import Path
 import yaml
 
 from .. import __version__
+from ..convert import hub
 from ..convert.converter import convert
 from ..convert.describe import DrafterDescription, describe
 from ..convert.gguf_file import GGUFFile
 from ..confine import check_inside, file_in
 from ..convert.keys import General
+from ..convert.target import TargetInfo, load_target
 from ..errors import DflashError
 from ..inputs import InputError, load_json
 from ..outputs import Input, Output, check_outputs, named_for, partial_name
@@ -65,11 +67,8 @@ def variant_file(name: str, qtype: str) -> str:
 
 
 def _hub_cache_repo(path: Path) -> str | None:
-    """org/name of a folder inside the Hub cache (.../models--org--name/snapshots/<sha>)."""
-    for part in Path(path).resolve().parts:
-        if part.startswith("models--") and part.count("--") >= 2:
-            return part[len("models--"):].replace("--", "/", 1)
-    return None
+    source = hub.cache_source(path)
+    return source.repo if source else None
 
 
 def _read_json(path: Path) -> dict:
@@ -80,24 +79,30 @@ def _read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def target_facts(target: Path) -> tuple[str, str | None, lic.License]:
-    """(a short name for file names, the target's Hub repo id when known, its declared license)."""
-    target = Path(target)
-    if target.is_dir():
+def target_facts(target: Path | TargetInfo) -> tuple[str, str | None, lic.License]:
+    """(a short name for file names, the target's Hub repo id when known, its declared license).
+    `target` is a folder, a GGUF file, or a target GGUF already read (from the Hub)."""
+    if isinstance(target, Path) and target.is_dir():
         repo = _hub_cache_repo(target)
         name_or_path = str(_read_json(target / "config.json").get("_name_or_path") or "")
         if repo is None and re.fullmatch(r"[\w.-]+/[\w.-]+", name_or_path):
             repo = name_or_path
         declared = lic.license_from_folder(target, repo)
-        return (repo.split("/")[-1] if repo else target.resolve().name), repo, declared
-    with GGUFFile(target) as f:
-        url = f.get(General.REPO_URL) or f.get(General.SOURCE_REPO_URL)
-        declared = lic.license_from_gguf(target, f)
+        return (repo.split("/")[-1] if repo else hub.folder_name(target)), repo, declared
+    if isinstance(target, TargetInfo):
+        path, general, source = target.path, target.general, target.source
+    else:
+        path, source = target, hub.cache_source(target)
+        with GGUFFile(target) as f:
+            general = {k: kv.value for k, kv in f.kv.items() if k.startswith("general.")}
+    url = general.get(General.REPO_URL) or general.get(General.SOURCE_REPO_URL)
+    declared = lic.license_from_gguf(path, general)
     repo = None
     if url:
         m = re.search(r"huggingface\.co/([\w.-]+/[\w.-]+)", url) or re.fullmatch(r"([\w.-]+/[\w.-]+)", url)
         repo = m.group(1) if m else None
-    return _QUANT_SUFFIX.sub("", target.stem) or target.stem, repo, declared
+    repo = repo or (source.repo if source else None)
+    return _QUANT_SUFFIX.sub("", path.stem) or path.stem, repo, declared
 
 
 def drafter_repo(draft_dir: Path) -> str | None:
@@ -120,7 +125,7 @@ def _not_validated(why: str) -> dict:
     return {"validated": False, "tau": None, "speedup": None, "note": f"{NOT_VALIDATED} ({why})"}
 
 
-def validate_variant(target: Path, draft_path: Path, settings=None) -> dict:
+def validate_variant(target: Path | TargetInfo, draft_path: Path, settings=None) -> dict:
     """Run `validate` (runner/validate.py) on one variant beside its target, on the built-in prompts
     with `settings` (its build and llama-server arguments are the release's).
 
@@ -134,6 +139,11 @@ def validate_variant(target: Path, draft_path: Path, settings=None) -> dict:
     from ..runner import validate as validator
     from ..runner.prompts import BUILTIN_PROMPTS
 
+    if isinstance(target, TargetInfo):
+        if target.local_gguf is None:
+            return _not_validated("the target GGUF was read on the Hub without downloading it; validation runs "
+                                  "a local copy")
+        target = target.local_gguf
     if not Path(target).is_file():
         return _not_validated("the target was given as a folder; validation runs its GGUF")
     target, draft_path = Path(target), Path(draft_path)
@@ -262,6 +272,7 @@ class ReleaseResult:
     variants: list[VariantResult]
     warnings: list[str]
     run_args: list[str] = field(default_factory=list)  # the launch recipe's drafter flags, for the card
+    sources: dict = field(default_factory=dict)  # drafter / target: repo, revision, files and sha256
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -285,6 +296,40 @@ def _hub_link(repo: str | None, text: str) -> str:
     return f"[{text}](https://huggingface.co/{repo})" if repo else f"`{text}`"
 
 
+PROVENANCE_KEY = "dflash_gguf"  # the card's front matter: tool version and source revisions
+
+
+def provenance_front_matter(sources: dict, types: list[str]) -> dict:
+    """What a release is, machine-readable: the tool version, the variant types and, per source, the
+    Hub repository, the commit and each file's sha256 (what `release --push` compares)."""
+    out: dict = {"version": __version__, "types": list(types)}
+    for role in ("drafter", "target"):
+        src = sources.get(role) or {}
+        out[role] = {k: src.get(k) for k in ("repo", "revision", "file") if src.get(k)}
+        out[role]["files"] = dict(src.get("files") or {})
+    return out
+
+
+def _sources_section(sources: dict) -> list[str]:
+    if not sources:
+        return []
+    lines = ["## Sources", "",
+             "Converted from these files; checkpoints can change under the same name, so the exact commit "
+             "and each file's SHA-256 are recorded (and in each GGUF: `general.source.*`, "
+             "`general.base_model.0.*`).", "",
+             "| Role | Repository | Revision | File | SHA-256 |", "|---|---|---|---|---|"]
+    for role in ("drafter", "target"):
+        src = sources.get(role) or {}
+        if src.get("repo"):
+            where = f"[{src['repo']}](https://huggingface.co/{src['repo']}/tree/{src['revision']})"
+            rev = f"`{src['revision']}`"
+        else:
+            where, rev = f"local `{Path(src.get('path') or '').name}`", "-"
+        for name, digest in (src.get("files") or {}).items():
+            lines.append(f"| {role} | {where} | {rev} | {name} | `{digest or 'unknown'}` |")
+    return lines + [""]
+
+
 def render_card(result: ReleaseResult, terms: lic.Terms, plan: LicensePlan) -> str:
     meta: dict = dict(plan.card)
     meta["base_model"] = result.base_model
@@ -292,6 +337,7 @@ def render_card(result: ReleaseResult, terms: lic.Terms, plan: LicensePlan) -> s
     meta["tags"] = list(CARD_TAGS)
     meta["pipeline_tag"] = "text-generation"
     meta.update(terms.gating)
+    meta[PROVENANCE_KEY] = provenance_front_matter(result.sources, [v.type for v in result.variants])
     front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True, width=1000)
 
     base_is_repo = "/" in result.base_model
@@ -325,6 +371,7 @@ def render_card(result: ReleaseResult, terms: lic.Terms, plan: LicensePlan) -> s
     lines += ["", "τ is the mean number of tokens produced per target verification step (accepted draft "
               "tokens plus the target's own); speedup is generation speed with the drafter over the target "
               "alone. Both are measured by `dflash-gguf validate` on the pinned llama.cpp.", ""]
+    lines += _sources_section(result.sources)
     lines += [
         "## Run it", "",
         "```sh",
@@ -383,6 +430,18 @@ def _check_destination(out_dir: Path, force: bool) -> None:
                               "--force only replaces an earlier release folder")
 
 
+def _resolve_target(target: str | Path | hub.HubRef) -> Path | TargetInfo:
+    """A local target path; a target folder named on the Hub, fetched (config, tokenizer, card);
+    or a target GGUF named on the Hub, read once (in place unless it is in the cache)."""
+    model = hub.as_model(target)
+    if isinstance(model, hub.HubRef):
+        return load_target(model) if model.is_gguf else hub.target_folder(model)
+    if not model.exists():
+        raise DflashError(f"{model}: no such target (give the target's .gguf file or its Hugging Face folder, "
+                          "or a Hub repo id)")
+    return model
+
+
 def _publish_folder(tmp: Path, out_dir: Path) -> None:
     """Put the finished folder at out_dir; a previous out_dir is removed only once the new one is in place."""
     old = None
@@ -411,11 +470,7 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
     shown = str(out_dir)
-    draft_dir, target, out_dir = Path(draft_dir), Path(target), Path(os.path.abspath(out_dir))
-    if not (draft_dir / "config.json").is_file():
-        raise DflashError(f"{draft_dir}: not a drafter checkpoint folder (no config.json)")
-    if not target.exists():
-        raise DflashError(f"{target}: no such target (give the target's .gguf file or its Hugging Face folder)")
+    out_dir = Path(os.path.abspath(out_dir))
     wanted = parse_types(types)
     rec = get_recipe(recipe)
     if server_args and skip_validate:
@@ -427,16 +482,22 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
     _check_destination(out_dir, force)
     warnings: list[str] = []
 
+    # 0. the sources, local or fetched from the Hub (only what is read)
+    draft_dir = hub.drafter_folder(draft_dir)
+    if not (draft_dir / "config.json").is_file():
+        raise DflashError(f"{draft_dir}: not a drafter checkpoint folder (no config.json)")
+    target = _resolve_target(target)
+
     # 1. the license rules, before anything is written
     short, target_repo, declared_target = target_facts(target)
     name = safe_name(name) if name else safe_name(short)
     base_model = base_model or drafter_repo(draft_dir)
     if not base_model:
-        base_model = draft_dir.resolve().name
+        base_model = hub.folder_name(draft_dir)
         warnings.append(f"base_model {base_model!r} is not a Hub repo id; pass --base-model ORG/NAME "
                         "so the card links the drafter it was made from")
     drafter_card = lic.read_card(draft_dir)
-    target_card = lic.read_card(target) if target.is_dir() else {}
+    target_card = lic.read_card(target) if isinstance(target, Path) and target.is_dir() else {}
     declared_drafter = lic.license_from_folder(draft_dir, base_model if "/" in base_model else None)
     drafter_license = lic.with_override(declared_drafter, license_id, "--license")
     target_license = lic.with_override(declared_target, target_license_id, "--target-license")
@@ -459,13 +520,14 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
     except OSError as err:
         raise named_for(err, out_dir) from None
     try:
-        say(f"converting {draft_dir.name}")
+        say(f"converting {hub.folder_name(draft_dir)}")
         base = tmp / ".base.gguf"
         planned = convert(draft_dir, target, base, "auto", gguf_license)
         warnings += planned.warnings
         base_type = planned.outtype.upper()
         drafter: DrafterDescription = describe(base)
         base_counts = drafter.count_by_type()
+        sources = planned.provenance(hashes=True)
         variants: list[VariantResult] = []
         for qtype in wanted:
             path = tmp / variant_file(name, qtype)
@@ -475,7 +537,7 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
                 shutil.copyfile(base, path)
                 counts = base_counts
             elif qtype in FLOAT_TYPES:
-                say(f"converting {draft_dir.name} as {qtype}")
+                say(f"converting {hub.folder_name(draft_dir)} as {qtype}")
                 convert(draft_dir, target, path, qtype.lower(), gguf_license)
                 counts = describe(path).count_by_type()
             else:
@@ -497,10 +559,11 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
         if plan.combined:
             (tmp / lic.COMBINED_LICENSE_FILE).write_text(plan.combined, encoding="utf-8")
         result = ReleaseResult(
-            folder=shown, name=name, base_model=base_model, target=str(target), target_repo=target_repo,
+            folder=shown, name=name, base_model=base_model,
+            target=str(target.path if isinstance(target, TargetInfo) else target), target_repo=target_repo,
             variant=drafter.variant_name, block_size=drafter.block_size, draft_length=drafter.draft_length,
             spec_type=str(drafter.spec_type), license=plan.card, files=[], variants=variants, warnings=warnings,
-            run_args=speculative_args(drafter, shown_path=example_variant(variants)))
+            run_args=speculative_args(drafter, shown_path=example_variant(variants)), sources=sources)
         (tmp / "README.md").write_text(render_card(result, terms, plan), encoding="utf-8")
         result.files = sorted(p.name for p in tmp.iterdir())
         _publish_folder(tmp, out_dir)

@@ -12,6 +12,7 @@ sequential pass of each server on the same build and prompts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ..convert import hub
+from ..convert.hub import HubRef
 from ..errors import DflashError
 from . import compare
 from .build import find_bin_dir
@@ -60,8 +63,8 @@ class ValidationSettings:
     backend: str | None = None           # which patched build (or llama_bin: any build's bin folder)
     llama_bin: Path | None = None
     server_args: list[str] = field(default_factory=list)  # the user's llama-server arguments (after --)
-    reference_draft: Path | None = None  # z-lab HF checkpoints: run the PyTorch reference too
-    reference_target: Path | None = None
+    reference_draft: Path | HubRef | None = None  # z-lab HF checkpoints (or repo ids): run the PyTorch reference too
+    reference_target: Path | HubRef | None = None
 
     def user_server_args(self) -> list[str]:
         return (["-t", str(self.threads)] if self.threads else []) + [str(a) for a in self.server_args]
@@ -137,6 +140,9 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
     progress = progress or (lambda msg: log.info(msg))
     target, draft = Path(target), Path(draft)
     baseline = Path(baseline) if baseline else target
+    if settings.reference_draft is not None:  # fetched before the servers run, so a Hub error comes first
+        settings = dataclasses.replace(settings, reference_draft=hub.drafter_folder(settings.reference_draft),
+                                       reference_target=hub.target_folder(settings.reference_target, weights=True))
     launch = measuring_launch(launch_recipe(target, draft, parallel=settings.parallel,
                                             server_args=settings.user_server_args()),
                               prompts, settings.n_predict)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ..convert.model_param import ModelParam
 from ..errors import DflashError
 from ..extras import require
 from ..options import GGUF, ServerArgsCommand, build_options, draft_option, json_option, target_option
@@ -106,10 +107,12 @@ def _print_distribution(report: dict) -> None:
               help="Compare against this model alone instead of TARGET (e.g. an F16 copy of a quantized target).")
 @build_options
 @click.option("--threads", type=click.IntRange(1), help="llama-server threads (-t).")
-@click.option("--reference-draft", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="The drafter's HF checkpoint: also run the z-lab PyTorch reference and report its tau.")
-@click.option("--reference-target", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="The target's HF folder (with weights), for --reference-draft.")
+@click.option("--reference-draft", type=ModelParam(file_ok=False, hub_gguf_ok=False),
+              help="The drafter's HF checkpoint (a folder, or on the Hub owner/name[@revision]): also run the "
+                   "z-lab PyTorch reference and report its tau.")
+@click.option("--reference-target", type=ModelParam(file_ok=False, hub_gguf_ok=False),
+              help="The target's HF folder with weights (or on the Hub owner/name[@revision]), for "
+                   "--reference-draft.")
 @json_option
 @click.option("--report", "report_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the full report as JSON to this file.")

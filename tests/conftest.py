@@ -83,6 +83,16 @@ def upstream_gguf(fixtures: Path, tmp_path_factory):
 
 
 @pytest.fixture
+def hub():
+    """A local stand-in for the Hugging Face Hub on 127.0.0.1 (tests/local_hub.py)."""
+    from tests import local_hub
+
+    server = local_hub.start()
+    yield server
+    local_hub.stop(server)
+
+
+@pytest.fixture
 def drafter_copy(fixtures: Path, tmp_path: Path):
     """drafter_copy(name): a private, editable copy of a fixture drafter folder."""
     def copy(name: str) -> Path:

@@ -1,131 +1,27 @@
-"""`dflash-gguf publish` against a local stand-in for the Hub API.
+"""`dflash-gguf publish` against the local stand-in for the Hub (tests/local_hub.py).
 
-The stand-in answers the requests huggingface_hub makes for `create_repo` and `create_commit`
-(POST /api/repos/create, /api/validate-yaml, /api/models/R/preupload/main, /api/models/R/commit/main),
-says every file is a "regular" upload so the content travels inside the commit, and records each call.
+It answers the requests huggingface_hub makes for `create_repo` and `create_commit`, says every
+file is a "regular" upload so the content travels inside the commit, and records each call.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
 from dflash_gguf.quantize.publish import publish
+from tests import local_hub
 
 TOKEN = "hf_TestSecretToken0123456789abcdefXYZ"
 
 
-class HubStub(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.calls: list[dict] = []
-        self.repos: set[str] = set()
-        self.commits: dict[str, list[list[dict]]] = {}
-        self.fail_commit: tuple[int, dict] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: HubStub
-
-    def log_message(self, *args) -> None:  # keep the test output quiet
-        pass
-
-    def _body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            data = b""
-            while True:
-                size = int(self.rfile.readline().strip(), 16)
-                if size == 0:
-                    self.rfile.readline()
-                    return data
-                data += self.rfile.read(size)
-                self.rfile.readline()
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
-    def _send(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        self._record(b"")
-        self._send(404, {"error": "not found"})
-
-    def do_POST(self) -> None:
-        body = self._body()
-        path = self._record(body)
-        hub = self.server
-        if path == "/api/repos/create":
-            req = json.loads(body)
-            repo = f"{req['organization']}/{req['name']}"
-            status = 409 if repo in hub.repos else 200
-            hub.repos.add(repo)
-            return self._send(status, {"url": f"{hub.url}/{repo}", "error": "You already created this model repo"
-                                       if status == 409 else None})
-        if path == "/api/validate-yaml":
-            return self._send(200, {"errors": [], "warnings": []})
-        parts = path.split("/")  # /api/models/ORG/NAME/(preupload|commit)/REV
-        if len(parts) == 7 and parts[:3] == ["", "api", "models"]:
-            repo, action = f"{parts[3]}/{parts[4]}", parts[5]
-            if repo not in hub.repos:
-                return self._send(404, {"error": "Repository not found"})
-            if action == "preupload":
-                files = json.loads(body)["files"]
-                return self._send(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
-                                                  for f in files]})
-            if action == "commit":
-                if hub.fail_commit:
-                    return self._send(*hub.fail_commit)
-                lines = [json.loads(line) for line in body.splitlines() if line.strip()]
-                hub.commits.setdefault(repo, []).append(lines)
-                oid = f"{len(hub.commits[repo]):040x}"
-                return self._send(200, {"commitUrl": f"{hub.url}/{repo}/commit/{oid}", "commitOid": oid,
-                                        "success": True})
-        self._send(404, {"error": f"no route {path}"})
-
-    def _record(self, body: bytes) -> str:
-        path = urlsplit(self.path).path
-        self.server.calls.append({"method": self.command, "path": path, "body": body,
-                                  "headers": {k.lower(): v for k, v in self.headers.items()}})
-        return path
-
-
-@pytest.fixture
-def hub():
-    server = HubStub()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-def _env(hub: HubStub, tmp_path: Path, token: str | None = TOKEN) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"), HF_HUB_DISABLE_TELEMETRY="1",
-               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
-    if token:
-        env["HF_TOKEN"] = token
-    return env
+def _env(hub: local_hub.LocalHub, tmp_path: Path, token: str | None = TOKEN) -> dict:
+    return local_hub.hub_env(hub, tmp_path, token)
 
 
 def _publish(*args, env: dict, verbose: bool = False) -> subprocess.CompletedProcess:

@@ -1,0 +1,426 @@
+"""Models named by their Hugging Face Hub repo id.
+
+Wherever a command takes a checkpoint or target folder, or a target GGUF, it also takes
+
+    owner/name[@revision]                   a repository at a branch, tag or commit (default: main)
+    owner/name[@revision]:QUANT             the GGUF of that quantization in a GGUF repository
+    owner/name[@revision]/path/file.gguf    one GGUF file of a repository
+
+and a local path that exists always wins over a repo id. Files go through huggingface_hub: its
+cache, resumed downloads, HF_HUB_OFFLINE=1 (from the cache only), HF_TOKEN or the stored login, and
+HF_ENDPOINT. Only the files a command reads are fetched (the drafter's config, weights, index and
+card; the target's config, tokenizer and card). A target GGUF that is not in the cache already is
+not downloaded: its header and metadata are read in place by HTTP range requests.
+
+Every Hub failure becomes one DflashError line naming the repository and what to do.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from ..errors import DflashError
+from ..quantize.licenses import LICENSE_FILE_NAMES
+from .checkpoint import INDEX_NAME
+
+log = logging.getLogger(__name__)
+
+# A drafter's files besides its weights: config, index, mask embedding (refused by the converter, so it
+# must be seen), and the card and license files a release reads and copies.
+DRAFTER_FILES = ("config.json", INDEX_NAME, "README.md", "mask_embedding.pt", *LICENSE_FILE_NAMES)
+# What the tokenizer metadata is made from (hf_vocab.py with gguf-py's SpecialVocab).
+TARGET_READ_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                     "special_tokens_map.json", "chat_template.json", "chat_template.jinja")
+TARGET_FILES = (*TARGET_READ_FILES, "README.md", *LICENSE_FILE_NAMES)
+# Prefixes of files that ride along in a GGUF repository without being the model (llama.cpp's -hf).
+SIDECAR_PREFIXES = ("dflash-", "dspark-", "eagle3-", "mtp-", "mmproj")
+
+_NAME = r"[A-Za-z0-9][\w.-]*"
+_REF = re.compile(rf"^(?P<repo>{_NAME}/{_NAME})(?:@(?P<rev>refs/pr/\d+|[\w.-]+))?"
+                  rf"(?::(?P<quant>[A-Za-z0-9_.-]+)|/(?P<path>[^@:]+\.gguf))?$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class HubRef:
+    """A model named on the Hub: a repository, maybe a revision, maybe one GGUF (by quant or path)."""
+
+    repo: str
+    revision: str | None = None
+    quant: str | None = None
+    path: str | None = None
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.quant is not None or self.path is not None
+
+    def __str__(self) -> str:
+        text = self.repo + (f"@{self.revision}" if self.revision else "")
+        return text + (f":{self.quant}" if self.quant else f"/{self.path}" if self.path else "")
+
+
+def parse_ref(text: str) -> HubRef | None:
+    m = _REF.match(str(text).strip())
+    if not m or ".." in m.group("repo") or (m.group("path") and ".." in m.group("path").split("/")):
+        return None
+    if m.group("repo").lower().endswith(".gguf"):
+        return None  # a GGUF path that does not exist, not a repository
+    return HubRef(m.group("repo"), m.group("rev"), m.group("quant"), m.group("path"))
+
+
+def as_model(value: str | os.PathLike | HubRef) -> Path | HubRef:
+    """A local path when one exists at `value`, else the repo id it spells, else the (missing) path."""
+    if isinstance(value, HubRef):
+        return value
+    path = Path(value)
+    if path.exists():
+        return path
+    return parse_ref(str(value)) or path
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """Where a model came from on the Hub: the repository and the exact commit."""
+
+    repo: str
+    revision: str          # the commit sha
+    file: str | None = None  # the file read, for a single GGUF
+    sha256: str | None = None  # that file's sha256 as the Hub declares it (LFS files)
+
+    @property
+    def url(self) -> str:
+        return f"https://huggingface.co/{self.repo}"
+
+
+def cache_source(path: str | os.PathLike) -> HubSource | None:
+    """The repository and commit of a path inside huggingface_hub's cache
+    (.../models--owner--name/snapshots/<sha>[/file]); None elsewhere."""
+    parts = Path(os.path.abspath(path)).parts
+    for i, part in enumerate(parts[:-2]):
+        if part.startswith("models--") and part.count("--") >= 2 and parts[i + 1] == "snapshots":
+            repo = part[len("models--"):].replace("--", "/", 1)
+            sha = parts[i + 2]
+            if _COMMIT.match(sha):
+                rest = "/".join(parts[i + 3:]) or None
+                return HubSource(repo, sha, rest if rest and rest.endswith(".gguf") else None)
+    return None
+
+
+def folder_name(folder: str | os.PathLike) -> str:
+    """A model folder's name: the repository's for a cache snapshot (whose own name is a commit sha)."""
+    source = cache_source(folder)
+    return source.repo.split("/")[-1] if source else Path(folder).resolve().name
+
+
+# ---------------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------------
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    return constants.is_offline_mode()
+
+
+def _offline_error(ref: HubRef) -> DflashError:
+    return DflashError(f"{ref}: not in the Hugging Face cache and HF_HUB_OFFLINE=1 forbids fetching it; run "
+                       "once online (unset HF_HUB_OFFLINE) or give a local path")
+
+
+@contextmanager
+def hub_errors(ref: HubRef):
+    """Turn huggingface_hub's and the network's exceptions into one line each."""
+    import httpx2
+    from huggingface_hub import errors
+
+    try:
+        yield
+    except DflashError:
+        raise
+    except errors.GatedRepoError:
+        from huggingface_hub import get_token
+
+        who = "this token has no access" if get_token() else "no token is set"
+        raise DflashError(f"{ref}: gated repository and {who}; accept its terms at {_endpoint()}/{ref.repo} "
+                          "and set HF_TOKEN (or `hf auth login`)") from None
+    except errors.RevisionNotFoundError:
+        raise DflashError(f"{ref}: revision {ref.revision!r} not found in {ref.repo}; give a branch, tag or "
+                          "commit that exists") from None
+    except errors.RepositoryNotFoundError:
+        raise DflashError(f"{ref}: no such local path, and no repository {ref.repo} on {_endpoint()} (a private "
+                          "one needs HF_TOKEN)") from None
+    except errors.RemoteEntryNotFoundError:
+        raise DflashError(f"{ref}: no such file in {ref.repo}" +
+                          (f" at {ref.revision}" if ref.revision else "")) from None
+    except (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError) as err:
+        if _offline():
+            raise _offline_error(ref) from None
+        raise DflashError(f"{ref}: cannot reach {_endpoint()} and not in the Hugging Face cache "
+                          f"({_first_line(err)})") from None
+    except (httpx2.ConnectError, httpx2.TimeoutException) as err:
+        raise DflashError(f"{ref}: cannot reach {_endpoint()} ({_first_line(err)}); check the network, or set "
+                          "HF_HUB_OFFLINE=1 to use the cache") from None
+    except errors.HfHubHTTPError as err:
+        raise DflashError(f"{ref}: the Hub answered {_first_line(err)}") from None
+
+
+def _first_line(err: Exception) -> str:
+    text = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+    return " ".join(text.split())
+
+
+@contextmanager
+def _quiet_progress():
+    """huggingface_hub's progress bars only on a terminal (the library does not print otherwise)."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    if sys.stderr.isatty() or are_progress_bars_disabled():
+        yield
+        return
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        enable_progress_bars()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Folders: a drafter checkpoint, a target's config and tokenizer
+# ---------------------------------------------------------------------------------------------------
+
+def _weight_files(folder: Path, ref: HubRef, revision: str) -> list[str]:
+    """The safetensors files a checkpoint is read from: the index's shards, else those at the root."""
+    index = folder / INDEX_NAME
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map") or {}
+        except (OSError, json.JSONDecodeError, AttributeError):
+            return []  # the checkpoint reader names what is wrong with it
+        return list(dict.fromkeys(str(v) for v in weight_map.values()))
+    from huggingface_hub import get_cached_repo_tree
+
+    return [f.path for f in get_cached_repo_tree(ref.repo, revision=revision)
+            if "/" not in f.path and f.path.endswith(".safetensors")]
+
+
+def fetch_folder(ref: HubRef, files: tuple[str, ...], weights: bool = False) -> Path:
+    """The repository's snapshot folder in the cache holding `files` (those it has) and, with
+    `weights`, its safetensors weights; fetched when missing."""
+    from huggingface_hub import snapshot_download
+
+    if ref.is_gguf:
+        raise DflashError(f"{ref}: names a GGUF file; a checkpoint is given as a repository (owner/name[@revision])")
+    with hub_errors(ref), _quiet_progress():
+        folder = Path(snapshot_download(ref.repo, revision=ref.revision, allow_patterns=list(files)))
+        if not (folder / "config.json").is_file():
+            raise DflashError(f"{ref}: the repository has no config.json; a checkpoint or target folder needs one "
+                              "(a GGUF repository is named owner/name:QUANT)")
+        if weights:
+            shards = _weight_files(folder, ref, folder.name)
+            if shards:
+                snapshot_download(ref.repo, revision=folder.name, allow_patterns=shards)
+    log.info("%s: using %s", ref, folder)
+    return folder
+
+
+def drafter_folder(value: str | os.PathLike | HubRef) -> Path:
+    """A drafter checkpoint folder: the local path, or the repository's config, weights, index and card."""
+    model = as_model(value)
+    return model if isinstance(model, Path) else fetch_folder(model, DRAFTER_FILES, weights=True)
+
+
+def target_folder(value: str | os.PathLike | HubRef, weights: bool = False) -> Path:
+    """A target's Hugging Face folder: the local path, or the repository's config, tokenizer and card
+    (and weights, for the PyTorch reference)."""
+    model = as_model(value)
+    return model if isinstance(model, Path) else fetch_folder(model, TARGET_FILES, weights=weights)
+
+
+# ---------------------------------------------------------------------------------------------------
+# A GGUF in a repository, read in place
+# ---------------------------------------------------------------------------------------------------
+
+def _quant_pattern(quant: str) -> re.Pattern:
+    return re.compile(rf"(?:^|[-._]){re.escape(quant)}(?:[-.]|$)", re.IGNORECASE)
+
+
+def _split_first(name: str) -> bool:
+    m = re.search(r"-(\d{5})-of-\d{5}\.gguf$", name)
+    return m is None or m.group(1) == "00001"
+
+
+def pick_gguf(ref: HubRef, files: list[str]) -> str:
+    """The file `owner/name:QUANT` means among a repository's files, as llama.cpp's -hf chooses: a
+    .gguf whose name carries the quant, not a sidecar (drafter, projector), the first part of a split."""
+    ggufs = [f for f in files if f.endswith(".gguf") and not Path(f).name.lower().startswith(SIDECAR_PREFIXES)]
+    if ref.path is not None:
+        if ref.path not in files:
+            raise DflashError(f"{ref}: no file {ref.path} in {ref.repo}" + (f"@{ref.revision}" if ref.revision else ""))
+        return ref.path
+    pattern = _quant_pattern(ref.quant)
+    matches = [f for f in ggufs if pattern.search(Path(f).name[:-len(".gguf")] + ".") and _split_first(f)]
+    if not matches:
+        quants = sorted({q for f in ggufs for q in re.findall(
+            r"(?:^|[-._])((?:IQ|Q|TQ)\d[A-Z0-9_]*|BF16|F16|F32|MXFP4[A-Z0-9_]*)(?=[-.]|$)",
+            Path(f).name[:-len(".gguf")].upper() + ".")})
+        have = f"available: {', '.join(quants)}" if quants else "it holds no model GGUF"
+        raise DflashError(f"{ref}: no GGUF file for quant {ref.quant} in {ref.repo} ({have})")
+    if len(matches) > 1:
+        exact = [f for f in matches if Path(f).name.upper().endswith(f"-{ref.quant.upper()}.GGUF")]
+        matches = exact if len(exact) == 1 else matches
+    if len(matches) > 1:
+        listed = ", ".join(matches[:4])
+        raise DflashError(f"{ref}: {len(matches)} files match {ref.quant} ({listed}); name one as "
+                          f"{ref.repo}/PATH.gguf")
+    return matches[0]
+
+
+class HubRangeFile(io.RawIOBase):
+    """A file on the Hub read by HTTP range requests (through huggingface_hub's session, token and
+    endpoint); `bytes_fetched` counts the body bytes received."""
+
+    def __init__(self, url: str, size: int, name: str, token: bool = True):
+        from huggingface_hub.utils import build_hf_headers
+
+        self.url, self.size, self.name = url, size, name
+        # A CDN location (another origin) gets no token, as huggingface_hub's own downloads do.
+        self._headers = build_hf_headers() if token else {}
+        self._pos = 0
+        self.bytes_fetched = 0
+        self.requests = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        from huggingface_hub.utils import get_session, hf_raise_for_status
+
+        want = min(len(buffer), self.size - self._pos)
+        if want <= 0:
+            return 0
+        headers = {**self._headers, "Range": f"bytes={self._pos}-{self._pos + want - 1}",
+                   "Accept-Encoding": "identity"}
+        with get_session().stream("GET", self.url, headers=headers, timeout=60) as response:
+            if response.status_code >= 400:
+                response.read()
+                hf_raise_for_status(response)
+            if response.status_code != 206:  # a whole file instead of the range: do not read it
+                raise DflashError(f"{self.name}: the server ignored the byte range (HTTP {response.status_code}); "
+                                  "download the file and give its path")
+            data = response.read()
+        self.requests += 1
+        self.bytes_fetched += len(data)
+        n = min(len(data), want)
+        buffer[:n] = data[:n]
+        self._pos += n
+        return n
+
+
+@dataclass
+class HubGGUF:
+    """A target GGUF named on the Hub, opened: from the cache when it is there, else read in place."""
+
+    gguf: object             # GGUFFile
+    source: HubSource
+    local_path: Path | None  # the cached file, when the whole file is local
+    bytes_fetched: int = 0
+    requests: int = 0
+
+
+def _cached_snapshot(repo: str, revision: str | None) -> Path | None:
+    from huggingface_hub import constants
+
+    storage = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
+    rev = revision or "main"
+    sha = rev if _COMMIT.match(rev) else None
+    ref_file = storage / "refs" / rev
+    if sha is None and ref_file.is_file():
+        sha = ref_file.read_text().strip()
+    folder = storage / "snapshots" / sha if sha else None
+    return folder if folder is not None and folder.is_dir() else None
+
+
+def _open_cached(ref: HubRef) -> HubGGUF | None:
+    from .gguf_file import GGUFFile
+
+    folder = _cached_snapshot(ref.repo, ref.revision)
+    if folder is None:
+        return None
+    files = [p.relative_to(folder).as_posix() for p in folder.rglob("*.gguf")]
+    try:
+        name = pick_gguf(ref, files)
+    except DflashError:
+        return None
+    path = folder / name
+    return HubGGUF(GGUFFile(path), HubSource(ref.repo, folder.name, name), path)
+
+
+def resolve_source(ref: HubRef) -> HubSource:
+    """The commit `ref` names now (and for a GGUF, which file), from the Hub's model info alone."""
+    from huggingface_hub import HfApi
+
+    with hub_errors(ref):
+        info = HfApi().model_info(ref.repo, revision=ref.revision)
+        name = pick_gguf(ref, [s.rfilename for s in info.siblings or []]) if ref.is_gguf else None
+    return HubSource(ref.repo, info.sha, name)
+
+
+def open_gguf(ref: HubRef) -> HubGGUF:
+    """The GGUF `ref` names: from the cache if it is there, else its header and metadata only, read by
+    range requests. Its provenance is the exact commit read."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+
+    from .gguf_file import GGUFFile
+
+    if _offline():
+        cached = _open_cached(ref)
+        if cached is None:
+            raise _offline_error(ref)
+        return cached
+    resolved = resolve_source(ref)
+    sha, name = resolved.revision, resolved.file
+    with hub_errors(ref):
+        cached = try_to_load_from_cache(ref.repo, name, revision=sha)
+        if isinstance(cached, str):
+            log.info("%s: %s is in the cache", ref, name)
+            return HubGGUF(GGUFFile(cached), HubSource(ref.repo, sha, name), Path(cached))
+        url = hf_hub_url(ref.repo, name, revision=sha)
+        meta = get_hf_file_metadata(url)
+        etag = (meta.etag or "").strip('"')
+        source = HubSource(ref.repo, sha, name, etag if _SHA256.match(etag) else None)
+        if not meta.size:
+            raise DflashError(f"{ref}: the Hub gave no size for {name}; download it and give its path")
+        # Read from where the Hub redirects (the CDN for LFS files), sparing a redirect per read.
+        same_origin = urlsplit(meta.location).netloc == urlsplit(url).netloc
+        remote = HubRangeFile(meta.location, meta.size, f"{ref.repo}/{name}", token=same_origin)
+        gguf = GGUFFile(remote, name=f"{ref.repo}/{name}")
+    log.info("%s: read %d bytes of metadata from %s (%d bytes) with %d range requests, %d bytes fetched",
+             ref, gguf.data_offset, name, meta.size, remote.requests, remote.bytes_fetched)
+    return HubGGUF(gguf, source, None, remote.bytes_fetched, remote.requests)

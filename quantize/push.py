@@ -1,0 +1,121 @@
+"""`release --push REPO`: build a release and upload it in one commit, unless REPO holds it already.
+
+A release's card records in its front matter (`release.PROVENANCE_KEY`) the tool version, the types
+and the sources: for each of the drafter and the target, the Hub repository and commit it was read
+at, or for a local source each file's sha256. Before any work, the sources are resolved (the Hub's
+model info only: nothing is downloaded; local files are hashed) and compared with the card in REPO:
+the same tool version, the same sources and every requested type present means there is nothing to
+do. Otherwise the release is built from exactly the commits compared (pinned) and committed with
+publish.py. `force` redoes it regardless.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .. import __version__
+from ..convert import hub
+from ..convert.checkpoint import Checkpoint
+from ..convert.converter import hash_files
+from ..convert.target import read_files
+from ..errors import DflashError
+from . import licenses as lic
+from .publish import PublishResult, check_repo_id, publish, require_token
+from .release import PROVENANCE_KEY, ReleaseResult, parse_types, release
+
+
+@dataclass
+class PushResult:
+    repo: str
+    skipped: bool
+    reason: str
+    sources: dict
+    release: ReleaseResult | None = None
+    publish: PublishResult | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def planned_sources(draft, target) -> tuple[dict, object, object]:
+    """(the sources as a release records them, the drafter and the target pinned to those commits)."""
+    out, pinned = {}, []
+    for role, value in (("drafter", draft), ("target", target)):
+        model = hub.as_model(value)
+        if isinstance(model, hub.HubRef):
+            src = hub.resolve_source(model)
+            out[role] = {"repo": src.repo, "revision": src.revision, **({"file": src.file} if src.file else {})}
+            pinned.append(hub.HubRef(src.repo, src.revision, path=src.file))
+            continue
+        if not model.exists():
+            raise DflashError(f"{model}: no such {role} (give a local path or a Hub repo id)")
+        if role == "drafter":
+            out[role] = {"files": hash_files(model, Checkpoint(model).source_files())}
+        else:
+            out[role] = {"files": hash_files(model if model.is_dir() else model.parent, read_files(model))}
+        pinned.append(model)
+    return out, pinned[0], pinned[1]
+
+
+def published_provenance(repo: str) -> dict | None:
+    """The provenance block of the card REPO holds; None when it has no card (or no such repo)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
+
+    with hub.hub_errors(hub.HubRef(repo)):
+        try:
+            card = Path(hf_hub_download(repo, "README.md"))
+        except GatedRepoError:
+            raise
+        except (RepositoryNotFoundError, EntryNotFoundError):
+            return None
+    meta, _ = lic.split_front_matter(card.read_text(encoding="utf-8", errors="replace"), f"{repo}/README.md")
+    block = meta.get(PROVENANCE_KEY)
+    return block if isinstance(block, dict) else None
+
+
+def same_release(published: dict | None, sources: dict, types: list[str]) -> str | None:
+    """Why REPO's release is this one (a sentence), or None when it is not."""
+    if not published or published.get("version") != __version__:
+        return None
+    for role, wanted in sources.items():
+        held = published.get(role) or {}
+        keys = ("repo", "revision", "file") if "revision" in wanted else ("files",)
+        if any(held.get(k) != wanted.get(k) for k in keys):
+            return None
+    if not set(types) <= set(published.get("types") or []):
+        return None
+    described = ", ".join(
+        f"{role} {s['repo']}@{s['revision'][:12]}" if "revision" in s else f"{role} (local, same sha256)"
+        for role, s in sources.items())
+    return f"already holds this release ({described}; {', '.join(types)}; dflash-gguf {__version__})"
+
+
+def push_release(draft, target, types: str, repo: str, *, out_dir: Path | None = None, force: bool = False,
+                 private: bool = False, **release_options) -> PushResult:
+    """Release `draft` for `target` to the Hub repository `repo` in one commit, unless it is there."""
+    check_repo_id(repo)
+    require_token()
+    wanted = parse_types(types)
+    sources, draft, target = planned_sources(draft, target)
+    if not force:
+        reason = same_release(published_provenance(repo), sources, wanted)
+        if reason:
+            return PushResult(repo, True, f"{repo} {reason}; --force redoes it", sources)
+    scratch = None
+    if out_dir is None:
+        scratch = Path(tempfile.mkdtemp(prefix="dflash-gguf-release-"))
+        out_dir = scratch / "release"
+    try:
+        built = release(draft, target, wanted, out_dir, force=force, **release_options)
+        message = (f"dflash-gguf {__version__}: " + ", ".join(
+            f"{role} {s['repo']}@{s['revision'][:12]}" for role, s in sources.items() if "revision" in s))
+        pushed = publish(out_dir, repo, private=private, message=message.rstrip(": "))
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    reason = "redone (--force)" if force else "committed"
+    return PushResult(repo, False, reason, sources, built, pushed)
