@@ -87,6 +87,9 @@ def test_release_folder_card_and_variants(apache_drafter, target_gguf, llama_bin
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left
 
     meta, body = _front(out / "README.md")
+    provenance = meta.pop("dflash_gguf")  # what it was made from (tests/test_hub.py checks it in full)
+    assert provenance["types"] == ["F16", "Q8_0", "Q4_K_M"]
+    assert provenance["target"] == {"files": {target_gguf.name: _sha256(target_gguf)}}
     assert meta == {
         "license": "apache-2.0", "base_model": "z-lab/Tiny-DFlash2", "base_model_relation": "quantized",
         "tags": ["gguf", "llama.cpp", "dflash", "speculative-decoding"], "pipeline_tag": "text-generation",
