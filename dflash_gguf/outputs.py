@@ -131,7 +131,8 @@ def _clash(out: Output, inputs: list[Input]) -> str | None:
 
 def check_outputs(outputs: Iterable[Output], inputs: Iterable[Input], *, force: bool = False) -> None:
     """Raise DflashError (one line naming the output and why) unless every output may be written."""
-    inputs = [i for i in inputs if i.path is not None and os.path.lexists(i.path)]
+    # a model named on the Hub (convert/hub.py HubRef) is no local path an output could replace
+    inputs = [i for i in inputs if isinstance(i.path, (str, os.PathLike)) and os.path.lexists(i.path)]
     outputs = list(outputs)
     for out in outputs:
         path = Path(out.path)
