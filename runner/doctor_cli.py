@@ -20,7 +20,7 @@ from .prompts import BUILTIN_PROMPTS, read_prompts
               help="The drafter's HF checkpoint folder: also check the GGUF against what it needs (sliding window).")
 @click.option("--prompts", "prompts_file", type=GGUF, help="Prompts for the measured run, one per line. "
               "Default: the built-in mix.")
-@click.option("-n", "n_predict", type=click.IntRange(1, 1024), default=64, show_default=True,
+@click.option("-n", "--n-predict", "n_predict", type=click.IntRange(1, 1024), default=64, show_default=True,
               help="New tokens per prompt in the measured run.")
 @click.option("--no-run", is_flag=True, help="Only the checks of files and arguments; start no server.")
 @build_options
