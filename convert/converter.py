@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf import LlamaFileType as FT
 
 from ..errors import CheckpointError
-from ..quantize.licenses import License, license_from_folder, with_override
+from ..release.licenses import License, license_from_folder, with_override
 from . import config_values as cv
 from . import hub, layout
 from .checkpoint import Checkpoint, DrafterCheckpoint

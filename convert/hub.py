@@ -29,7 +29,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..errors import DflashError
-from ..quantize.licenses import LICENSE_FILE_NAMES
+from ..release.licenses import LICENSE_FILE_NAMES
 from .checkpoint import INDEX_NAME
 
 log = logging.getLogger(__name__)

@@ -1,1 +1,1 @@
-"""Quantized variants, license rules, release folders and Hub publishing."""
+"""Quantized variants of a drafter GGUF: recipes, llama-quantize, the check of what it wrote."""

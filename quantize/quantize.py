@@ -29,7 +29,7 @@ from ..convert.gguf_file import GGUFFile
 from ..errors import DflashError
 from ..outputs import Input, Output, check_outputs, named_for, partial_name
 from ..runner.build import find_bin_dir, runtime_env
-from .licenses import Kind, LicenseError, license_from_gguf
+from ..release.licenses import Kind, LicenseError, license_from_gguf
 
 log = logging.getLogger(__name__)
 

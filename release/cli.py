@@ -1,11 +1,8 @@
-"""`dflash-gguf quantize`, `dflash-gguf release` and `dflash-gguf publish`."""
+"""`dflash-gguf release` and `dflash-gguf publish`."""
 
 from __future__ import annotations
 
 import json
-import logging
-import sys
-from collections import Counter
 from pathlib import Path
 
 import click
@@ -13,82 +10,9 @@ import click
 from ..convert.hub import HubRef
 from ..convert.model_param import HELP_FORMS, HELP_GGUF_FORMS, ModelParam
 from ..errors import DflashError
-from ..options import ServerArgsCommand, build_options, force_option, json_option, target_option
-from ..outputs import Input, Output, check_outputs
-from .quantize import ALL_TYPES, DEFAULT_RECIPE, RECIPES
-from .quantize import quantize as quantize_file
-
-log = logging.getLogger(__name__)
-
-_RECIPE_HELP = "; ".join(f"{r.name}: {r.description}" for r in RECIPES.values())
-
-_recipe_option = click.option(
-    "--recipe", type=click.Choice(list(RECIPES)), default=DEFAULT_RECIPE, show_default=True,
-    help=f"Which tensors keep a higher precision. {_RECIPE_HELP}.")
-_threads_option = click.option("--threads", type=click.IntRange(min=1), default=None,
-                               help="Threads for llama-quantize (default: every CPU).")
-
-
-def _progress(message: str) -> None:
-    if sys.stderr.isatty():
-        click.echo(message, err=True)
-    log.info("%s", message)
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
-
-
-def _counts(items) -> str:
-    return ", ".join(f"{t} {n}" for t, n in sorted(Counter(items).items()))
-
-
-@click.command()
-@click.argument("src", metavar="IN.gguf", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.argument("out", metavar="OUT.gguf", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--type", "qtype", required=True, metavar="TYPE",
-              help=f"llama-quantize file type: {', '.join(ALL_TYPES)}.")
-@_recipe_option
-@build_options
-@_threads_option
-@force_option
-@json_option
-def quantize(src: Path, out: Path, qtype: str, recipe: str, backend: str | None, llama_bin: Path | None,
-             threads: int | None, force: bool, as_json: bool) -> None:
-    """Quantize a drafter GGUF with llama-quantize, keeping acceptance-critical tensors precise.
-
-    IN.gguf is a drafter written by `dflash-gguf convert` (F16, BF16 or F32 tensors). The
-    recipe pins the feature projection (fc.weight) and DFlash 2's selector_* and *_conv_*
-    tensors to a higher precision than the rest. The result is read back and every tensor's
-    type checked against the recipe before OUT.gguf appears; the report lists the types
-    actually written, because llama-quantize gives rows its blocks do not divide another type
-    (K-quants need rows that are a multiple of 256 values, Q8_0 and Q4_0 a multiple of 32).
-
-    Refused with exit status 2: an input whose general.license is NoDerivatives
-    (cc-by-nd-*, cc-by-nc-nd-*), an input that is already quantized, a legacy dflash-draft file.
-
-    \b
-    Examples:
-      dflash-gguf quantize dflash-Qwen3-8B-F16.gguf dflash-Qwen3-8B-Q4_K_M.gguf --type Q4_K_M
-      dflash-gguf quantize in.gguf out.gguf --type Q8_0 --recipe plain --json
-    """
-    check_outputs([Output(out, "OUT.gguf")], [Input(src, "IN.gguf"), Input(llama_bin, "--llama-bin")], force=force)
-    r = quantize_file(src, out, qtype, recipe, llama_bin, threads, progress=_progress, backend=backend)
-    if as_json:
-        click.echo(json.dumps(r.to_dict(), indent=2))
-        return
-    click.echo(f"wrote {out} ({_mib(r.bytes)}) as {r.type} with recipe {r.recipe} in {r.seconds:.1f} s")
-    click.echo(f"  tensor types   {_counts(t.type for t in r.tensors)}")
-    kept = [t for t in r.tensors if t.role == "kept"]
-    if kept:
-        click.echo(f"  kept           {len(kept)} tensors: {_counts(t.type for t in kept)}")
-    main = ALL_TYPES[r.type].name
-    if r.off_type:
-        off = [t for t in r.tensors if t.name in set(r.off_type)]
-        click.echo(f"  not {main:<10} {len(off)} tensors: {_counts(t.type for t in off)} "
-                   "(llama-quantize's mixture, or rows its blocks do not divide; --json lists them)")
-    if r.fallbacks:
-        click.echo(f"  fallbacks      {len(r.fallbacks)} tensors had rows too short for the wanted type")
+from ..options import ServerArgsCommand, build_options, json_option, target_option
+from ..quantize.cli import mib, progress, recipe_option, threads_option
+from ..quantize.quantize import ALL_TYPES
 
 
 @click.command(cls=ServerArgsCommand)
@@ -119,11 +43,11 @@ def quantize(src: Path, out: Path, qtype: str, recipe: str, backend: str | None,
 @click.option("--base-model", metavar="ORG/NAME",
               help="The drafter's Hub repo for the card's base_model (default: from the Hub cache path or "
                    "config.json's _name_or_path).")
-@_recipe_option
+@recipe_option
 @click.option("--skip-validate", is_flag=True,
               help="Do not run the variants beside the target; the card says \"not validated\".")
 @build_options
-@_threads_option
+@threads_option
 @click.option("--force", is_flag=True,
               help="Replace an earlier release folder (one holding only files a release writes); with --push, "
                    "release again even if the repository holds this release.")
@@ -170,7 +94,7 @@ def release(draft_dir: Path | HubRef, target: Path | HubRef, types: str, out_dir
 
     options = dict(license_id=license_id, target_license_id=target_license_id, name=name, base_model=base_model,
                    recipe=recipe, skip_validate=skip_validate, backend=backend, llama_bin=llama_bin,
-                   threads=threads, server_args=server_args, progress=_progress)
+                   threads=threads, server_args=server_args, progress=progress)
     if push_repo is not None:
         from .push import push_release
 
@@ -194,7 +118,7 @@ def release(draft_dir: Path | HubRef, target: Path | HubRef, types: str, out_dir
     click.echo(f"wrote {out_dir} in {r.seconds:.1f} s  (license {license_label})")
     for v in r.variants:
         note = v.validation.get("note", "")
-        click.echo(f"  {v.file:<48} {_mib(v.bytes):>10}  {v.recipe or '-':<12} {note}")
+        click.echo(f"  {v.file:<48} {mib(v.bytes):>10}  {v.recipe or '-':<12} {note}")
     others = [f for f in r.files if not f.endswith(".gguf")]
     click.echo(f"  and {', '.join(others)}")
 
@@ -231,7 +155,7 @@ def publish(folder: Path, repo: str, private: bool, dry_run: bool, message: str 
         click.echo(json.dumps(r.to_dict(), indent=2))
         return
     verb = "would commit" if dry_run else "committed"
-    click.echo(f"{verb} {len(r.files)} files ({_mib(r.total_bytes)}) to {repo}"
+    click.echo(f"{verb} {len(r.files)} files ({mib(r.total_bytes)}) to {repo}"
                + (" (private)" if private else ""))
     for f in r.files:
         click.echo(f"  {f['path']:<52} {f['bytes']:>14,} bytes")
@@ -241,4 +165,4 @@ def publish(folder: Path, repo: str, private: bool, dry_run: bool, message: str 
         click.echo(f"commit {r.commit_url}")
 
 
-commands = [quantize, release, publish]
+commands = [release, publish]

@@ -39,7 +39,7 @@ from ..outputs import Input, Output, check_outputs, named_for, partial_name
 from ..runner.launch import parse_server_args, speculative_args
 from ..runner.sdist import sha256_file
 from . import licenses as lic
-from .quantize import DEFAULT_RECIPE, FLOAT_TYPES, RECIPES, find_llama_quantize, get_recipe, parse_type, quantize
+from ..quantize.quantize import DEFAULT_RECIPE, FLOAT_TYPES, RECIPES, find_llama_quantize, get_recipe, parse_type, quantize
 
 log = logging.getLogger(__name__)
 

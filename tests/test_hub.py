@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as QT
 
 from dflash_gguf import __version__
 from dflash_gguf.convert.gguf_file import GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, encode_header
-from dflash_gguf.quantize import licenses as lic
+from dflash_gguf.release import licenses as lic
 from tests.conftest import dflash_gguf
 from tests.gguf_compare import differences
 from tests.local_hub import Blob, LocalHub, hub_env

@@ -11,7 +11,7 @@ import pytest
 
 from dflash_gguf.confine import is_inside
 from dflash_gguf.convert.gguf_file import GGUFFile
-from dflash_gguf.quantize import licenses as lic
+from dflash_gguf.release import licenses as lic
 from tests.conftest import dflash_gguf
 from tests.test_publish import _env, _folder, _publish, tiny_gguf  # the hub fixture is conftest.py's
 

@@ -1,4 +1,4 @@
-"""The license rules (quantize/licenses.py): reading, the drafter x target matrix, overrides,
+"""The license rules (release/licenses.py): reading, the drafter x target matrix, overrides,
 gating, and what a release folder needs before it may be published. No llama.cpp needed."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from dflash_gguf.quantize import licenses as lic
-from dflash_gguf.quantize.licenses import Kind, License, LicenseError
+from dflash_gguf.release import licenses as lic
+from dflash_gguf.release.licenses import Kind, License, LicenseError
 
 
 def _lic(id_: str | None, name: str | None = None, link: str | None = None, folder: Path | None = None) -> License:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_gguf.quantize.publish import publish
+from dflash_gguf.release.publish import publish
 from tests import local_hub
 
 TOKEN = "hf_TestSecretToken0123456789abcdefXYZ"

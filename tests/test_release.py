@@ -13,8 +13,8 @@ from gguf import GGMLQuantizationType as QT
 
 from dflash_gguf.convert.gguf_file import GGUFFile
 from dflash_gguf.errors import DflashError
-from dflash_gguf.quantize import licenses as lic
-from dflash_gguf.quantize.release import release
+from dflash_gguf.release import licenses as lic
+from dflash_gguf.release.release import release
 from tests.conftest import dflash_gguf
 
 LLAMA31_NOTICE = ("Llama 3.1 is licensed under the Llama 3.1 Community License, Copyright © Meta Platforms, Inc. "

@@ -1,0 +1,91 @@
+"""`dflash-gguf quantize`, and the recipe / threads options and progress lines `release` shares."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections import Counter
+from pathlib import Path
+
+import click
+
+from ..options import build_options, force_option, json_option, target_option
+from ..outputs import Input, Output, check_outputs
+from .quantize import ALL_TYPES, DEFAULT_RECIPE, RECIPES
+from .quantize import quantize as quantize_file
+
+log = logging.getLogger(__name__)
+
+RECIPE_HELP = "; ".join(f"{r.name}: {r.description}" for r in RECIPES.values())
+
+recipe_option = click.option(
+    "--recipe", type=click.Choice(list(RECIPES)), default=DEFAULT_RECIPE, show_default=True,
+    help=f"Which tensors keep a higher precision. {RECIPE_HELP}.")
+threads_option = click.option("--threads", type=click.IntRange(min=1), default=None,
+                               help="Threads for llama-quantize (default: every CPU).")
+
+
+def progress(message: str) -> None:
+    if sys.stderr.isatty():
+        click.echo(message, err=True)
+    log.info("%s", message)
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _counts(items) -> str:
+    return ", ".join(f"{t} {n}" for t, n in sorted(Counter(items).items()))
+
+
+@click.command()
+@click.argument("src", metavar="IN.gguf", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("out", metavar="OUT.gguf", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--type", "qtype", required=True, metavar="TYPE",
+              help=f"llama-quantize file type: {', '.join(ALL_TYPES)}.")
+@recipe_option
+@build_options
+@threads_option
+@force_option
+@json_option
+def quantize(src: Path, out: Path, qtype: str, recipe: str, backend: str | None, llama_bin: Path | None,
+             threads: int | None, force: bool, as_json: bool) -> None:
+    """Quantize a drafter GGUF with llama-quantize, keeping acceptance-critical tensors precise.
+
+    IN.gguf is a drafter written by `dflash-gguf convert` (F16, BF16 or F32 tensors). The
+    recipe pins the feature projection (fc.weight) and DFlash 2's selector_* and *_conv_*
+    tensors to a higher precision than the rest. The result is read back and every tensor's
+    type checked against the recipe before OUT.gguf appears; the report lists the types
+    actually written, because llama-quantize gives rows its blocks do not divide another type
+    (K-quants need rows that are a multiple of 256 values, Q8_0 and Q4_0 a multiple of 32).
+
+    Refused with exit status 2: an input whose general.license is NoDerivatives
+    (cc-by-nd-*, cc-by-nc-nd-*), an input that is already quantized, a legacy dflash-draft file.
+
+    \b
+    Examples:
+      dflash-gguf quantize dflash-Qwen3-8B-F16.gguf dflash-Qwen3-8B-Q4_K_M.gguf --type Q4_K_M
+      dflash-gguf quantize in.gguf out.gguf --type Q8_0 --recipe plain --json
+    """
+    check_outputs([Output(out, "OUT.gguf")], [Input(src, "IN.gguf"), Input(llama_bin, "--llama-bin")], force=force)
+    r = quantize_file(src, out, qtype, recipe, llama_bin, threads, progress=progress, backend=backend)
+    if as_json:
+        click.echo(json.dumps(r.to_dict(), indent=2))
+        return
+    click.echo(f"wrote {out} ({mib(r.bytes)}) as {r.type} with recipe {r.recipe} in {r.seconds:.1f} s")
+    click.echo(f"  tensor types   {_counts(t.type for t in r.tensors)}")
+    kept = [t for t in r.tensors if t.role == "kept"]
+    if kept:
+        click.echo(f"  kept           {len(kept)} tensors: {_counts(t.type for t in kept)}")
+    main = ALL_TYPES[r.type].name
+    if r.off_type:
+        off = [t for t in r.tensors if t.name in set(r.off_type)]
+        click.echo(f"  not {main:<10} {len(off)} tensors: {_counts(t.type for t in off)} "
+                   "(llama-quantize's mixture, or rows its blocks do not divide; --json lists them)")
+    if r.fallbacks:
+        click.echo(f"  fallbacks      {len(r.fallbacks)} tensors had rows too short for the wanted type")
+
+
+commands = [quantize]
