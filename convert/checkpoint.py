@@ -9,8 +9,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError
-from ..inputs import InputError, load_json
+from ..errors import CheckpointError, InputError
+from ..inputs import load_json
 from . import config_values as cv
 from . import layout
 from .safetensors_file import StoredTensor, read_header

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import DflashError
+from ..errors import GGUFFormatError, OptionError
 from ..options import force_option, json_option, target_option
 from ..outputs import Input, Output, check_outputs
 from . import hub
@@ -99,17 +99,17 @@ def convert(src: Path | hub.HubRef, target: Path | hub.HubRef | None, out: Path 
     try:
         if isinstance(src, Path) and src.is_file():
             if outtype not in ("auto",):
-                raise DflashError("--outtype applies to checkpoints; a legacy GGUF is migrated as it is")
+                raise OptionError("--outtype applies to checkpoints; a legacy GGUF is migrated as it is")
             with GGUFFile(src) as probe:
                 if not is_legacy(probe):
-                    raise DflashError(
+                    raise GGUFFormatError(
                         f"{src}: general.architecture is {probe.architecture!r}; only legacy 'dflash-draft' files "
                         "are migrated (a checkpoint is given as its folder)")
             warnings = migrate(src, out, load_target(target) if target else None, progress=bar)
             summary = {"source": str(src), "kind": "legacy migration", "output": str(out)}
         else:
             if target is None:
-                raise DflashError("--target is required for a checkpoint: give the target's GGUF or its HF folder")
+                raise OptionError("--target is required for a checkpoint: give the target's GGUF or its HF folder")
             planned = convert_checkpoint(src, target, out, outtype, license_id, progress=bar)
             warnings = planned.warnings
             summary = {"source": str(src), "kind": "checkpoint", "variant": planned.variant,

@@ -21,9 +21,9 @@ from typing import Any, BinaryIO
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
-from ..errors import GGUFFormatError
+from ..errors import GGUFFormatError, InputError
 from .keys import General
-from ..inputs import InputError, open_regular
+from ..inputs import open_regular
 from ..outputs import named_for, partial_name
 
 MAGIC = b"GGUF"

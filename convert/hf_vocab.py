@@ -15,8 +15,8 @@ from pathlib import Path
 
 import gguf
 
-from ..errors import TargetError
-from ..inputs import InputError, load_json
+from ..errors import InputError, TargetError
+from ..inputs import load_json
 from .gguf_file import KV, kv_from_writer
 from .keys import ARCH, Tokenizer
 

@@ -12,7 +12,7 @@ HF_ENDPOINT. Only the files a command reads are fetched (the drafter's config, w
 card; the target's config, tokenizer and card). A target GGUF that is not in the cache already is
 not downloaded: its header and metadata are read in place by HTTP range requests.
 
-Every Hub failure becomes one DflashError line naming the repository and what to do.
+Every Hub failure becomes one HubError line naming the repository and what to do.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..errors import DflashError
+from ..errors import DflashError, HubError
 from ..release.licenses import LICENSE_FILE_NAMES
 from .checkpoint import INDEX_NAME
 
@@ -138,9 +138,9 @@ def _offline() -> bool:
     return constants.is_offline_mode()
 
 
-def _offline_error(ref: HubRef) -> DflashError:
-    return DflashError(f"{ref}: not in the Hugging Face cache and HF_HUB_OFFLINE=1 forbids fetching it; run "
-                       "once online (unset HF_HUB_OFFLINE) or give a local path")
+def _offline_error(ref: HubRef) -> HubError:
+    return HubError(f"{ref}: not in the Hugging Face cache and HF_HUB_OFFLINE=1 forbids fetching it; run "
+                    "once online (unset HF_HUB_OFFLINE) or give a local path")
 
 
 @contextmanager
@@ -157,27 +157,27 @@ def hub_errors(ref: HubRef):
         from huggingface_hub import get_token
 
         who = "this token has no access" if get_token() else "no token is set"
-        raise DflashError(f"{ref}: gated repository and {who}; accept its terms at {_endpoint()}/{ref.repo} "
-                          "and set HF_TOKEN (or `hf auth login`)") from None
+        raise HubError(f"{ref}: gated repository and {who}; accept its terms at {_endpoint()}/{ref.repo} "
+                       "and set HF_TOKEN (or `hf auth login`)") from None
     except errors.RevisionNotFoundError:
-        raise DflashError(f"{ref}: revision {ref.revision!r} not found in {ref.repo}; give a branch, tag or "
-                          "commit that exists") from None
+        raise HubError(f"{ref}: revision {ref.revision!r} not found in {ref.repo}; give a branch, tag or "
+                       "commit that exists") from None
     except errors.RepositoryNotFoundError:
-        raise DflashError(f"{ref}: no such local path, and no repository {ref.repo} on {_endpoint()} (a private "
-                          "one needs HF_TOKEN)") from None
+        raise HubError(f"{ref}: no such local path, and no repository {ref.repo} on {_endpoint()} (a private "
+                       "one needs HF_TOKEN)") from None
     except errors.RemoteEntryNotFoundError:
-        raise DflashError(f"{ref}: no such file in {ref.repo}" +
+        raise HubError(f"{ref}: no such file in {ref.repo}" +
                           (f" at {ref.revision}" if ref.revision else "")) from None
     except (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError) as err:
         if _offline():
             raise _offline_error(ref) from None
-        raise DflashError(f"{ref}: cannot reach {_endpoint()} and not in the Hugging Face cache "
-                          f"({_first_line(err)})") from None
+        raise HubError(f"{ref}: cannot reach {_endpoint()} and not in the Hugging Face cache "
+                       f"({_first_line(err)})") from None
     except (httpx2.ConnectError, httpx2.TimeoutException) as err:
-        raise DflashError(f"{ref}: cannot reach {_endpoint()} ({_first_line(err)}); check the network, or set "
-                          "HF_HUB_OFFLINE=1 to use the cache") from None
+        raise HubError(f"{ref}: cannot reach {_endpoint()} ({_first_line(err)}); check the network, or set "
+                       "HF_HUB_OFFLINE=1 to use the cache") from None
     except errors.HfHubHTTPError as err:
-        raise DflashError(f"{ref}: the Hub answered {_first_line(err)}") from None
+        raise HubError(f"{ref}: the Hub answered {_first_line(err)}") from None
 
 
 def _first_line(err: Exception) -> str:
@@ -225,12 +225,12 @@ def fetch_folder(ref: HubRef, files: tuple[str, ...], weights: bool = False) -> 
     from huggingface_hub import snapshot_download
 
     if ref.is_gguf:
-        raise DflashError(f"{ref}: names a GGUF file; a checkpoint is given as a repository (owner/name[@revision])")
+        raise HubError(f"{ref}: names a GGUF file; a checkpoint is given as a repository (owner/name[@revision])")
     with hub_errors(ref), _quiet_progress():
         folder = Path(snapshot_download(ref.repo, revision=ref.revision, allow_patterns=list(files)))
         if not (folder / "config.json").is_file():
-            raise DflashError(f"{ref}: the repository has no config.json; a checkpoint or target folder needs one "
-                              "(a GGUF repository is named owner/name:QUANT)")
+            raise HubError(f"{ref}: the repository has no config.json; a checkpoint or target folder needs one "
+                           "(a GGUF repository is named owner/name:QUANT)")
         if weights:
             shards = _weight_files(folder, ref, folder.name)
             if shards:
@@ -271,7 +271,7 @@ def pick_gguf(ref: HubRef, files: list[str]) -> str:
     ggufs = [f for f in files if f.endswith(".gguf") and not Path(f).name.lower().startswith(SIDECAR_PREFIXES)]
     if ref.path is not None:
         if ref.path not in files:
-            raise DflashError(f"{ref}: no file {ref.path} in {ref.repo}" + (f"@{ref.revision}" if ref.revision else ""))
+            raise HubError(f"{ref}: no file {ref.path} in {ref.repo}" + (f"@{ref.revision}" if ref.revision else ""))
         return ref.path
     pattern = _quant_pattern(ref.quant)
     matches = [f for f in ggufs if pattern.search(Path(f).name[:-len(".gguf")] + ".") and _split_first(f)]
@@ -280,14 +280,14 @@ def pick_gguf(ref: HubRef, files: list[str]) -> str:
             r"(?:^|[-._])((?:IQ|Q|TQ)\d[A-Z0-9_]*|BF16|F16|F32|MXFP4[A-Z0-9_]*)(?=[-.]|$)",
             Path(f).name[:-len(".gguf")].upper() + ".")})
         have = f"available: {', '.join(quants)}" if quants else "it holds no model GGUF"
-        raise DflashError(f"{ref}: no GGUF file for quant {ref.quant} in {ref.repo} ({have})")
+        raise HubError(f"{ref}: no GGUF file for quant {ref.quant} in {ref.repo} ({have})")
     if len(matches) > 1:
         exact = [f for f in matches if Path(f).name.upper().endswith(f"-{ref.quant.upper()}.GGUF")]
         matches = exact if len(exact) == 1 else matches
     if len(matches) > 1:
         listed = ", ".join(matches[:4])
-        raise DflashError(f"{ref}: {len(matches)} files match {ref.quant} ({listed}); name one as "
-                          f"{ref.repo}/PATH.gguf")
+        raise HubError(f"{ref}: {len(matches)} files match {ref.quant} ({listed}); name one as "
+                       f"{ref.repo}/PATH.gguf")
     return matches[0]
 
 
@@ -332,8 +332,8 @@ class HubRangeFile(io.RawIOBase):
                 response.read()
                 hf_raise_for_status(response)
             if response.status_code != 206:  # a whole file instead of the range: do not read it
-                raise DflashError(f"{self.name}: the server ignored the byte range (HTTP {response.status_code}); "
-                                  "download the file and give its path")
+                raise HubError(f"{self.name}: the server ignored the byte range (HTTP {response.status_code}); "
+                               "download the file and give its path")
             data = response.read()
         self.requests += 1
         self.bytes_fetched += len(data)
@@ -416,7 +416,7 @@ def open_gguf(ref: HubRef) -> HubGGUF:
         etag = (meta.etag or "").strip('"')
         source = HubSource(ref.repo, sha, name, etag if _SHA256.match(etag) else None)
         if not meta.size:
-            raise DflashError(f"{ref}: the Hub gave no size for {name}; download it and give its path")
+            raise HubError(f"{ref}: the Hub gave no size for {name}; download it and give its path")
         # Read from where the Hub redirects (the CDN for LFS files), sparing a redirect per read.
         same_origin = urlsplit(meta.location).netloc == urlsplit(url).netloc
         remote = HubRangeFile(meta.location, meta.size, f"{ref.repo}/{name}", token=same_origin)

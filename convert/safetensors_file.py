@@ -13,8 +13,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..errors import CheckpointError
-from ..inputs import InputError, open_regular, parse_json
+from ..errors import CheckpointError, InputError
+from ..inputs import open_regular, parse_json
 from .gguf_file import FileSpan
 
 # safetensors dtype -> (numpy dtype used to read it, bytes per element)

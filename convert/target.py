@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import TargetError
-from ..inputs import InputError, load_json
+from ..errors import InputError, TargetError
+from ..inputs import load_json
 from . import config_values as cv
 from . import hub
 from .gguf_file import KV, GGUFFile

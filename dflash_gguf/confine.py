@@ -12,11 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import DflashError
-
-
-class OutsideFolderError(DflashError):
-    """A file of a folder is a link that leads out of it."""
+from .errors import OutsideFolderError
 
 
 def root_of(folder: Path | str) -> Path:

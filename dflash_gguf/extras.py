@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 
-from .errors import DflashError
+from .errors import MissingExtraError
 
 # extra -> the modules it brings that the code imports
 EXTRAS = {
     "reference": ("torch", "transformers", "dflash"),
     "train": ("torch", "transformers", "tokenizers"),
 }
-
-
-class MissingExtraError(DflashError):
-    """A command needs an optional dependency group that is not installed."""
 
 
 def missing(extra: str) -> list[str]:

@@ -12,13 +12,9 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import DflashError
+from .errors import InputError
 
 TEXT_LIMIT = 64 << 20  # bytes: far above any config.json, tokenizer.json or model card
-
-
-class InputError(DflashError):
-    """An input file cannot be read as one."""
 
 
 def open_regular(path: Path | str, what: str = "file") -> BinaryIO:

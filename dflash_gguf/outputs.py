@@ -26,7 +26,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from .errors import DflashError
+from .errors import OutputError
 
 # How deep, and how many entries, an input folder is walked for the files it holds (a checkpoint keeps
 # its config in a subfolder at most); a folder beyond that is still protected as a whole.
@@ -130,7 +130,7 @@ def _clash(out: Output, inputs: list[Input]) -> str | None:
 
 
 def check_outputs(outputs: Iterable[Output], inputs: Iterable[Input], *, force: bool = False) -> None:
-    """Raise DflashError (one line naming the output and why) unless every output may be written."""
+    """Raise OutputError (one line naming the output and why) unless every output may be written."""
     # a model named on the Hub (convert/hub.py HubRef) is no local path an output could replace
     inputs = [i for i in inputs if isinstance(i.path, (str, os.PathLike)) and os.path.lexists(i.path)]
     outputs = list(outputs)
@@ -138,36 +138,36 @@ def check_outputs(outputs: Iterable[Output], inputs: Iterable[Input], *, force: 
         path = Path(out.path)
         why = _clash(out, inputs)
         if why:
-            raise DflashError(f"{out.option} {path}: {why}; an output never replaces an input, "
+            raise OutputError(f"{out.option} {path}: {why}; an output never replaces an input, "
                               "--force or not: write it elsewhere")
         if not path.parent.is_dir() and str(path.parent) not in ("", "."):
-            raise DflashError(f"{out.option} {path}: the folder {path.parent} does not exist")
+            raise OutputError(f"{out.option} {path}: the folder {path.parent} does not exist")
         if not os.path.lexists(path):
             continue
         try:
             st = os.stat(path)
         except OSError:
-            raise DflashError(f"{out.option} {path}: a link to nothing; remove it or give another name") from None
+            raise OutputError(f"{out.option} {path}: a link to nothing; remove it or give another name") from None
         if out.folder:
             if not stat.S_ISDIR(st.st_mode):
-                raise DflashError(f"{out.option} {path}: exists and is not a folder")
+                raise OutputError(f"{out.option} {path}: exists and is not a folder")
             continue
         if stat.S_ISDIR(st.st_mode):
-            raise DflashError(f"{out.option} {path}: is a folder; give a file name, e.g. {path / 'out.gguf'}"
+            raise OutputError(f"{out.option} {path}: is a folder; give a file name, e.g. {path / 'out.gguf'}"
                               if out.what == "file" else f"{out.option} {path}: is a folder; give a file name")
         if not stat.S_ISREG(st.st_mode):
-            raise DflashError(f"{out.option} {path}: is not a regular file (a FIFO, socket or device); "
+            raise OutputError(f"{out.option} {path}: is not a regular file (a FIFO, socket or device); "
                               "give a file name")
         if out.replace is Replace.FORCE and not force:
-            raise DflashError(f"{out.option} {path}: already exists; pass --force to replace it")
+            raise OutputError(f"{out.option} {path}: already exists; pass --force to replace it")
         if out.replace is Replace.OWNED and st.st_size and not (out.owned and out.owned(path)):
-            raise DflashError(f"{out.option} {path}: already exists and is not a {out.what} this command "
+            raise OutputError(f"{out.option} {path}: already exists and is not a {out.what} this command "
                               f"wrote; give a new file name or remove it first")
     seen: dict[str, str] = {}
     for out in outputs:
         real = os.path.realpath(out.path)
         if real in seen:
-            raise DflashError(f"{out.option} {out.path}: is also {seen[real]}; give each output its own name")
+            raise OutputError(f"{out.option} {out.path}: is also {seen[real]}; give each output its own name")
         seen[real] = out.option
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ..options import build_options, force_option, json_option, target_option
+from ..options import build_options, force_option, json_option
 from ..outputs import Input, Output, check_outputs
 from .quantize import ALL_TYPES, DEFAULT_RECIPE, RECIPES
 from .quantize import quantize as quantize_file

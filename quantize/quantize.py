@@ -26,7 +26,7 @@ from gguf import GGMLQuantizationType as QT
 
 from ..convert.describe import describe
 from ..convert.gguf_file import GGUFFile
-from ..errors import DflashError
+from ..errors import QuantizeError
 from ..outputs import Input, Output, check_outputs, named_for, partial_name
 from ..runner.build import find_bin_dir, runtime_env
 from ..release.licenses import Kind, LicenseError, license_from_gguf
@@ -70,16 +70,16 @@ DEFAULT_RECIPE = "plain"
 
 
 def parse_type(name: str, option: str = "--type") -> str:
-    """A type name as this tool spells it ("q4_k_m" -> "Q4_K_M"); DflashError when unknown."""
+    """A type name as this tool spells it ("q4_k_m" -> "Q4_K_M"); QuantizeError when unknown."""
     key = name.strip().upper()
     if key not in ALL_TYPES:
-        raise DflashError(f"{option} {name.strip()!r}: choose from {', '.join(ALL_TYPES)}")
+        raise QuantizeError(f"{option} {name.strip()!r}: choose from {', '.join(ALL_TYPES)}")
     return key
 
 
 def get_recipe(name: str) -> Recipe:
     if name not in RECIPES:
-        raise DflashError(f"--recipe {name!r}: choose one of {', '.join(RECIPES)}")
+        raise QuantizeError(f"--recipe {name!r}: choose one of {', '.join(RECIPES)}")
     return RECIPES[name]
 
 
@@ -130,7 +130,7 @@ def find_llama_quantize(llama_bin: Path | None = None, backend: str | None = Non
     """`llama-quantize` in `llama_bin`, else in the patched build for `backend`."""
     exe = find_bin_dir(backend, llama_bin) / ("llama-quantize.exe" if os.name == "nt" else "llama-quantize")
     if not exe.is_file():
-        raise DflashError(f"{exe}: not found; --llama-bin must be the bin folder of a llama.cpp build")
+        raise QuantizeError(f"{exe}: not found; --llama-bin must be the bin folder of a llama.cpp build")
     return exe
 
 
@@ -199,7 +199,7 @@ def check_input(src: Path) -> GGUFFile:
         describe(f).require_runnable()
         quantized = sorted({t.type.name for t in f.tensors.values() if t.type not in FLOAT_TYPES.values()})
         if quantized:
-            raise DflashError(f"{src}: already holds quantized tensors ({', '.join(quantized)}); quantize from "
+            raise QuantizeError(f"{src}: already holds quantized tensors ({', '.join(quantized)}); quantize from "
                               "the F16/BF16/F32 conversion instead")
         lic = license_from_gguf(src, f)
         if lic.kind is Kind.NO_DERIVATIVES:
@@ -221,16 +221,16 @@ def _role(name: str, shape: tuple[int, ...], qtype: str, recipe: Recipe) -> str:
 
 def verify(src: GGUFFile, out: Path, qtype: str, recipe: Recipe) -> list[TensorReport]:
     """Read the written file back: same tensors and shapes, every key kept, and each tensor of the
-    type the recipe promises. Raises DflashError naming the first tensors that are not."""
+    type the recipe promises. Raises QuantizeError naming the first tensors that are not."""
     with GGUFFile(out) as q:
         missing = sorted(set(src.tensors) - set(q.tensors))
         extra = sorted(set(q.tensors) - set(src.tensors))
         if missing or extra:
-            raise DflashError(f"{out}: llama-quantize changed the tensor set "
+            raise QuantizeError(f"{out}: llama-quantize changed the tensor set "
                               f"(missing {missing[:3]}, extra {extra[:3]})")
         lost = sorted(k for k in src.kv if k not in q.kv)
         if lost:
-            raise DflashError(f"{out}: llama-quantize dropped metadata {', '.join(lost[:5])}")
+            raise QuantizeError(f"{out}: llama-quantize dropped metadata {', '.join(lost[:5])}")
         reports, wrong = [], []
         for name, t in src.tensors.items():
             got = q.tensors[name]
@@ -244,7 +244,7 @@ def verify(src: GGUFFile, out: Path, qtype: str, recipe: Recipe) -> list[TensorR
                                         _role(name, t.shape, qtype, recipe)))
         if wrong:
             more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
-            raise DflashError(f"{out}: tensor types differ from recipe {recipe.name}: {'; '.join(wrong[:3])}{more}")
+            raise QuantizeError(f"{out}: tensor types differ from recipe {recipe.name}: {'; '.join(wrong[:3])}{more}")
         return reports
 
 
@@ -274,7 +274,7 @@ def quantize(src: str | Path, out: str | Path, qtype: str, recipe: str = DEFAULT
         text = proc.stdout + proc.stderr
         if proc.returncode != 0 or not tmp.is_file():
             reason = failure_reason(text)
-            raise DflashError(f"llama-quantize failed on {src} (exit {proc.returncode}): {reason}")
+            raise QuantizeError(f"llama-quantize failed on {src} (exit {proc.returncode}): {reason}")
         reports = verify(source, tmp, qtype, rec)
         os.replace(tmp, out)
     except OSError as err:

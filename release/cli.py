@@ -9,7 +9,7 @@ import click
 
 from ..convert.hub import HubRef
 from ..convert.model_param import HELP_FORMS, HELP_GGUF_FORMS, ModelParam
-from ..errors import DflashError
+from ..errors import OptionError
 from ..options import ServerArgsCommand, build_options, json_option, target_option
 from ..quantize.cli import mib, progress, recipe_option, threads_option
 from ..quantize.quantize import ALL_TYPES
@@ -107,7 +107,7 @@ def release(draft_dir: Path | HubRef, target: Path | HubRef, types: str, out_dir
             click.echo(f"{pushed.reason} {len(pushed.publish.files)} files to {push_repo}: {pushed.publish.commit_url}")
         return
     if out_dir is None:
-        raise DflashError("-o/--out: give the release folder to write (or --push ORG/NAME to upload it)")
+        raise OptionError("-o/--out: give the release folder to write (or --push ORG/NAME to upload it)")
     r = build_release(draft_dir, target, types, out_dir, force=force, **options)
     for message in r.warnings:
         click.echo(f"warning: {message}", err=True)

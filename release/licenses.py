@@ -28,12 +28,8 @@ from pathlib import Path
 import yaml
 
 from ..confine import file_in
-from ..errors import DflashError
+from ..errors import LicenseError
 from ..inputs import open_regular
-
-
-class LicenseError(DflashError):
-    """The license terms forbid, or do not say enough to allow, what was asked."""
 
 
 class Kind(str, Enum):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..confine import check_inside, file_in
-from ..errors import DflashError
+from ..errors import DflashError, PublishError
 from . import licenses as lic
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ class Upload:
 
 def check_repo_id(repo: str) -> str:
     if not _REPO_ID.match(repo) or ".." in repo or repo.endswith((".git", ".")):
-        raise DflashError(f"--repo {repo!r}: give the repository as ORG/NAME (letters, digits, '.', '_', '-')")
+        raise PublishError(f"--repo {repo!r}: give the repository as ORG/NAME (letters, digits, '.', '_', '-')")
     return repo
 
 
@@ -56,11 +56,11 @@ def plan_upload(folder: str | Path) -> tuple[list[Upload], list[str]]:
     exactly what its card lists, nothing that leads out of it, and that it may be published."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise DflashError(f"{folder}: not a folder; give the folder `dflash-gguf release` wrote")
+        raise PublishError(f"{folder}: not a folder; give the folder `dflash-gguf release` wrote")
     readme = file_in(folder, "README.md", "model card")
     if readme is None:
-        raise DflashError(f"{folder / 'README.md'}: missing; a release needs its model card (license, base_model) "
-                          "in the same commit")
+        raise PublishError(f"{folder / 'README.md'}: missing; a release needs its model card (license, base_model) "
+                           "in the same commit")
     meta, body = lic.split_front_matter(lic.read_text(readme), str(readme))
     listed = release_listing(meta, body)
     uploads, ggufs, extra, skipped = [], [], [], []
@@ -74,13 +74,13 @@ def plan_upload(folder: str | Path) -> tuple[list[Upload], list[str]]:
             extra.append(name + "/")
             continue
         if not path.is_file():
-            raise DflashError(f"{path}: not a regular file")
+            raise PublishError(f"{path}: not a regular file")
         if path.suffix == ".gguf":
             if not name.startswith("dflash-"):
-                raise DflashError(f"{path}: drafter files sit at the folder's root and are named dflash-*.gguf "
-                                  "(llama.cpp's drafter discovery looks for that prefix)")
+                raise PublishError(f"{path}: drafter files sit at the folder's root and are named dflash-*.gguf "
+                                   "(llama.cpp's drafter discovery looks for that prefix)")
             if _SPLIT.search(name):
-                raise DflashError(f"{path}: split GGUF; publish one file per quantization, never split")
+                raise PublishError(f"{path}: split GGUF; publish one file per quantization, never split")
         if name not in listed:
             extra.append(name)
             continue
@@ -89,13 +89,13 @@ def plan_upload(folder: str | Path) -> tuple[list[Upload], list[str]]:
         uploads.append(Upload(name, path.stat().st_size, str(path)))
     if extra:
         more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
-        raise DflashError(f"{folder}: {', '.join(extra[:5])}{more} not part of the release (its README.md does not "
-                          "list them); a release holds only what its card lists: move them out of the folder")
+        raise PublishError(f"{folder}: {', '.join(extra[:5])}{more} not part of the release (its README.md does not "
+                           "list them); a release holds only what its card lists: move them out of the folder")
     missing = sorted(listed - {u.path for u in uploads})
     if missing:
-        raise DflashError(f"{readme}: lists {', '.join(missing[:5])}, which the folder lacks")
+        raise PublishError(f"{readme}: lists {', '.join(missing[:5])}, which the folder lacks")
     if not ggufs:
-        raise DflashError(f"{folder}: no dflash-*.gguf file to publish")
+        raise PublishError(f"{folder}: no dflash-*.gguf file to publish")
     problems = lic.publish_problems(folder, ggufs)
     if problems:
         raise lic.LicenseError("; ".join(problems))
@@ -127,7 +127,7 @@ def require_token() -> str:
 
     token = get_token()
     if not token:
-        raise DflashError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (or use --dry-run)")
+        raise PublishError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (or use --dry-run)")
     return token
 
 
@@ -177,7 +177,7 @@ def publish(folder: str | Path, repo: str, *, private: bool = False, dry_run: bo
     except DflashError:
         raise
     except Exception as err:  # noqa: BLE001 - the network boundary: one line, never the token
-        raise DflashError(_scrub(f"publishing to {repo} failed: {_one_line(err)}", secrets)) from None
+        raise PublishError(_scrub(f"publishing to {repo} failed: {_one_line(err)}", secrets)) from None
     result.commit_url = str(info.commit_url)
     result.commit_oid = str(info.oid)
     return result

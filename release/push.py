@@ -21,7 +21,7 @@ from ..convert import hub
 from ..convert.checkpoint import Checkpoint
 from ..convert.converter import hash_files
 from ..convert.target import read_files
-from ..errors import DflashError
+from ..errors import ReleaseError
 from . import licenses as lic
 from .publish import PublishResult, check_repo_id, publish, require_token
 from .release import PROVENANCE_KEY, ReleaseResult, parse_types, release
@@ -51,7 +51,7 @@ def planned_sources(draft, target) -> tuple[dict, object, object]:
             pinned.append(hub.HubRef(src.repo, src.revision, path=src.file))
             continue
         if not model.exists():
-            raise DflashError(f"{model}: no such {role} (give a local path or a Hub repo id)")
+            raise ReleaseError(f"{model}: no such {role} (give a local path or a Hub repo id)")
         if role == "drafter":
             out[role] = {"files": hash_files(model, Checkpoint(model).source_files())}
         else:

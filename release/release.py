@@ -33,7 +33,7 @@ from ..convert.gguf_file import GGUFFile
 from ..confine import check_inside, file_in
 from ..convert.keys import General
 from ..convert.target import TargetInfo, load_target
-from ..errors import DflashError
+from ..errors import ReleaseError
 from ..inputs import InputError, load_json
 from ..outputs import Input, Output, check_outputs, named_for, partial_name
 from ..runner.launch import parse_server_args, speculative_args
@@ -57,7 +57,7 @@ def safe_name(text: str) -> str:
     """A name fit for a Hub file name: letters, digits, '.', '_' and '-' only."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", text.strip()).strip("-.")
     if not name:
-        raise DflashError(f"--name {text!r}: nothing left for a file name; give letters, digits, '.', '_', '-'")
+        raise ReleaseError(f"--name {text!r}: nothing left for a file name; give letters, digits, '.', '_', '-'")
     return name
 
 
@@ -132,7 +132,7 @@ def validate_variant(target: Path | TargetInfo, draft_path: Path, settings=None)
     Returns {"validated": bool, "tau": float | None, "speedup": float | None, "note": str}: tau is
     the report's `mean_acceptance_length` (tokens produced per target verification step), speedup
     tokens/s with the drafter over the target alone. A report whose verdict is not 0 (the
-    speculative output differs from the target's own) raises DflashError, which stops the release
+    speculative output differs from the target's own) raises ReleaseError, which stops the release
     and leaves nothing behind. For a target given as a folder (llama-server needs the target's
     GGUF) the card says "not validated".
     """
@@ -150,8 +150,8 @@ def validate_variant(target: Path | TargetInfo, draft_path: Path, settings=None)
     result = validator.validate(target, draft_path, list(BUILTIN_PROMPTS), settings or validator.ValidationSettings())
     if validator.verdict(result, False) != 0:
         bad = sum(1 for d in result.get("divergences", []) if d.get("kind") != "tie")
-        raise DflashError(f"{draft_path.name}: validation failed: with the drafter, {bad} token(s) were not "
-                          f"{target.name}'s own; run `dflash-gguf validate` for the report")
+        raise ReleaseError(f"{draft_path.name}: validation failed: with the drafter, {bad} token(s) were not "
+                           f"{target.name}'s own; run `dflash-gguf validate` for the report")
     speedup = result.get("speedup")
     return {"validated": True, "tau": float(result["mean_acceptance_length"]),
             "speedup": float(speedup) if speedup is not None else None, "note": "validated"}
@@ -403,7 +403,7 @@ def parse_types(types: str | list[str]) -> list[str]:
     items = types.split(",") if isinstance(types, str) else list(types)
     out = list(dict.fromkeys(parse_type(t, "--types") for t in items if t.strip()))
     if not out:
-        raise DflashError("--types: give at least one type, e.g. F16,Q8_0,Q4_K_M")
+        raise ReleaseError("--types: give at least one type, e.g. F16,Q8_0,Q4_K_M")
     return out
 
 
@@ -416,18 +416,18 @@ def is_release_file(name: str) -> bool:
 
 def _check_destination(out_dir: Path, force: bool) -> None:
     if not out_dir.parent.is_dir():
-        raise DflashError(f"{out_dir.parent}: folder does not exist")
+        raise ReleaseError(f"{out_dir.parent}: folder does not exist")
     if out_dir.exists():
         if not out_dir.is_dir():
-            raise DflashError(f"{out_dir}: exists and is not a folder")
+            raise ReleaseError(f"{out_dir}: exists and is not a folder")
         present = sorted(p.name for p in out_dir.iterdir())
         if present and not force:
-            raise DflashError(f"{out_dir}: already exists; pass --force to replace it")
+            raise ReleaseError(f"{out_dir}: already exists; pass --force to replace it")
         foreign = [n for n in present if not is_release_file(n) or not (out_dir / n).is_file()]
         if foreign:
             more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
-            raise DflashError(f"{out_dir}: holds {', '.join(foreign[:3])}{more}, which a release does not write; "
-                              "--force only replaces an earlier release folder")
+            raise ReleaseError(f"{out_dir}: holds {', '.join(foreign[:3])}{more}, which a release does not write; "
+                               "--force only replaces an earlier release folder")
 
 
 def _resolve_target(target: str | Path | hub.HubRef) -> Path | TargetInfo:
@@ -437,8 +437,8 @@ def _resolve_target(target: str | Path | hub.HubRef) -> Path | TargetInfo:
     if isinstance(model, hub.HubRef):
         return load_target(model) if model.is_gguf else hub.target_folder(model)
     if not model.exists():
-        raise DflashError(f"{model}: no such target (give the target's .gguf file or its Hugging Face folder, "
-                          "or a Hub repo id)")
+        raise ReleaseError(f"{model}: no such target (give the target's .gguf file or its Hugging Face folder, "
+                           "or a Hub repo id)")
     return model
 
 
@@ -474,8 +474,8 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
     wanted = parse_types(types)
     rec = get_recipe(recipe)
     if server_args and skip_validate:
-        raise DflashError("llama-server arguments after -- are for validating the variants; "
-                          "--skip-validate runs no server")
+        raise ReleaseError("llama-server arguments after -- are for validating the variants; "
+                           "--skip-validate runs no server")
     parse_server_args(server_args)  # refuse what the runner manages before any work
     check_outputs([Output(out_dir, "-o", folder=True)],
                   [Input(draft_dir, "DRAFT_DIR"), Input(target, "--target"), Input(llama_bin, "--llama-bin")])
@@ -485,7 +485,7 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
     # 0. the sources, local or fetched from the Hub (only what is read)
     draft_dir = hub.drafter_folder(draft_dir)
     if not (draft_dir / "config.json").is_file():
-        raise DflashError(f"{draft_dir}: not a drafter checkpoint folder (no config.json)")
+        raise ReleaseError(f"{draft_dir}: not a drafter checkpoint folder (no config.json)")
     target = _resolve_target(target)
 
     # 1. the license rules, before anything is written

@@ -28,7 +28,7 @@ from ..convert.describe import describe
 from ..convert.gguf_file import GGUFFile
 from ..convert.keys import DFlash, Tokenizer
 from ..convert.target import load_target
-from ..errors import DflashError, TargetError
+from ..errors import DflashError, ServerArgsError, TargetError
 from . import compare
 from .launch import check_pair, dflash_server
 
@@ -81,14 +81,14 @@ def check_args(args: Sequence[str]) -> list[Finding]:
             findings.append(Finding("draft-p-min", f"--spec-draft-p-min {p_min}: drafts stop at the first token the "
                                     "drafter is unsure of, so fewer are accepted per step; leave it at 0"))
     except ValueError:
-        raise DflashError(f"--spec-draft-p-min {p_min!r}: not a number") from None
+        raise ServerArgsError(f"--spec-draft-p-min {p_min!r}: not a number") from None
     slots = _arg(args, ("-np", "--parallel"))
     try:
         if slots is not None and int(slots) >= MANY_SLOTS:
             findings.append(Finding("parallel-slots", f"-np {slots}: acceptance drops with many slots decoding "
                                     "together (llama.cpp #27117); use -np 1 or 2 for the fastest single stream"))
     except ValueError:
-        raise DflashError(f"-np {slots!r}: not a number") from None
+        raise ServerArgsError(f"-np {slots!r}: not a number") from None
     return findings
 
 

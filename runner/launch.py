@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from ..convert.compat import check_dflash2_shapes, check_fits_target
 from ..convert.describe import DrafterDescription, describe
 from ..convert.target import load_target
-from ..errors import DflashError
+from ..errors import ServerArgsError
 from .server import DEFAULT_HOST, LlamaServer
 
 DEFAULT_PARALLEL = 1  # one slot: DFlash acceptance drops with many (llama.cpp #27117)
@@ -83,7 +83,7 @@ def _number(flag: str, value: str | None, low: int, high: int | None = None) -> 
         number = None
     if number is None or number < low or (high is not None and number > high):
         span = f"{low}..{high}" if high is not None else f"at least {low}"
-        raise DflashError(f"{flag} {value!r} after --: expected a whole number, {span}")
+        raise ServerArgsError(f"{flag} {value!r} after --: expected a whole number, {span}")
     return number
 
 
@@ -91,7 +91,7 @@ def _api_key_from_file(path: str) -> str | None:
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as err:
-        raise DflashError(f"{path}: {err.strerror or err}; --api-key-file after -- must be a readable file") from None
+        raise ServerArgsError(f"{path}: {err.strerror or err}; --api-key-file after -- must be a readable file") from None
     return next((line for line in lines if line and not line.startswith("#")), None)
 
 
@@ -106,19 +106,19 @@ def parse_server_args(args: Sequence[str]) -> ServerArgs:
         flag, inline = _split(args[i])
         for flags, fix in _REFUSED.items():
             if flag in flags:
-                raise DflashError(f"{flag} after --: {fix}; it cannot be given to llama-server here")
+                raise ServerArgsError(f"{flag} after --: {fix}; it cannot be given to llama-server here")
         takes = next((what for flags, what in _HONOURED.items() if flag in flags), None)
         if takes is not None or flag in _API_KEY + _API_KEY_FILE:
             value = inline
             if value is None:
                 if i + 1 >= len(args):
-                    raise DflashError(f"{flag} after -- needs a value")
+                    raise ServerArgsError(f"{flag} after -- needs a value")
                 value, i = args[i + 1], i + 1
             if takes == "port":
                 honoured[takes] = _number(flag, value, 1, 65535)
             elif takes == "host":
                 if "," in value or value.endswith(".sock"):
-                    raise DflashError(f"--host {value!r} after --: the runner talks to one TCP address; give one host")
+                    raise ServerArgsError(f"--host {value!r} after --: the runner talks to one TCP address; give one host")
                 honoured[takes] = value
             elif takes is not None:
                 honoured[takes] = _number(flag, value, 1)
@@ -137,7 +137,7 @@ def _once(name: str, option: Any, given: ServerArgs) -> Any:
     after = given.honoured.get(name)
     if option is not None and after is not None and option != after:
         flag = {"draft_max": "--draft-max", "parallel": "--parallel"}.get(name, f"--{name}")
-        raise DflashError(f"{flag} is {option} but {after} after --; give it once")
+        raise ServerArgsError(f"{flag} is {option} but {after} after --; give it once")
     return after if after is not None else option
 
 

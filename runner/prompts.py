@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import DflashError
+from ..errors import InputError
 from ..inputs import read_text
 
 BUILTIN_PROMPTS: tuple[str, ...] = (
@@ -31,7 +31,7 @@ def read_prompts(path: str | Path) -> list[str]:
     lines = read_text(path, "prompts file").splitlines()
     prompts = [_unescape(line) for line in lines if line.strip()]
     if not prompts:
-        raise DflashError(f"{path}: no prompts (expected one prompt per line)")
+        raise InputError(f"{path}: no prompts (expected one prompt per line)")
     return prompts
 
 

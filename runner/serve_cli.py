@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import DflashError, ServerError
+from ..errors import OptionError, ServerError
 from ..options import (
     ServerArgsCommand,
     build_options,
@@ -94,7 +94,7 @@ def _checked_url(url: str) -> str:
     except ValueError:
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise DflashError(f"--url {url!r}: give a running llama-server's address, e.g. http://127.0.0.1:8080")
+        raise OptionError(f"--url {url!r}: give a running llama-server's address, e.g. http://127.0.0.1:8080")
     return url
 
 
@@ -154,10 +154,10 @@ def generate(prompts: tuple[str, ...], url: str | None, target: Path | None, dra
       dflash-gguf generate --url http://127.0.0.1:8080 --json "Hello" "Write a haiku"
     """
     if url is not None and (target is not None or draft is not None or server_args):
-        raise DflashError("generate: give either --url of a running server, or --target and --draft "
+        raise OptionError("generate: give either --url of a running server, or --target and --draft "
                           "(and llama-server arguments after --) to start one, not both")
     if url is None and (target is None or draft is None):
-        raise DflashError("generate: give --url of a running server, or --target and --draft to start one")
+        raise OptionError("generate: give --url of a running server, or --target and --draft to start one")
 
     def run(client: LlamaClient) -> dict:
         before = _metrics(client)

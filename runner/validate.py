@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 from ..convert import hub
 from ..convert.hub import HubRef
-from ..errors import DflashError
+from ..errors import InputError
 from . import compare
 from .build import find_bin_dir
 from .client import Completion, LlamaClient
@@ -122,7 +122,7 @@ def tokenize_prompts(client: LlamaClient, prompts: Sequence[str]) -> list[list[i
     ids = [client.tokenize(p, add_special=True, parse_special=True) for p in prompts]
     for prompt, tokens in zip(prompts, ids):
         if not tokens:
-            raise DflashError(f"prompt {prompt[:40]!r} tokenizes to nothing; give a non-empty prompt")
+            raise InputError(f"prompt {prompt[:40]!r} tokenizes to nothing; give a non-empty prompt")
     return ids
 
 

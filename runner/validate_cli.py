@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ..convert.model_param import ModelParam
-from ..errors import DflashError
+from ..errors import OptionError
 from ..extras import require
 from ..options import GGUF, ServerArgsCommand, build_options, draft_option, json_option, target_option
 from ..outputs import Input, Output, Replace, check_outputs, write_text
@@ -172,10 +172,10 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
     if temperature == 0:
         given = [name for name, value in sampling_options.items() if value is not None]
         if given:
-            raise DflashError(f"{given[0]}: a sampling option; give --temperature above 0 with it "
+            raise OptionError(f"{given[0]}: a sampling option; give --temperature above 0 with it "
                               "(greedy runs are checked token by token)")
         if (reference_draft is None) != (reference_target is None):
-            raise DflashError("--reference-draft and --reference-target go together")
+            raise OptionError("--reference-draft and --reference-target go together")
         if reference_draft is not None:
             require("reference", "--reference-draft")
         report = validate(target, draft, prompts, settings, baseline, progress=lambda msg: click.echo(msg, err=True))
@@ -184,7 +184,7 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
     for flag, used in (("--strict", strict), ("--reference-draft", reference_draft),
                        ("--reference-target", reference_target)):
         if used:
-            raise DflashError(f"{flag}: applies to greedy runs; leave it out with --temperature above 0")
+            raise OptionError(f"{flag}: applies to greedy runs; leave it out with --temperature above 0")
     chosen = {name[2:].replace("-", "_"): value for name, value in sampling_options.items() if value is not None}
     sampling = Sampling(temperature=temperature, **chosen)
     report = validate_distribution(target, draft, prompts, settings, sampling, baseline,
