@@ -431,6 +431,20 @@ def merge_gating(*metas: dict) -> dict:
     return out
 
 
+def describe_license(license_: License) -> str:
+    """A license as the card and LICENSES.md state it: the id, a Llama agreement's title and link,
+    or an `other` license's name and link."""
+    if license_.id == "other":
+        link = license_.link or ""
+        if link and "://" not in link and license_.repo:
+            link = f"https://huggingface.co/{license_.repo}/blob/main/{link}"
+        return f"{license_.name} ({link})" if link else str(license_.name)
+    if license_.id in LLAMA:
+        terms = LLAMA[license_.id]
+        return f"{license_.id}: {terms.title} ({terms.agreement})"
+    return f"{license_.id}"
+
+
 # ---------------------------------------------------------------------------------------------
 # What a release folder must hold before it is published
 # ---------------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ from ..convert.target import read_files
 from ..errors import ReleaseError
 from . import licenses as lic
 from .publish import PublishResult, check_repo_id, publish, require_token
-from .release import PROVENANCE_KEY, ReleaseResult, parse_types, release
+from .card import PROVENANCE_KEY, ReleaseResult
+from .release import parse_types, release
 
 
 @dataclass

@@ -1,0 +1,90 @@
+"""What a release is called and where its models come from: file names, Hub repo ids, the target
+(local, or named on the Hub) and its declared license."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ..convert import hub
+from ..convert.gguf_file import GGUFFile
+from ..convert.keys import General
+from ..convert.target import TargetInfo, load_target
+from ..errors import InputError, ReleaseError
+from ..inputs import load_json
+from . import licenses as lic
+
+_QUANT_SUFFIX = re.compile(r"[-._](F32|F16|BF16|Q\d[A-Z0-9_]*|IQ\d[A-Z0-9_]*|MXFP4[A-Z0-9_]*)$", re.IGNORECASE)
+
+
+def safe_name(text: str) -> str:
+    """A name fit for a Hub file name: letters, digits, '.', '_' and '-' only."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", text.strip()).strip("-.")
+    if not name:
+        raise ReleaseError(f"--name {text!r}: nothing left for a file name; give letters, digits, '.', '_', '-'")
+    return name
+
+
+def variant_file(name: str, qtype: str) -> str:
+    """`dflash-<Target>-<QUANT>.gguf`, the name llama.cpp's drafter discovery looks for."""
+    return f"dflash-{name}-{qtype}.gguf"
+
+
+def _hub_cache_repo(path: Path) -> str | None:
+    source = hub.cache_source(path)
+    return source.repo if source else None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = load_json(path, "config file")
+    except InputError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def target_facts(target: Path | TargetInfo) -> tuple[str, str | None, lic.License]:
+    """(a short name for file names, the target's Hub repo id when known, its declared license).
+    `target` is a folder, a GGUF file, or a target GGUF already read (from the Hub)."""
+    if isinstance(target, Path) and target.is_dir():
+        repo = _hub_cache_repo(target)
+        name_or_path = str(_read_json(target / "config.json").get("_name_or_path") or "")
+        if repo is None and re.fullmatch(r"[\w.-]+/[\w.-]+", name_or_path):
+            repo = name_or_path
+        declared = lic.license_from_folder(target, repo)
+        return (repo.split("/")[-1] if repo else hub.folder_name(target)), repo, declared
+    if isinstance(target, TargetInfo):
+        path, general, source = target.path, target.general, target.source
+    else:
+        path, source = target, hub.cache_source(target)
+        with GGUFFile(target) as f:
+            general = {k: kv.value for k, kv in f.kv.items() if k.startswith("general.")}
+    url = general.get(General.REPO_URL) or general.get(General.SOURCE_REPO_URL)
+    declared = lic.license_from_gguf(path, general)
+    repo = None
+    if url:
+        m = re.search(r"huggingface\.co/([\w.-]+/[\w.-]+)", url) or re.fullmatch(r"([\w.-]+/[\w.-]+)", url)
+        repo = m.group(1) if m else None
+    repo = repo or (source.repo if source else None)
+    return _QUANT_SUFFIX.sub("", path.stem) or path.stem, repo, declared
+
+
+def drafter_repo(draft_dir: Path) -> str | None:
+    """The drafter's Hub repo id: from the Hub cache path, else config.json's `_name_or_path`."""
+    repo = _hub_cache_repo(draft_dir)
+    if repo:
+        return repo
+    name_or_path = str(_read_json(Path(draft_dir) / "config.json").get("_name_or_path") or "")
+    return name_or_path if re.fullmatch(r"[\w.-]+/[\w.-]+", name_or_path) else None
+
+
+def resolve_target(target: str | Path | hub.HubRef) -> Path | TargetInfo:
+    """A local target path; a target folder named on the Hub, fetched (config, tokenizer, card);
+    or a target GGUF named on the Hub, read once (in place unless it is in the cache)."""
+    model = hub.as_model(target)
+    if isinstance(model, hub.HubRef):
+        return load_target(model) if model.is_gguf else hub.target_folder(model)
+    if not model.exists():
+        raise ReleaseError(f"{model}: no such target (give the target's .gguf file or its Hugging Face folder, "
+                           "or a Hub repo id)")
+    return model
