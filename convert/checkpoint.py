@@ -13,6 +13,7 @@ from ..errors import CheckpointError, InputError
 from ..inputs import load_json
 from . import config_values as cv
 from . import layout
+from .quantized import FP8Weight, dequantized
 from .safetensors_file import StoredTensor, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -122,8 +123,8 @@ class Checkpoint:
         return [self.config_path, *([index] if index.is_file() else []), *self._shard_files()]
 
     @cached_property
-    def tensors(self) -> dict[str, StoredTensor]:
-        """Every stored tensor by its table name; headers validated."""
+    def stored_tensors(self) -> dict[str, StoredTensor]:
+        """Every stored tensor by its table name, as stored; headers validated."""
         out: dict[str, StoredTensor] = {}
         for path in self._shard_files():
             for raw_name, t in read_header(path).items():
@@ -134,10 +135,20 @@ class Checkpoint:
         return out
 
     @cached_property
+    def tensors(self) -> dict[str, StoredTensor | FP8Weight]:
+        """The tensors the model is made of: an FP8 export's weights dequantized, its scales folded in."""
+        return dequantized(self.stored_tensors, self.config, self.config_path)
+
+    @property
+    def table_tensors(self) -> dict:
+        """The tensors the HF->GGUF table maps."""
+        return self.tensors
+
+    @cached_property
     def first_matrix_dtype(self) -> str | None:
-        """The dtype of the first 2-D tensor stored: what `--outtype auto` follows."""
-        for t in self.tensors.values():
-            if len(t.shape) >= 2:
+        """What `--outtype auto` follows, as upstream: the first stored 2-D tensor in bf16 or f16."""
+        for t in self.stored_tensors.values():
+            if len(t.shape) >= 2 and t.dtype in ("BF16", "F16"):
                 return t.dtype
         return None
 
@@ -147,6 +158,10 @@ class DrafterCheckpoint(Checkpoint):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        # EAGLE3-style exports (DSpark speculators) keep the layer settings in transformer_layer_config
+        self.eagle3_style = "transformer_layer_config" in self.config or "aux_hidden_state_layer_ids" in self.config
+        layer_config = cv.mapping(self.config_path, "transformer_layer_config", self.config.get("transformer_layer_config"))
+        self.config = {**self.config, **layer_config}
         self.dflash_config: dict = cv.mapping(self.config_path, "dflash_config", self.config.get("dflash_config"))
 
     def setting(self, name: str, default: Any = None) -> Any:
@@ -181,6 +196,12 @@ class DrafterCheckpoint(Checkpoint):
     @cached_property
     def target_layer_ids(self) -> list[int]:
         ids = self.setting("target_layer_ids")
+        aux = self.config.get("aux_hidden_state_layer_ids")
+        if "dflash_config" not in self.config and aux is not None:
+            # EAGLE3 numbering: hidden_states indices, i.e. target_layer_ids + 1
+            if not isinstance(aux, list) or not aux or not all(isinstance(i, int) and i > 0 for i in aux):
+                raise CheckpointError(f"{self.config_path}: 'aux_hidden_state_layer_ids' must be a non-empty list of positive integers")
+            return [i - 1 for i in aux]
         if ids is None:
             if self.setting("num_target_layers") is None:
                 raise CheckpointError(
@@ -212,8 +233,39 @@ class DrafterCheckpoint(Checkpoint):
     def selector(self) -> tuple[int, int] | None:
         return self.pair("selector_rank", "selector_top_k")
 
+    # -- DSpark ----------------------------------------------------------------------------------
+    @cached_property
+    def draft_vocab_size(self) -> int:
+        """Rows of a DSpark drafter's own vocabulary (its lm_head and markov_w2), d2t mapping them."""
+        n = int(self.config.get("draft_vocab_size") or self.vocab_size)
+        if n > self.vocab_size:
+            raise CheckpointError(
+                f"{self.config_path}: draft_vocab_size {n} exceeds vocab_size {self.vocab_size}; fix draft_vocab_size")
+        return n
+
+    @property
+    def markov_rank(self) -> int:
+        w1 = self.tensors.get("markov_head.markov_w1.weight")
+        return w1.shape[-1] if w1 is not None and len(w1.shape) == 2 else 0
+
+    @property
+    def sample_from_anchor(self) -> bool:
+        """DFlash-lineage DSpark samples from the anchor; EAGLE3-style exports use a bonus anchor slot."""
+        return bool(self.config.get("sample_from_anchor", not self.eagle3_style))
+
+    @cached_property
+    def table_tensors(self):
+        """The tensors the HF->GGUF table maps: without DSpark's d2t (written apart) and t2d (unused),
+        nor the lm_head of a full-vocabulary DSpark drafter (llama.cpp borrows the target's)."""
+        if self.variant != layout.DSPARK:
+            return self.tensors
+        drop = {"d2t", "t2d"} | ({"lm_head.weight"} if self.draft_vocab_size == self.vocab_size else set())
+        return {n: t for n, t in self.tensors.items() if n not in drop}
+
     def geometry(self) -> layout.Geometry:
         kernel, group = self.conv or (0, 1)
         return dataclasses.replace(
             super().geometry(), n_taps=len(self.target_layer_ids), conv_kernel=kernel,
-            conv_groups=self.hidden_size // group if group else 0, selector_rank=(self.selector or (0, 0))[0])
+            conv_groups=self.hidden_size // group if group else 0, selector_rank=(self.selector or (0, 0))[0],
+            markov_rank=self.markov_rank,
+            draft_vocab=self.draft_vocab_size if self.variant == layout.DSPARK else 0)

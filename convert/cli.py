@@ -70,13 +70,14 @@ def _default_out(src: Path | hub.HubRef, outtype: str) -> Path:
 @json_option
 def convert(src: Path | hub.HubRef, target: Path | hub.HubRef | None, out: Path | None, outtype: str,
             license_id: str | None, force: bool, as_json: bool) -> None:
-    """Convert a DFlash / DFlash 2 drafter to the GGUF mainline llama.cpp loads.
+    """Convert a DFlash / DFlash 2 / DSpark drafter to the GGUF mainline llama.cpp loads.
 
-    SRC is a drafter checkpoint folder (config.json with architectures DFlashDraftModel or
-    DFlash2DraftModel, plus one or more .safetensors files, sharded through
-    model.safetensors.index.json) or its Hub repo id owner/name[@revision] (only its config,
-    weights, index and card are fetched, into the Hugging Face cache), or a legacy fork GGUF
-    (general.architecture = dflash-draft) to migrate without touching its tensor bytes.
+    SRC is a drafter checkpoint folder (config.json with architectures DFlashDraftModel,
+    DFlash2DraftModel or a DSpark name such as DSparkDraftModel, plus one or more .safetensors
+    files, sharded through model.safetensors.index.json; FP8 exports are dequantized exactly,
+    a mask_embedding.pt beside them is honoured) or its Hub repo id owner/name[@revision] (only
+    its config, weights, index and card are fetched, into the Hugging Face cache), or a legacy
+    fork GGUF (general.architecture = dflash-draft) to migrate without touching its tensor bytes.
 
     The GGUF records the drafter's and the target's Hub repository and commit when they came
     from the Hub (general.source.*, general.base_model.0.*); --json reports them, and for a

@@ -24,6 +24,8 @@ from .checkpoint import Checkpoint, DrafterCheckpoint
 from .compat import DrafterFacts, check_dflash2_shapes, check_fits_target
 from .gguf_file import FileSpan, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
 from .keys import ARCH, DFlash, General, Tokenizer
+from .mask_embedding import own_embeddings
+from .quantized import FP8
 from .safetensors_file import StoredTensor, iter_row_chunks, iter_spans, to_float32
 from .target import TargetInfo, load_target
 
@@ -93,7 +95,30 @@ def tensor_type(gguf_name: str, shape: tuple[int, ...], outtype: str) -> QT:
     return qtype
 
 
+def _bf16_bits_from_float64(values: np.ndarray) -> np.ndarray:
+    """float64 -> bf16 rounded once, to nearest even: float32 rounded to odd keeps the sticky bit
+    that a plain float32 step would lose (a float64 just above a bf16 tie would round down)."""
+    f32 = values.astype(np.float32)
+    too_far = np.abs(f32.astype(np.float64)) > np.abs(values)
+    f32 = np.where(too_far, np.nextafter(f32, np.float32(0)), f32)
+    bits = f32.view(np.uint32) | (f32.astype(np.float64) != values).astype(np.uint32)
+    bits = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
+    return np.where(np.isnan(values), 0x7FC0, bits).astype(np.uint16)
+
+
+def _encode_exact(values: np.ndarray, qtype: QT) -> np.ndarray:
+    """Exact float64 values (dequantized FP8) in the GGML type, rounded once."""
+    if qtype == QT.BF16:
+        return _bf16_bits_from_float64(values)
+    if qtype == QT.F16:
+        return values.astype(np.float16)  # numpy rounds float64 -> float16 directly
+    rows = values.astype(np.float32)
+    return rows if qtype == QT.F32 else gguf.quants.quantize(rows, qtype)
+
+
 def _encode_rows(raw: np.ndarray, src_dtype: str, qtype: QT) -> np.ndarray:
+    if src_dtype == FP8:
+        return _encode_exact(raw, qtype)
     if qtype == QT.BF16 and src_dtype == "BF16":
         # bf16 -> f32 -> bf16 is exact; upstream only changes signalling NaNs to quiet ones.
         nan = (raw & 0x7FFF) > 0x7F80
@@ -127,15 +152,20 @@ def _verbatim(stored: StoredTensor) -> Iterator[FileSpan | np.ndarray]:
         yield chunk if isinstance(chunk, FileSpan) else _encode_rows(chunk, "BF16", QT.BF16)
 
 
-def _chunks(stored: StoredTensor, qtype: QT, row_order: np.ndarray | None) -> Callable[[], Iterator]:
+def _row_chunks(stored) -> Iterator[np.ndarray]:
+    """Raw rows of a stored tensor, or the rows a derived source (FP8, patched embeddings) makes."""
+    return iter_row_chunks(stored) if isinstance(stored, StoredTensor) else stored.iter_rows()
+
+
+def _chunks(stored, qtype: QT, row_order: np.ndarray | None) -> Callable[[], Iterator]:
     def produce() -> Iterator[FileSpan | np.ndarray]:
-        if row_order is None and (stored.dtype, qtype) in _IDENTITY:
+        if row_order is None and isinstance(stored, StoredTensor) and (stored.dtype, qtype) in _IDENTITY:
             yield from _verbatim(stored)
         elif row_order is None:
-            for raw in iter_row_chunks(stored):
+            for raw in _row_chunks(stored):
                 yield _encode_rows(raw, stored.dtype, qtype)
         else:  # small tensors only (q/k projections and norms): read whole, reorder rows
-            whole = np.concatenate([c.reshape(-1) for c in iter_row_chunks(stored)])
+            whole = np.concatenate([c.reshape(-1) for c in _row_chunks(stored)])
             yield _encode_rows(whole.reshape(stored.shape[0], -1)[row_order], stored.dtype, qtype)
     return produce
 
@@ -153,21 +183,65 @@ def _check_variant_settings(ckpt: DrafterCheckpoint) -> None:
     if ckpt.variant == layout.DFLASH2 and not (conv and selector):
         missing = "conv_kernel_size/conv_group_size" if not conv else "selector_rank/selector_top_k"
         raise CheckpointError(f"{ckpt.config_path}: DFlash2DraftModel needs {missing}; add them to dflash_config")
+    _check_attention_bias(ckpt)
+    if ckpt.variant == layout.DSPARK:
+        _check_dspark(ckpt)
     if ckpt.variant == layout.DFLASH and (conv or selector):
         raise CheckpointError(
             f"{ckpt.config_path}: DFlashDraftModel config sets DFlash 2 fields (conv/selector); "
             "set architectures to DFlash2DraftModel or remove them")
-    if (ckpt.folder / "mask_embedding.pt").is_file():
+
+
+def _check_dspark(ckpt: DrafterCheckpoint) -> None:
+    if (head := ckpt.config.get("markov_head_type", "vanilla")) != "vanilla":
         raise CheckpointError(
-            f"{ckpt.folder / 'mask_embedding.pt'}: drafters with their own mask embedding are not supported yet")
+            f"{ckpt.config_path}: markov_head_type {head!r}: llama.cpp runs only the 'vanilla' DSpark Markov head")
+    if ckpt.draft_vocab_size < ckpt.vocab_size and "d2t" not in ckpt.tensors:
+        raise CheckpointError(
+            f"{ckpt.folder}: draft_vocab_size {ckpt.draft_vocab_size} < vocab_size {ckpt.vocab_size} but there is no "
+            "d2t tensor mapping draft ids to target ids; the checkpoint is incomplete")
+
+
+def _d2t_chunks(ckpt: DrafterCheckpoint) -> tuple[PlannedTensor, ...]:
+    """DSpark's d2t (draft id -> offset to its target id) as absolute target ids, I64, as upstream writes it."""
+    stored = ckpt.tensors.get("d2t")
+    if ckpt.variant != layout.DSPARK or stored is None:
+        return ()
+    if stored.dtype not in ("I64", "I32"):
+        raise CheckpointError(f"{stored.file}: tensor 'd2t' has dtype {stored.dtype}; expected integer offsets")
+    offsets = np.concatenate([c.reshape(-1) for c in iter_row_chunks(stored)]).astype(np.int64)
+    if offsets.size != ckpt.draft_vocab_size:
+        raise CheckpointError(
+            f"{stored.file}: d2t has {offsets.size} entries, draft_vocab_size is {ckpt.draft_vocab_size}; they must agree")
+    ids = offsets + np.arange(offsets.size, dtype=np.int64)
+    if ((ids < 0) | (ids >= ckpt.vocab_size)).any():
+        raise CheckpointError(f"{stored.file}: d2t maps draft ids outside the target vocabulary 0..{ckpt.vocab_size - 1}")
+    if np.unique(ids).size != ids.size:
+        raise CheckpointError(f"{stored.file}: d2t maps two draft ids to the same target id")
+    return (PlannedTensor(TensorInfo("d2t", (ids.size,), QT.I64), lambda: iter((ids,))),)
+
+
+def _check_attention_bias(ckpt: DrafterCheckpoint) -> None:
+    """q/k/v/o biases exactly when config.json says attention_bias (the reference builds them then)."""
+    names = [rule.hf_name(i) for i in range(ckpt.n_layers) for rule in layout.ATTENTION_BIASES]
+    present = [n for n in names if n in ckpt.tensors]
+    if ckpt.config.get("attention_bias", False) and len(present) != len(names):
+        missing = [n for n in names if n not in ckpt.tensors]
+        raise CheckpointError(
+            f"{ckpt.folder}: config.json sets attention_bias but tensor(s) {', '.join(missing[:4])} are missing; "
+            "the checkpoint is incomplete")
+    if present and not ckpt.config.get("attention_bias", False):
+        raise CheckpointError(
+            f"{ckpt.config_path}: the checkpoint has attention biases ({present[0]}, ...) but attention_bias is "
+            "not true; set \"attention_bias\": true as the drafter was trained")
 
 
 def match_tensors(ckpt: Checkpoint, variant: str, table: tuple[layout.TensorRule, ...] = layout.TENSORS,
                   ) -> list[tuple[str, StoredTensor, tuple[int, ...]]]:
     """(gguf name, stored tensor, expected shape) for every tensor; refuses missing or unexpected ones."""
     geometry = ckpt.geometry()
-    stored = {n: t for n, t in ckpt.tensors.items() if not n.endswith(layout.IGNORED_HF_SUFFIXES)}
-    expected = layout.expected_tensors(variant, ckpt.n_layers, table)
+    stored = {n: t for n, t in ckpt.table_tensors.items() if not n.endswith(layout.IGNORED_HF_SUFFIXES)}
+    expected = layout.expected_tensors(variant, ckpt.n_layers, table, present=set(stored))
     wanted = {rule.hf_name(bid) for rule, bid in expected}
     missing = [rule.hf_name(bid) for rule, bid in expected if rule.hf_name(bid) not in stored]
     if missing:
@@ -225,8 +299,22 @@ def qwen3_hparams(ckpt: Checkpoint, arch: str, file_type: FT) -> tuple[gguf.GGUF
         if orig is None:
             raise CheckpointError(f"{ckpt.config_path}: yarn rope scaling needs original_max_position_embeddings")
         w.add_rope_scaling_orig_ctx_len(orig)
+        if (ext := rope.get("extrapolation_factor")) is not None:
+            w.add_rope_scaling_yarn_ext_factor(ext)
+        if (attn := rope.get("attention_factor", rope.get("attn_factor"))) is not None:
+            w.add_rope_scaling_yarn_attn_factor(attn)
+        if (beta_fast := rope.get("beta_fast")) is not None:
+            w.add_rope_scaling_yarn_beta_fast(beta_fast)
+        if (beta_slow := rope.get("beta_slow")) is not None:
+            w.add_rope_scaling_yarn_beta_slow(beta_slow)
     elif rope_type not in (None, "default"):
         raise CheckpointError(f"{ckpt.config_path}: rope type {rope_type!r} is not supported for DFlash drafters")
+    # MoE-derived drafter configs (gpt-oss) keep the target's expert counts; upstream writes them
+    if (n_expert := cv.optional_integer(src, "num_local_experts", cfg.get("num_local_experts", cfg.get("num_experts")))) is not None:
+        w.add_expert_count(n_expert)
+    if (n_used := cv.optional_integer(src, "num_experts_per_tok",
+                                      cfg.get("num_experts_per_tok", cfg.get("num_experts_per_token")))) is not None:
+        w.add_expert_used_count(n_used)
     if (rope_theta := cv.optional_number(src, "rope_theta", rope.get("rope_theta", cfg.get("rope_theta")),
                                          positive=True)) is not None:
         w.add_rope_freq_base(rope_theta)
@@ -281,6 +369,9 @@ def _dflash_metadata(ckpt: DrafterCheckpoint, target: TargetInfo, file_type: FT,
         w.add_bool(DFlash.CAUSAL, bool(causal))
     if target.uses_mrope:
         w.add_array(DFlash.ROPE_DIMENSION_SECTIONS, [ckpt.head_dim // 2, 0, 0, 0])
+    if ckpt.variant == layout.DSPARK:
+        w.add_bool(DFlash.SAMPLE_FROM_ANCHOR, ckpt.sample_from_anchor)
+        w.add_bool(DFlash.HAS_CONFIDENCE_HEAD, "confidence_head.proj.weight" in ckpt.tensors)
     return w
 
 
@@ -349,6 +440,7 @@ def plan_conversion(src: str | Path, target: str | Path | TargetInfo, outtype: s
     tensors = match_tensors(ckpt, ckpt.variant)
     target_info = target if isinstance(target, TargetInfo) else load_target(target, ckpt.vocab_size)
     warnings = check_fits_target(facts, target_info)
+    tensors = own_embeddings(ckpt, target_info.path) + tensors
 
     outtype = resolve_outtype(outtype, ckpt.first_matrix_dtype)
     writer = _dflash_metadata(ckpt, target_info, _FILE_TYPES[outtype], drafter_license(ckpt, license_id))
@@ -361,6 +453,7 @@ def plan_conversion(src: str | Path, target: str | Path | TargetInfo, outtype: s
         plan.add_kv([kv for kv in kv_from_writer(mask) if kv.key == Tokenizer.MASK_ID])
 
     add_tensors(plan, tensors, outtype, ckpt)
+    plan.tensors.extend(_d2t_chunks(ckpt))
     return ConversionPlan(plan, ckpt.variant, outtype, warnings, ckpt.folder, ckpt.source_files(), target_info)
 
 

@@ -85,6 +85,7 @@ class DFlash:
     ROPE_DIMENSION_SECTIONS = _dflash(_K.Rope.DIMENSION_SECTIONS)
     # DSpark: bool, default true (anchor-first block: a whole block of drafts)
     SAMPLE_FROM_ANCHOR = f"{ARCH}.sample_from_anchor"
+    HAS_CONFIDENCE_HEAD = f"{ARCH}.has_confidence_head"  # DSpark: bool, the confidence head is present
 
     REQUIRED = (BLOCK_COUNT, EMBEDDING_LENGTH, FEED_FORWARD_LENGTH, HEAD_COUNT, LAYERNORM_RMS_EPS, TARGET_LAYERS)
     DFLASH2 = (CONV_KERNEL_SIZE, CONV_GROUP_SIZE, SELECTOR_RANK, SELECTOR_TOP_K)

@@ -16,7 +16,22 @@ DSPARK = "dspark"
 LEGACY = "legacy"
 
 VARIANT_NAMES = {DFLASH: "DFlash", DFLASH2: "DFlash 2", DSPARK: "DSpark", LEGACY: "legacy fork"}
-ARCHITECTURES = {"DFlashDraftModel": DFLASH, "DFlash2DraftModel": DFLASH2}
+ARCHITECTURES = {
+    "DFlashDraftModel": DFLASH, "DFlash2DraftModel": DFLASH2,
+    # DSpark (DFlash + a Markov head): every name the pinned converter registers for it
+    "Qwen3DSparkModel": DSPARK, "DSparkDraftModel": DSPARK, "DSparkSpeculator": DSPARK,
+    "Lfm2DSparkDraftModel": DSPARK, "LingDSparkModel": DSPARK,
+}
+
+# The file-name prefix of each variant's release files: what llama.cpp's `-hf` drafter discovery and
+# --models-dir mode look for.
+FILE_PREFIXES = {DFLASH: "dflash", DFLASH2: "dflash", DSPARK: "dspark"}
+
+
+def is_drafter_file(name: str) -> bool:
+    """A drafter GGUF named as releases name them: a known prefix and `.gguf`."""
+    return name.endswith(".gguf") and name.startswith(tuple(f"{p}-" for p in sorted(set(FILE_PREFIXES.values()))))
+
 
 # Tensors whose presence tells the variants of a mainline GGUF apart (as the pinned
 # common/speculative.cpp tells draft-dspark from draft-dflash; selector_* only DFlash 2 has).
@@ -37,6 +52,8 @@ class Geometry:
     conv_kernel: int = 0
     conv_groups: int = 0
     selector_rank: int = 0
+    markov_rank: int = 0
+    draft_vocab: int = 0
 
 
 @dataclass(frozen=True)
@@ -46,6 +63,7 @@ class TensorRule:
     shape: Callable[[Geometry], tuple[int, ...]]
     variants: frozenset[str]
     per_layer: bool = False
+    optional: bool = False  # written when the checkpoint has it (attention sinks and biases)
 
     def hf_name(self, bid: int | None = None) -> str:
         return self.hf.format(bid=bid)
@@ -54,12 +72,13 @@ class TensorRule:
         return self.gguf.format(bid=bid)
 
 
-_BOTH = frozenset({DFLASH, DFLASH2})
+_ALL = frozenset({DFLASH, DFLASH2, DSPARK})  # every variant built on the DFlash layers
 _V2 = frozenset({DFLASH2})
+_DSPARK = frozenset({DSPARK})
 
 
-def _row(hf, gguf, shape, variants=_BOTH):
-    return TensorRule(hf, gguf, shape, variants, per_layer="{bid}" in hf)
+def _row(hf, gguf, shape, variants=_ALL, optional=False):
+    return TensorRule(hf, gguf, shape, variants, per_layer="{bid}" in hf, optional=optional)
 
 
 # A Qwen3 decoder layer: the drafter's layers and the target's have the same rows.
@@ -78,10 +97,19 @@ _DECODER_LAYER = (
 )
 
 
-def _layer_rows(hf_prefix: str, variants=_BOTH) -> tuple[TensorRule, ...]:
+def _layer_rows(hf_prefix: str, variants=_ALL) -> tuple[TensorRule, ...]:
     return tuple(_row(f"{hf_prefix}layers.{{bid}}.{hf}", f"blk.{{bid}}.{gguf}", shape, variants)
                  for hf, gguf, shape in _DECODER_LAYER)
 
+
+# Optional attention biases (attention_bias: true, z-lab gpt-oss-*-DFlash); ggml_patches/0004 makes the
+# dflash graph load and apply them. A checkpoint has all of them or none.
+ATTENTION_BIASES: tuple[TensorRule, ...] = (
+    _row("layers.{bid}.self_attn.q_proj.bias", "blk.{bid}.attn_q.bias", lambda g: (g.n_head * g.head_dim,), _ALL, True),
+    _row("layers.{bid}.self_attn.k_proj.bias", "blk.{bid}.attn_k.bias", lambda g: (g.n_head_kv * g.head_dim,), _ALL, True),
+    _row("layers.{bid}.self_attn.v_proj.bias", "blk.{bid}.attn_v.bias", lambda g: (g.n_head_kv * g.head_dim,), _ALL, True),
+    _row("layers.{bid}.self_attn.o_proj.bias", "blk.{bid}.attn_output.bias", lambda g: (g.hidden,), _ALL, True),
+)
 
 TENSORS: tuple[TensorRule, ...] = (
     _row("fc.weight", "fc.weight", lambda g: (g.hidden, g.n_taps * g.hidden)),
@@ -103,6 +131,21 @@ TENSORS: tuple[TensorRule, ...] = (
          lambda g: (g.vocab, g.selector_rank), _V2),
     _row("candidate_selector.hidden_projection.weight", "selector_hidden.weight",
          lambda g: (g.selector_rank, g.hidden), _V2),
+    # DSpark: the Markov head (markov_w1 an embedding of the previous token, markov_w2 its bias
+    # projection onto the draft vocabulary), the optional confidence head, and for a reduced draft
+    # vocabulary its own output head (d2t, its map to target ids, is written by the converter).
+    _row("markov_head.markov_w1.weight", "markov_w1.weight", lambda g: (g.vocab, g.markov_rank), _DSPARK),
+    _row("markov_head.markov_w2.weight", "markov_w2.weight", lambda g: (g.draft_vocab, g.markov_rank), _DSPARK),
+    _row("confidence_head.proj.weight", "conf_proj.weight", lambda g: (1, g.hidden + g.markov_rank), _DSPARK, True),
+    _row("confidence_head.proj.bias", "conf_proj.bias", lambda g: (1,), _DSPARK, True),
+    _row("lm_head.weight", "output.weight", lambda g: (g.draft_vocab, g.hidden), _DSPARK, True),
+    *ATTENTION_BIASES,
+    # Optional per-head attention sinks, under the names publishers give them; the pinned dflash
+    # graph loads blk.N.attn_sinks.weight when present.
+    *(_row(f"layers.{{bid}}.self_attn.{hf}", "blk.{bid}.attn_sinks.weight", lambda g: (g.n_head,), _ALL, True)
+      for hf in ("sinks",  # gpt-oss, Nemotron
+                 "attention_sink_bias",  # MiMo
+                 "learnable_sink_param")),  # Hunyuan V4
 )
 
 # The target side: a Qwen3ForCausalLM (what `make fixtures` converts for the trained pair).
@@ -138,16 +181,20 @@ def normalize_hf_name(name: str) -> str:
     return HF_ALIASES.get(name, name)
 
 
-def expected_tensors(variant: str, n_layers: int,
-                     table: tuple[TensorRule, ...] = TENSORS) -> list[tuple[TensorRule, int | None]]:
-    """Every (rule, layer) a model of this variant must have, in writing order."""
+def expected_tensors(variant: str, n_layers: int, table: tuple[TensorRule, ...] = TENSORS,
+                     present: frozenset[str] | set[str] = frozenset()) -> list[tuple[TensorRule, int | None]]:
+    """Every (rule, layer) a model of this variant must have, in writing order, plus the optional
+    ones whose checkpoint name is in `present`."""
+    def wanted(rule: TensorRule, bid: int | None) -> bool:
+        return variant in rule.variants and (not rule.optional or rule.hf_name(bid) in present)
+
     out: list[tuple[TensorRule, int | None]] = []
     for rule in table:
-        if variant in rule.variants and not rule.per_layer:
+        if not rule.per_layer and wanted(rule, None):
             out.append((rule, None))
     for bid in range(n_layers):
         for rule in table:
-            if variant in rule.variants and rule.per_layer:
+            if rule.per_layer and wanted(rule, bid):
                 out.append((rule, bid))
     return out
 

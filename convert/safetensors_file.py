@@ -25,6 +25,8 @@ DTYPES = {
     "F64": (np.dtype("<f8"), 8),
     "I64": (np.dtype("<i8"), 8),
     "I32": (np.dtype("<i4"), 4),
+    "F8_E4M3": (np.dtype("u1"), 1),  # raw codes; only FP8 exports have them (see quantized.py)
+    "BOOL": (np.dtype("u1"), 1),  # masks some exports carry (DSpark t2d), never written
 }
 
 MAX_HEADER = 100 * 1024 * 1024

@@ -46,6 +46,7 @@ class ReleaseResult:
     warnings: list[str]
     run_args: list[str] = field(default_factory=list)  # the launch recipe's drafter flags, for the card
     sources: dict = field(default_factory=dict)  # drafter / target: repo, revision, files and sha256
+    file_prefix: str = "dflash"  # dflash / dspark: what the variant files' names start with
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -115,7 +116,7 @@ def render_card(result: ReleaseResult, terms: lic.Terms, plan: LicensePlan) -> s
 
     base_is_repo = "/" in result.base_model
     target_label = result.target_repo or result.name
-    lines = [f"# dflash-{result.name}: {result.variant} drafter GGUF for {target_label}", ""]
+    lines = [f"# {result.file_prefix}-{result.name}: {result.variant} drafter GGUF for {target_label}", ""]
     if terms.built_with:
         lines += [f"**{terms.built_with}**", ""]
     lines += [

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..convert import layout
 from ..errors import ReleaseError
 from ..outputs import named_for, partial_name
 from . import licenses as lic
@@ -18,7 +19,7 @@ def is_release_file(name: str) -> bool:
     """A file name `release` writes: what --force may replace."""
     licenses = set(lic.LICENSE_FILE_NAMES) | {target_name(n) for n in lic.LICENSE_FILE_NAMES}
     return (name in {"README.md", "NOTICE", lic.COMBINED_LICENSE_FILE} or name in licenses
-            or (name.startswith("dflash-") and name.endswith(".gguf")))
+            or layout.is_drafter_file(name))
 
 
 def check_destination(out_dir: Path, force: bool) -> None:

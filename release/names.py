@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..convert import hub
+from ..convert import hub, layout
 from ..convert.gguf_file import GGUFFile
 from ..convert.keys import General
 from ..convert.target import TargetInfo, load_target
@@ -25,9 +25,9 @@ def safe_name(text: str) -> str:
     return name
 
 
-def variant_file(name: str, qtype: str) -> str:
-    """`dflash-<Target>-<QUANT>.gguf`, the name llama.cpp's drafter discovery looks for."""
-    return f"dflash-{name}-{qtype}.gguf"
+def variant_file(name: str, qtype: str, variant: str = layout.DFLASH) -> str:
+    """`dflash-<Target>-<QUANT>.gguf` (`dspark-` for DSpark), the name llama.cpp's drafter discovery looks for."""
+    return f"{layout.FILE_PREFIXES[variant]}-{name}-{qtype}.gguf"
 
 
 def _hub_cache_repo(path: Path) -> str | None:

@@ -1,7 +1,7 @@
 """Publish a release folder to the Hugging Face Hub as one atomic commit.
 
 The folder is checked first (a model card whose license allows sharing, the files that license
-requires, drafter files named `dflash-*.gguf` at the root and never split); then the repository is
+requires, drafter files named `dflash-*.gguf` / `dspark-*.gguf` at the root and never split); then the repository is
 created if needed and every file goes up in a single `HfApi.create_commit`, so the repository is
 never visible without its card and license. The token comes from huggingface_hub (HF_TOKEN or the
 stored login) and never appears in anything this module returns or raises.
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..confine import check_inside, file_in
+from ..convert import layout
 from ..errors import DflashError, PublishError
 from . import licenses as lic
 
@@ -76,9 +77,9 @@ def plan_upload(folder: str | Path) -> tuple[list[Upload], list[str]]:
         if not path.is_file():
             raise PublishError(f"{path}: not a regular file")
         if path.suffix == ".gguf":
-            if not name.startswith("dflash-"):
+            if not layout.is_drafter_file(name):
                 raise PublishError(f"{path}: drafter files sit at the folder's root and are named dflash-*.gguf "
-                                   "(llama.cpp's drafter discovery looks for that prefix)")
+                                   "or dspark-*.gguf (llama.cpp's drafter discovery looks for those prefixes)")
             if _SPLIT.search(name):
                 raise PublishError(f"{path}: split GGUF; publish one file per quantization, never split")
         if name not in listed:
@@ -95,7 +96,7 @@ def plan_upload(folder: str | Path) -> tuple[list[Upload], list[str]]:
     if missing:
         raise PublishError(f"{readme}: lists {', '.join(missing[:5])}, which the folder lacks")
     if not ggufs:
-        raise PublishError(f"{folder}: no dflash-*.gguf file to publish")
+        raise PublishError(f"{folder}: no dflash-*.gguf or dspark-*.gguf file to publish")
     problems = lic.publish_problems(folder, ggufs)
     if problems:
         raise lic.LicenseError("; ".join(problems))

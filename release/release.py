@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..convert import hub
+from ..convert import hub, layout
 from ..convert.converter import convert
 from ..convert.describe import DrafterDescription, describe
 from ..convert.target import TargetInfo
@@ -174,10 +174,10 @@ def _settle_names_and_terms(draft_dir: Path, target: Path | TargetInfo, name: st
 
 
 def _make_variant(making: _Making, settled: _Settled, qtype: str, base: Path, base_type: str,
-                  base_counts: dict[str, int], folder: Path, say: Progress) -> VariantResult:
+                  base_counts: dict[str, int], folder: Path, say: Progress, variant: str) -> VariantResult:
     """One variant in `folder`: the converter's output copied, converted as another float type, or
     quantized with the recipe; then validated beside the target."""
-    path = folder / variant_file(settled.name, qtype)
+    path = folder / variant_file(settled.name, qtype, variant)
     off: list[str] = []
     used_recipe = None
     if qtype == base_type:
@@ -216,8 +216,8 @@ def _make_variants(making: _Making, settled: _Settled, wanted: list[str], folder
     drafter = describe(base)
     base_counts = drafter.count_by_type()
     sources = planned.provenance(hashes=True)
-    variants = [_make_variant(making, settled, qtype, base, planned.outtype.upper(), base_counts, folder, say)
-                for qtype in wanted]
+    variants = [_make_variant(making, settled, qtype, base, planned.outtype.upper(), base_counts, folder, say,
+                              planned.variant) for qtype in wanted]
     base.unlink()
     return _Made(variants, drafter, sources, list(planned.warnings))
 
@@ -258,7 +258,8 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
             draft_length=made.drafter.draft_length, spec_type=str(made.drafter.spec_type),
             license=settled.license_files.card, files=[], variants=made.variants,
             warnings=settled.warnings + made.warnings,
-            run_args=speculative_args(made.drafter, shown_path=example_variant(made.variants)), sources=made.sources)
+            run_args=speculative_args(made.drafter, shown_path=example_variant(made.variants)), sources=made.sources,
+            file_prefix=layout.FILE_PREFIXES[made.drafter.variant])
         (folder / "README.md").write_text(render_card(result, settled.terms, settled.license_files), encoding="utf-8")
         result.files = sorted(p.name for p in folder.iterdir())
     result.seconds = round(time.perf_counter() - started, 3)

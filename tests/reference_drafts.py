@@ -49,8 +49,12 @@ def reference_layer_causality(drafter_dir: Path) -> list[bool]:
 
 
 def reference_draft(drafter_dir: Path, target_dir: Path, context_ids: list[int], id_last: int,
-                    n_draft: int, causal: list[bool] | None = None) -> list[int]:
+                    n_draft: int, causal: list[bool] | None = None,
+                    mask_embedding: torch.Tensor | None = None) -> list[int]:
     """The reference's greedy draft of `n_draft` tokens after `context_ids` + `id_last`.
+
+    `mask_embedding` stands in for the target's embedding row of the mask token (a drafter's own
+    mask_embedding.pt, which the reference does not read itself).
 
     `causal` overrides the per-layer causality the reference decides (e.g. `[False] * n_layers`:
     every layer non-causal, what upstream llama.cpp does without `dflash.attention.causal`); the
@@ -76,6 +80,8 @@ def reference_draft(drafter_dir: Path, target_dir: Path, context_ids: list[int],
             hidden = extract_context_feature(out.hidden_states, draft.target_layer_ids)
             scale = float(_draft_value(draft.config, "input_embedding_scale", 1.0))
             noise = _raw_input_embeddings(target, block, scale)
+            if mask_embedding is not None:
+                noise[block == int(draft.mask_token_id)] = mask_embedding.to(noise.dtype) * scale
             positions = torch.arange(context.shape[1] + block.shape[1])[None]
             h = draft(target_hidden=hidden, noise_embedding=noise, position_ids=positions)[:, 1:, :]
             logits = draft.compute_logits(h, _output_head(target))
