@@ -156,7 +156,8 @@ def test_release_names_dspark_files(published, target_gguf, tmp_path):
     assert card.startswith("---") and "# dspark-Tiny-Qwen3: DSpark drafter GGUF" in card
     assert "--spec-type draft-dspark --spec-draft-n-max 7" in card
     from dflash_gguf.release.publish import plan_upload
-    assert sorted(u.path for u in plan_upload(out) if u.path.endswith(".gguf")) == files
+    uploads, _ = plan_upload(out)
+    assert sorted(u.path for u in uploads if u.path.endswith(".gguf")) == files
 
 
 @pytest.mark.integration
