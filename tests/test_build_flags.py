@@ -167,7 +167,8 @@ def test_series_lists_existing_patches_in_order(tmp_path):
 
 def test_the_shipped_series_names_headed_patches():
     patches = build.read_series()
-    assert [p.name[:5] for p in patches] == ["0001-", "0002-", "0003-"]
+    assert [p.name[:5] for p in patches] == [f"{i:04d}-" for i in range(1, len(patches) + 1)]
+    assert len(patches) >= 4
     for patch in patches:
         text = patch.read_text()
         header = text[:text.index("\n--- a/")]
