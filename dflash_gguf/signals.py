@@ -22,19 +22,25 @@ _HANDLED = ("SIGTERM", "SIGHUP")
 
 
 @contextlib.contextmanager
-def raise_on_terminate() -> Iterator[None]:
+def raise_on_terminate(*, sigint: bool = False) -> Iterator[None]:
+    """SIGTERM and SIGHUP raise `Terminated` while the block runs. With `sigint`, SIGINT raises
+    KeyboardInterrupt too, even where the shell started us with SIGINT ignored (as for `cmd &`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def handler(signum, _frame):
+    def terminate(signum, _frame):
         raise Terminated(signal.Signals(signum).name)
 
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt("SIGINT")
+
+    handlers = [(name, terminate) for name in _HANDLED] + ([("SIGINT", interrupt)] if sigint else [])
     previous = {}
-    for name in _HANDLED:
+    for name, function in handlers:
         if hasattr(signal, name):
             sig = getattr(signal, name)
-            previous[sig] = signal.signal(sig, handler)
+            previous[sig] = signal.signal(sig, function)
     try:
         yield
     finally:

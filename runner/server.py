@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..errors import LlamaBuildError, ServerError, ServerStartError
+from ..signals import raise_on_terminate
 from . import build as _build, server_log
 from .client import LlamaClient
 
@@ -296,33 +297,8 @@ class LlamaServer:
 
 
 
-class Terminated(KeyboardInterrupt):
-    """Raised in the main thread when the process gets SIGTERM (or SIGHUP) inside `stop_on_signals`."""
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into a `Terminated` exception, and SIGINT into KeyboardInterrupt
-    (even where the shell started us with SIGINT ignored, as it does for `cmd &`), while the
-    block runs, so that the context managers inside it (a LlamaServer) clean up as on Ctrl-C."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, _frame):
-        raise Terminated(signal.Signals(signum).name)
-
-    def interrupt(_signum, _frame):
-        raise KeyboardInterrupt("SIGINT")
-
-    previous = {}
-    for name, function in (("SIGTERM", handler), ("SIGHUP", handler), ("SIGINT", interrupt)):
-        if hasattr(signal, name):
-            sig = getattr(signal, name)
-            previous[sig] = signal.signal(sig, function)
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+def stop_on_signals():
+    """SIGTERM, SIGHUP and SIGINT stop the block as Ctrl-C does, so the context managers inside it
+    (a LlamaServer) clean up."""
+    return raise_on_terminate(sigint=True)
 
