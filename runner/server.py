@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from ..errors import LlamaBuildError, ServerError, ServerStartError
 from ..signals import raise_on_terminate

@@ -34,7 +34,6 @@ from gguf import GGUFValueType as T
 
 from dflash_gguf.cli import main
 from dflash_gguf.runner import build
-from tests.conftest import dflash_gguf
 from tests.malformed import (deep_json, edit_config, encode, nested_array, rebuild_gguf, rewrite_safetensors_header,
                              sparse_checkpoint, truncate, write_config)
 

@@ -18,9 +18,6 @@ import pytest
 from dflash_gguf.runner import sdist
 from tests.conftest import REPO, dflash_gguf
 
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-
-
 def _pinned_archive() -> Path:
     return sdist.sdist_path()  # verified; downloaded by the first test that needs it
 

@@ -3,8 +3,6 @@ around its terms (issue 14, classes 2 and 3). Every case runs the real command l
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest

@@ -3,7 +3,6 @@ hidden temporary file; a swapped target and drafter as swapped; llama-quantize's
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
