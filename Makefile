@@ -44,10 +44,12 @@ clean:
 
 # The patched llama.cpp (pinned tree + ggml_patches/series) in the cache; prints its bin folder.
 # LLAMA_BACKEND=cpu|cuda|metal overrides the default (metal on macOS, cuda when nvcc/CUDA_HOME, else cpu).
+# CUDA_ARCH=90 (compute capability) for a CUDA build where no GPU is here to detect it from.
 LLAMA_BACKEND ?=
+CUDA_ARCH ?=
 .PHONY: llama
 llama: setup
-	$(PY) -m dflash_gguf.cli llama build $(if $(LLAMA_BACKEND),--backend $(LLAMA_BACKEND))
+	$(PY) -m dflash_gguf.cli llama build $(if $(LLAMA_BACKEND),--backend $(LLAMA_BACKEND)) $(if $(CUDA_ARCH),--cuda-arch '$(CUDA_ARCH)')
 
 # The trained target/drafter pair committed under tests/fixtures/trained (offline, seeded, CPU;
 # stages and run times in training/README.md).

@@ -40,7 +40,7 @@ from typing import Callable, Iterator
 
 from ..errors import LlamaBuildError
 from ..paths import cache_dir
-from . import sdist
+from . import cuda_libs, sdist
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +92,29 @@ def rpath_origin(platform: str = sys.platform) -> str:
     return "@loader_path" if platform == "darwin" else "$ORIGIN"
 
 
-def cmake_flags(backend: str, platform: str = sys.platform, *, curl_option: bool = False) -> list[str]:
+def cuda_architectures(requested: str | None, *, gpu: bool | None = None) -> str:
+    """The CMAKE_CUDA_ARCHITECTURES value of a CUDA build: what the user named, else `native`
+    where a GPU is here to detect. Without either, ggml would compile every architecture it
+    knows (hours), so the choice is the user's."""
+    if requested:
+        arches = requested.replace(",", ";").split(";")
+        if not all(re.fullmatch(r"\d{2,3}[af]?(-real|-virtual)?|native|all|all-major", a) for a in arches):
+            raise LlamaBuildError(f"--cuda-arch {requested!r}: expected compute capabilities such as "
+                                  "90 (H100/H200), 89 (RTX 40xx), 86 (RTX 30xx), or 80;86")
+        return ";".join(arches)
+    if gpu if gpu is not None else nvidia_gpu_present():
+        return "native"
+    raise LlamaBuildError("no NVIDIA GPU here to detect the CUDA architecture from: name it with "
+                          "--cuda-arch (e.g. 90 for H100/H200, 89 for RTX 40xx, 86 for RTX 30xx)")
+
+
+def cmake_flags(backend: str, platform: str = sys.platform, *, curl_option: bool = False,
+                cuda_arch: str | None = None) -> list[str]:
     """The CMake `-D` flags for a backend on a platform (`sys.platform` spelling).
 
     `curl_option`: the tree still has a live `LLAMA_CURL` option (newer trees only carry a
-    deprecation stub for it, which warns when set).
+    deprecation stub for it, which warns when set). `cuda_arch`: CMAKE_CUDA_ARCHITECTURES of a
+    CUDA build (see `cuda_architectures`).
     """
     if backend not in BACKENDS:
         raise LlamaBuildError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
@@ -114,6 +132,8 @@ def cmake_flags(backend: str, platform: str = sys.platform, *, curl_option: bool
     flags += ["-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", f"-DCMAKE_INSTALL_RPATH={rpath_origin(platform)}"]
     if backend == "cuda":
         flags.append("-DGGML_CUDA=ON")
+        if cuda_arch:
+            flags.append(f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}")
     elif backend == "metal":
         flags.append("-DGGML_METAL=ON")
     elif platform == "darwin":  # cpu on macOS: Metal is on by default there
@@ -517,22 +537,31 @@ def prepare(backend: str | None = None, source_dir: Path | None = None,
 
 
 def build(backend: str | None = None, source_dir: Path | None = None, jobs: int | None = None,
-          progress: Progress | None = None, force: bool = False) -> BuildResult:
+          progress: Progress | None = None, force: bool = False,
+          cuda_arch: str | None = None) -> BuildResult:
     """Patch, configure, build and publish llama.cpp; return where it landed.
 
-    A key already in the cache is returned as is (`built=False`) unless `force`.
+    A key already in the cache is returned as is (`built=False`) unless `force`, or, for a CUDA
+    build, unless `cuda_arch` names other architectures than the cached build's (the key holds
+    one CUDA build per source and patches; it is rebuilt for the architectures asked for).
     """
     progress = progress or _quiet
     source, patches, backend, key = plan(backend, source_dir)
     root = build_dir_for(key)
+    platform = sys.platform
     if not force and (root / "build.json").is_file():
         manifest = json.loads((root / "build.json").read_text(encoding="utf-8"))
-        return BuildResult(key=key, root=root, manifest=manifest, built=False)
+        other_arch = backend == "cuda" and cuda_arch and \
+            f"-DCMAKE_CUDA_ARCHITECTURES={cuda_architectures(cuda_arch)}" not in manifest.get("cmake_flags", [])
+        if not other_arch:
+            return BuildResult(key=key, root=root, manifest=manifest, built=False)
     if shutil.which("cmake") is None:
         raise LlamaBuildError("cmake is not installed; install it (e.g. `apt-get install cmake`, `brew install cmake`)")
 
-    platform = sys.platform
-    flags = cmake_flags(backend, platform, curl_option=tree_has_curl_option(source.tree))
+    flags = cmake_flags(backend, platform, curl_option=tree_has_curl_option(source.tree),
+                        cuda_arch=cuda_architectures(cuda_arch) if backend == "cuda" else None)
+    if backend == "cuda":
+        flags += cuda_libs.cmake_flags(cuda_libs.find_toolkit())
     work = _work_dir(source, backend)
     jobs = jobs or os.cpu_count() or 2
 

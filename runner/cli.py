@@ -40,12 +40,16 @@ def llama_group() -> None:
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
               help="Parallel compile jobs. Default: the number of CPUs.")
 @click.option("--force", is_flag=True, help="Rebuild and republish even if this key is already built.")
+@click.option("--cuda-arch", default=None, metavar="CC[;CC...]",
+              help="CUDA builds: the compute capabilities to compile for, e.g. 90 (H100/H200), "
+                   "89 (RTX 40xx), 86 (RTX 30xx), or 80;86. Default: `native`, detected from the GPU "
+                   "here; needed where no GPU is (a CUDA toolkit alone).")
 @click.option("--prepare-only", is_flag=True,
               help="Fetch the pinned tree and apply the patch series, then stop before compiling; "
                    "prints the patched source folder.")
 @json_option
 def build_command(backend: str | None, source_dir: Path | None, jobs: int | None, force: bool,
-                  prepare_only: bool, as_json: bool) -> None:
+                  cuda_arch: str | None, prepare_only: bool, as_json: bool) -> None:
     """Patch, configure and build llama.cpp, then print the folder of its binaries.
 
     \b
@@ -58,6 +62,7 @@ def build_command(backend: str | None, source_dir: Path | None, jobs: int | None
       dflash-gguf llama build
       dflash-gguf llama build --backend cpu -j 4
       dflash-gguf llama build --source ~/src/llama.cpp --backend cuda
+      dflash-gguf llama build --backend cuda --cuda-arch 90   # no GPU here: name it
       dflash-gguf llama build --prepare-only     # download + patch, no compile
     """
     started = time.monotonic()
@@ -69,7 +74,10 @@ def build_command(backend: str | None, source_dir: Path | None, jobs: int | None
         src = _build.prepare(backend=backend, source_dir=source_dir, progress=progress)
         click.echo(json.dumps({"source_dir": str(src)}) if as_json else str(src))
         return
-    result = _build.build(backend=backend, source_dir=source_dir, jobs=jobs, progress=progress, force=force)
+    if cuda_arch and (backend or _build.default_backend()) != "cuda":
+        raise LlamaBuildError("--cuda-arch is for CUDA builds: add --backend cuda")
+    result = _build.build(backend=backend, source_dir=source_dir, jobs=jobs, progress=progress, force=force,
+                          cuda_arch=cuda_arch)
     if not result.built:
         progress(f"build {result.key} is up to date")
     if as_json:

@@ -239,3 +239,25 @@ def test_a_patch_that_no_longer_applies_is_named(tmp_path):
     stage.mkdir()
     with pytest.raises(LlamaBuildError, match="patch 0007-stale.patch no longer applies"):
         build.patched_file_map(tree, [patch], stage)
+
+
+# --- CUDA architectures --------------------------------------------------------------------
+
+def test_cuda_arch_named_goes_into_the_flags():
+    assert build.cuda_architectures("90", gpu=False) == "90"
+    assert build.cuda_architectures("80,86", gpu=False) == "80;86"
+    flags = build.cmake_flags("cuda", "linux", cuda_arch="90")
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90" in flags
+    assert not any("CUDA_ARCHITECTURES" in f for f in build.cmake_flags("cpu", "linux", cuda_arch="90"))
+
+
+def test_cuda_arch_defaults_to_native_only_with_a_gpu():
+    assert build.cuda_architectures(None, gpu=True) == "native"
+    with pytest.raises(LlamaBuildError, match="--cuda-arch"):
+        build.cuda_architectures(None, gpu=False)
+
+
+def test_cuda_arch_garbage_is_refused_in_one_line():
+    with pytest.raises(LlamaBuildError, match="expected compute capabilities") as err:
+        build.cuda_architectures("sm_90; rm -rf /", gpu=False)
+    assert "\n" not in str(err.value)
