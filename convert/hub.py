@@ -239,6 +239,16 @@ def fetch_folder(ref: HubRef, files: tuple[str, ...], weights: bool = False) -> 
     return folder
 
 
+def card_folder(repo: str, revision: str | None) -> Path:
+    """The repository's card and license files (those it has) in the cache: what a GGUF repository
+    declares of its license beside each file's `general.license`."""
+    from huggingface_hub import snapshot_download
+
+    ref = HubRef(repo, revision)
+    with hub_errors(ref), _quiet_progress():
+        return Path(snapshot_download(repo, revision=revision, allow_patterns=["README.md", *LICENSE_FILE_NAMES]))
+
+
 def drafter_folder(value: str | os.PathLike | HubRef) -> Path:
     """A drafter checkpoint folder: the local path, or the repository's config, weights, index and card."""
     model = as_model(value)

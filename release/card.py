@@ -47,6 +47,8 @@ class ReleaseResult:
     run_args: list[str] = field(default_factory=list)  # the launch recipe's drafter flags, for the card
     sources: dict = field(default_factory=dict)  # drafter / target: repo, revision, files and sha256
     file_prefix: str = "dflash"  # dflash / dspark: what the variant files' names start with
+    sidecar_of: str | None = None  # the GGUF repository the variants are placed in, beside its quants
+    sidecar_quant: str | None = None  # the quant of that repository the drafter was converted against
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -151,6 +153,17 @@ def render_card(result: ReleaseResult, terms: lic.Terms, plan: LicensePlan) -> s
         "```sh",
         f"llama-server -m {result.name}.gguf {' '.join(result.run_args)}",
         "```", "",
+    ]
+    if result.sidecar_of:
+        lines += [
+            f"These files sit beside the quantizations of [{result.sidecar_of}](https://huggingface.co/"
+            f"{result.sidecar_of}), so llama.cpp downloads the matching one by itself:", "",
+            "```sh",
+            f"llama-server -hf {result.sidecar_of}" + (f":{result.sidecar_quant}" if result.sidecar_quant else "")
+            + f" --spec-type {result.spec_type}",
+            "```", "",
+        ]
+    lines += [
         f"`-m` is the target model's GGUF (any quantization of {target_label}). The drafter's block size is "
         f"{result.block_size}, so drafts are at most {result.draft_length} tokens long; a smaller "
         "`--spec-draft-n-max` drafts fewer tokens per step.", "",

@@ -17,7 +17,7 @@ from ..quantize.quantize import ALL_TYPES
 
 @click.command(cls=ServerArgsCommand)
 @click.argument("draft_dir", metavar="DRAFT_DIR", type=ModelParam(file_ok=False, hub_gguf_ok=False))
-@target_option(folder_ok=True, hub=True,
+@target_option(folder_ok=True, hub=True, required=False,
                help="The target model: its GGUF or its Hugging Face folder (config.json, tokenizer, README.md); "
                     f"{HELP_FORMS}, or for a GGUF {HELP_GGUF_FORMS}. Variants are validated beside a GGUF target "
                     "only, and one named on the Hub only when it is in the Hugging Face cache (else only its "
@@ -31,6 +31,12 @@ from ..quantize.quantize import ALL_TYPES
               help="Upload the release to this Hub model repository in one commit, unless it already holds a "
                    "release of the same source revisions, types and dflash-gguf version (then nothing is done; "
                    "--force redoes it).")
+@click.option("--into", "into_repo", metavar="ORG/NAME",
+              help="Sidecar mode: commit the variants into this GGUF repository of the target, beside its own "
+                   "quant files, named so that `llama-server -hf ORG/NAME:QUANT --spec-type draft-dflash` finds "
+                   "them; the card and license files go into the folder <prefix>-<Target>/ and the repository's "
+                   "README.md is left alone. The target defaults to the quant -hf runs by default (Q4_K_M, "
+                   "else Q8_0, else the first). Skipped when it already holds this release (--force redoes it).")
 @click.option("--license", "license_id", metavar="ID",
               help="The drafter's Hub license id, when its README.md declares none or one this tool does not "
                    "know. It never overrides a license the card declares.")
@@ -52,8 +58,8 @@ from ..quantize.quantize import ALL_TYPES
               help="Replace an earlier release folder (one holding only files a release writes); with --push, "
                    "release again even if the repository holds this release.")
 @json_option
-def release(draft_dir: Path | HubRef, target: Path | HubRef, types: str, out_dir: Path | None,
-            push_repo: str | None, license_id: str | None, target_license_id: str | None, name: str | None,
+def release(draft_dir: Path | HubRef, target: Path | HubRef | None, types: str, out_dir: Path | None,
+            push_repo: str | None, into_repo: str | None, license_id: str | None, target_license_id: str | None, name: str | None,
             base_model: str | None, recipe: str, skip_validate: bool, backend: str | None, llama_bin: Path | None,
             threads: int | None, force: bool, as_json: bool, server_args: tuple[str, ...]) -> None:
     """Build a release folder: every variant, a model card and the license files.
@@ -89,12 +95,34 @@ def release(draft_dir: Path | HubRef, target: Path | HubRef, types: str, out_dir
           --types F16,Q8_0,Q4_K_M -o release/ --target-license apache-2.0
       dflash-gguf release z-lab/Qwen3-8B-DFlash-b16 --target unsloth/Qwen3-8B-GGUF:Q4_K_M \\
           --types Q8_0 --push my-org/Qwen3-8B-DFlash-GGUF
+      dflash-gguf release z-lab/Qwen3-8B-DFlash-b16 --into my-org/Qwen3-8B-GGUF --types Q8_0,Q4_K_M
     """
     from .release import release as build_release
 
-    options = dict(license_id=license_id, target_license_id=target_license_id, name=name, base_model=base_model,
+    options = dict(license_id=license_id, target_license_id=target_license_id, base_model=base_model,
                    recipe=recipe, skip_validate=skip_validate, backend=backend, llama_bin=llama_bin,
                    threads=threads, server_args=server_args, progress=progress)
+    if into_repo is not None:
+        if push_repo is not None:
+            raise OptionError("--into and --push: give one (--into adds to the target's GGUF repository, "
+                              "--push makes a repository of the release)")
+        from .sidecar import release_into
+
+        placed = release_into(draft_dir, into_repo, types, target=target, out_dir=out_dir, force=force, name=name,
+                              **options)
+        if as_json:
+            click.echo(json.dumps(placed.to_dict(), indent=2))
+        elif placed.skipped:
+            click.echo(f"nothing to do: {placed.reason}")
+        else:
+            click.echo(f"{placed.reason} {len(placed.files)} files to {into_repo}: {placed.publish.commit_url}")
+            for path in placed.files:
+                click.echo(f"  {path}")
+        return
+    if target is None:
+        raise OptionError("--target/-t: give the target model (its GGUF, its folder or a Hub repo id); "
+                          "only --into finds it by itself")
+    options["name"] = name
     if push_repo is not None:
         from .push import push_release
 

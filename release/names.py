@@ -45,7 +45,8 @@ def _read_json(path: Path) -> dict:
 
 def target_facts(target: Path | TargetInfo) -> tuple[str, str | None, lic.License]:
     """(a short name for file names, the target's Hub repo id when known, its declared license).
-    `target` is a folder, a GGUF file, or a target GGUF already read (from the Hub)."""
+    `target` is a folder, a GGUF file, or a target GGUF already read (from the Hub: then the license
+    its repository's card and license files declare counts too)."""
     if isinstance(target, Path) and target.is_dir():
         repo = _hub_cache_repo(target)
         name_or_path = str(_read_json(target / "config.json").get("_name_or_path") or "")
@@ -61,6 +62,10 @@ def target_facts(target: Path | TargetInfo) -> tuple[str, str | None, lic.Licens
             general = {k: kv.value for k, kv in f.kv.items() if k.startswith("general.")}
     url = general.get(General.REPO_URL) or general.get(General.SOURCE_REPO_URL)
     declared = lic.license_from_gguf(path, general)
+    if source is not None and isinstance(target, TargetInfo):
+        # a GGUF named on the Hub: its repository's card and license files count too, the strictest wins
+        declared = lic.strictest([declared, lic.license_from_folder(hub.card_folder(source.repo, source.revision),
+                                                                    source.repo)])
     repo = None
     if url:
         m = re.search(r"huggingface\.co/([\w.-]+/[\w.-]+)", url) or re.fullmatch(r"([\w.-]+/[\w.-]+)", url)

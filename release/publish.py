@@ -156,13 +156,20 @@ def publish(folder: str | Path, repo: str, *, private: bool = False, dry_run: bo
     """
     check_repo_id(repo)
     uploads, skipped = plan_upload(folder)
-    result = PublishResult(repo, private, dry_run, [{"path": u.path, "bytes": u.bytes} for u in uploads],
-                           sum(u.bytes for u in uploads), skipped)
     if dry_run:
-        return result
+        return PublishResult(repo, private, dry_run, [{"path": u.path, "bytes": u.bytes} for u in uploads],
+                             sum(u.bytes for u in uploads), skipped)
+    return commit_files(uploads, repo, private=private, api=api, message=message, skipped=skipped)
 
+
+def commit_files(uploads: list[Upload], repo: str, *, private: bool = False, api=None, message: str | None = None,
+                 skipped: list[str] | None = None) -> PublishResult:
+    """Create `repo` if needed (an existing one is left as it is) and add `uploads` in one commit;
+    the repository's other files stay."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
+    result = PublishResult(repo, private, False, [{"path": u.path, "bytes": u.bytes} for u in uploads],
+                           sum(u.bytes for u in uploads), list(skipped or []))
     api = api or HfApi()
     token = api.token if getattr(api, "token", None) else require_token()
     secrets = [token] if isinstance(token, str) else []

@@ -227,10 +227,12 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
             base_model: str | None = None, recipe: str = DEFAULT_RECIPE, skip_validate: bool = False,
             backend: str | None = None, llama_bin: Path | None = None, threads: int | None = None,
             force: bool = False, server_args: tuple[str, ...] | list[str] = (),
-            progress: Progress | None = None) -> ReleaseResult:
+            progress: Progress | None = None, sidecar_of: str | None = None,
+            sidecar_quant: str | None = None) -> ReleaseResult:
     """Convert, quantize, validate and describe one drafter as a release folder at `out_dir`.
     `backend` / `llama_bin` choose the llama.cpp build that quantizes and validates; `server_args`
-    go to llama-server in each validation, as after `validate --`."""
+    go to llama-server in each validation, as after `validate --`. `sidecar_of` / `sidecar_quant`:
+    the GGUF repository (and its quant) the variants will sit in, for the card (sidecar.py)."""
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
     shown = str(out_dir)
@@ -259,7 +261,8 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
             license=settled.license_files.card, files=[], variants=made.variants,
             warnings=settled.warnings + made.warnings,
             run_args=speculative_args(made.drafter, shown_path=example_variant(made.variants)), sources=made.sources,
-            file_prefix=layout.FILE_PREFIXES[made.drafter.variant])
+            file_prefix=layout.FILE_PREFIXES[made.drafter.variant], sidecar_of=sidecar_of,
+            sidecar_quant=sidecar_quant)
         (folder / "README.md").write_text(render_card(result, settled.terms, settled.license_files), encoding="utf-8")
         result.files = sorted(p.name for p in folder.iterdir())
     result.seconds = round(time.perf_counter() - started, 3)

@@ -4,6 +4,7 @@ It answers the calls huggingface_hub makes (checked against the installed versio
 
     read    GET  /api/models/O/N[/revision/REV]       model info: id, sha, siblings, gated
             GET  /api/models/O/N/tree/REV[/PATH]      the file listing (?recursive=true)
+            GET  /api/models/O/N/refs                 branches and their commits (llama.cpp's `-hf`)
             POST /api/models/O/N/paths-info/REV       listing of given paths
             HEAD/GET /O/N/resolve/REV/PATH            a file: X-Repo-Commit, ETag, sizes; Range -> 206.
                                                       LFS files (weights, GGUF) redirect, as on the Hub,
@@ -260,6 +261,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._info(repo_id, "/".join(parts[5:]))
             if parts[4] == "tree" and len(parts) >= 6:
                 return self._tree(repo_id, parts[5], "/".join(parts[6:]))
+            if parts[4] == "refs" and len(parts) == 5:
+                return self._refs(repo_id)
         if len(parts) >= 5 and parts[2] == "resolve":
             return self._resolve("/".join(parts[:2]), parts[3], "/".join(parts[4:]))
         self._error(404, None, f"no route {path}")
@@ -271,6 +274,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(200, {"id": repo_id, "modelId": repo_id, "sha": sha, "private": False,
                              "gated": "manual" if repo.gated else False,
                              "siblings": [{"rfilename": p} for p in sorted(repo.commits[sha])]})
+
+    def _refs(self, repo_id: str) -> None:
+        repo = self.hub.store.get(repo_id)
+        if repo is None:
+            return self._error(404, "RepoNotFound", "Repository not found")
+        branches = [{"name": n, "ref": f"refs/heads/{n}", "targetCommit": sha}
+                    for n, sha in sorted(repo.refs.items())]
+        self._json(200, {"branches": branches, "tags": [], "converts": []})
 
     def _tree(self, repo_id: str, revision: str, under: str) -> None:
         found = self._repo_at(repo_id, revision)

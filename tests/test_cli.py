@@ -59,7 +59,7 @@ def test_json_is_a_flag_everywhere_and_the_build_is_chosen_one_way():
     (["convert"], "Missing argument 'SRC'"),
     (["inspect", "--nope"], "--nope"),
     (["quantize", "a.gguf", "b.gguf", "--type", "Q8_0"], "does not exist"),
-    (["release", ".", "-o", "x"], "Missing option '--target'"),
+    (["release", ".", "-o", "x"], "--target/-t: give the target model"),
     (["publish"], "Missing argument 'DIR'"),
     (["llama", "build", "--backend", "vulkan"], "'vulkan' is not one of"),
     (["no-such-command"], "No such command"),

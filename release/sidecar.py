@@ -1,0 +1,202 @@
+"""`release --into REPO`: the drafter placed beside the target's own quantizations in its GGUF repository.
+
+llama.cpp's `-hf REPO:QUANT --spec-type draft-dflash` (`common/download.cpp` of the pinned tree)
+downloads, next to the model file it picks, the best `dflash-*.gguf` (or `dspark-*.gguf`) of the
+same repository whose folder is the model's folder or one above it: deepest folder first, then the
+file whose name ends in `-<QUANT>.gguf`, then the closest number of bits. So the variants go, named
+`dflash-<Target>-<QUANT>.gguf`, into the deepest folder that holds every model file of the
+repository (its root for the usual flat layout), and each quant of the target finds the variant of
+the same quant, or the nearest one.
+
+The repository's README.md is the target's card and is never touched: the release's own card and
+license files go into the folder `<prefix>-<Target>/` beside the variants, its links pointing one
+level up. The card's provenance block is what a later `--into` compares before doing any work: the
+same drafter sources, the same target file (by its sha256: the repository's commit moves with every
+upload, ours included), the same types and dflash-gguf version mean there is nothing to do.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .. import __version__
+from ..convert import hub, layout
+from ..errors import ReleaseError
+from . import licenses as lic
+from .card import PROVENANCE_KEY, ReleaseResult
+from .names import _QUANT_SUFFIX, safe_name
+from .publish import PublishResult, Upload, check_repo_id, commit_files, plan_upload, require_token
+from .push import planned_sources, same_release
+from .release import parse_types, release
+
+# The quant llama.cpp's -hf takes when none is named (find_best_model): these, else the first model file.
+DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")
+
+
+@dataclass
+class SidecarResult:
+    repo: str
+    folder: str               # the folder of the repository the variants went into ("" = its root)
+    skipped: bool
+    reason: str
+    files: list[str]          # paths in the repository
+    sources: dict
+    release: ReleaseResult | None = None
+    publish: PublishResult | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def model_files(files: list[str]) -> list[str]:
+    """The repository's model GGUFs, as llama.cpp's -hf tells them from sidecars (drafters, projectors,
+    importance matrices)."""
+    return [f for f in files if f.endswith(".gguf") and "imatrix" not in posixpath.basename(f)
+            and not posixpath.basename(f).lower().startswith(hub.SIDECAR_PREFIXES)]
+
+
+def placement_folder(models: list[str]) -> str:
+    """The deepest folder holding every model file ("" for the repository's root)."""
+    folders = [posixpath.dirname(f).split("/") if "/" in f else [] for f in models]
+    common: list[str] = []
+    for parts in zip(*folders):
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    return "/".join(common)
+
+
+def default_target(repo: str, revision: str | None, files: list[str]) -> hub.HubRef:
+    """The target file `llama-server -hf REPO` runs when no quant is named."""
+    models = model_files(files)
+    for quant in DEFAULT_QUANTS:
+        pattern = re.compile(rf"{quant}[.-]", re.IGNORECASE)
+        for f in models:
+            if pattern.search(f) and hub._split_first(f):
+                return hub.HubRef(repo, revision, path=f)
+    first = next((f for f in models if hub._split_first(f)), None)
+    if first is None:
+        raise ReleaseError(f"--into {repo}: the repository holds no model GGUF to place a drafter beside")
+    return hub.HubRef(repo, revision, path=first)
+
+
+def _listing(repo: str, revision: str | None) -> list[str]:
+    from huggingface_hub import HfApi
+
+    ref = hub.HubRef(repo, revision)
+    with hub.hub_errors(ref):
+        info = HfApi().model_info(repo, revision=revision)
+    return [s.rfilename for s in info.siblings or []]
+
+
+def _target_for(into: str, revision: str | None, target, files: list[str]):
+    """The target to convert against: REPO's default quant when none is given; a Hub target must be
+    a file of REPO (the drafter carries its tokenizer)."""
+    if target is None:
+        return default_target(into, revision, files)
+    model = hub.as_model(target)
+    if isinstance(model, hub.HubRef) and model.repo != into:
+        raise ReleaseError(f"--target {model}: --into {into} places the drafter beside {into}'s own quants, so it "
+                           f"is converted against one of them; name one as {into}:QUANT, or omit --target")
+    return target
+
+
+def sidecar_card_folder(folder: str, prefix: str, name: str) -> str:
+    return posixpath.join(folder, f"{prefix}-{name}") if folder else f"{prefix}-{name}"
+
+
+def _published_provenance(repo: str, card_paths: list[str], files: list[str]) -> dict | None:
+    from huggingface_hub import hf_hub_download
+
+    for path in card_paths:
+        if path in files:
+            with hub.hub_errors(hub.HubRef(repo)):
+                card = Path(hf_hub_download(repo, path))
+            meta, _ = lic.split_front_matter(card.read_text(encoding="utf-8", errors="replace"), f"{repo}/{path}")
+            block = meta.get(PROVENANCE_KEY)
+            if isinstance(block, dict):
+                return block
+    return None
+
+
+def _target_sha256(repo: str, path: str) -> str | None:
+    from huggingface_hub import HfApi
+
+    with hub.hub_errors(hub.HubRef(repo)):
+        entries = list(HfApi().get_paths_info(repo, [path]))
+    lfs = getattr(entries[0], "lfs", None) if entries else None
+    return getattr(lfs, "sha256", None)
+
+
+def _as_sidecar_sources(sources: dict, target_sha256: str | None) -> dict:
+    """The sources compared for a sidecar: the target by file and sha256, not by the repository's commit."""
+    target = sources["target"]
+    if "revision" not in target:
+        return sources
+    return {**sources, "target": {"files": {target["file"]: target_sha256}}}
+
+
+_GGUF_LINK = re.compile(r"\]\(\./([^)\s/]+\.gguf)\)")
+
+
+def _sidecar_card(text: str) -> str:
+    """The release card for its place in the card folder: the variants are one level up."""
+    return _GGUF_LINK.sub(r"](../\1)", text)
+
+
+def release_into(draft, into: str, types: str, *, target=None, revision: str | None = None,
+                 out_dir: Path | None = None, force: bool = False, name: str | None = None,
+                 **release_options) -> SidecarResult:
+    """Release `draft` into the GGUF repository `into`, beside its quants, in one commit."""
+    check_repo_id(into)
+    require_token()
+    wanted = parse_types(types)
+    files = _listing(into, revision)
+    models = model_files(files)
+    if not models:
+        raise ReleaseError(f"--into {into}: the repository holds no model GGUF to place a drafter beside")
+    folder = placement_folder(models)
+    target = _target_for(into, revision, target, files)
+    sources, draft, target = planned_sources(draft, target)
+    target_ref = target if isinstance(target, hub.HubRef) else None
+    file_name = posixpath.basename(target_ref.path) if target_ref else Path(target).name
+    stem = Path(file_name).stem
+    label = safe_name(name) if name else safe_name(_QUANT_SUFFIX.sub("", stem) or stem)
+    quant = _QUANT_SUFFIX.search(stem)
+    compared = _as_sidecar_sources(sources, _target_sha256(into, target_ref.path) if target_ref else None)
+    cards = [f"{sidecar_card_folder(folder, p, label)}/README.md" for p in sorted(set(layout.FILE_PREFIXES.values()))]
+    if not force:
+        reason = same_release(_published_provenance(into, cards, files), compared, wanted)
+        if reason:
+            return SidecarResult(into, folder, True, f"{into} {reason}; --force redoes it", [], sources)
+
+    scratch = Path(tempfile.mkdtemp(prefix="dflash-gguf-sidecar-"))
+    try:
+        out = out_dir or scratch / "release"
+        built = release(draft, target, wanted, out, force=force, name=label, sidecar_of=into,
+                        sidecar_quant=quant.group(1).upper() if quant else None, **release_options)
+        uploads, _ = plan_upload(out)  # the checks `publish` makes: license, listing, nothing leading out
+        card_dir = sidecar_card_folder(folder, built.file_prefix, label)
+        placed = []
+        for u in uploads:
+            if u.path.endswith(".gguf"):
+                placed.append(Upload(posixpath.join(folder, u.path) if folder else u.path, u.bytes, u.local))
+                continue
+            local = u.local
+            if u.path == "README.md":
+                card = scratch / "README.md"
+                card.write_text(_sidecar_card(Path(u.local).read_text(encoding="utf-8")), encoding="utf-8")
+                local = str(card)
+            placed.append(Upload(f"{card_dir}/{u.path}", Path(local).stat().st_size, local))
+        message = f"dflash-gguf {__version__}: {built.file_prefix}-{label} drafter beside the quants " \
+                  f"({', '.join(wanted)})"
+        pushed = commit_files(placed, into, message=message)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return SidecarResult(into, folder, False, "redone (--force)" if force else "committed",
+                         [u.path for u in placed], sources, built, pushed)
