@@ -342,19 +342,36 @@ def _llama_bench(target: Path, bin_dir: Path, batches: list[int]) -> dict:
 
 
 # perf's shared objects, grouped by what runs in them
+# What the CPU samples of a llama-server are spent on, by symbol (first match wins): the categories
+# issue 15 asks about (graph rebuilds, synchronisation, sampling over the block, copies of hidden
+# states, thread barriers) beside the arithmetic itself.
 PERF_GROUPS = (
-    ("ggml compute", ("libggml-cpu", "libggml-base", "libggml.")),
-    ("OpenMP (thread barriers, spinning)", ("libgomp",)),
-    ("llama.cpp + server + sampling", ("libllama", "libmtmd", "llama-server", "libstdc++")),
-    ("libc (memset, memcpy)", ("libc.", "libm.")),
-    ("kernel", ("[kernel", "[vdso")),
+    ("matrix multiply", ("tinyBLAS", "gemm", "gemv", "ggml_vec_dot", "mul_mat", "quantize_row", "fp32_to_fp16")),
+    ("attention (flash attn, softmax, exp)", ("flash_attn", "soft_max", "expf", "ggml_vec_max")),
+    ("sampling", ("sampler", "llama_token_data", "top_k", "random_device", "cmp_top_k")),
+    ("copies, fills (cpy, concat, pad, rows, memcpy, memset)", ("forward_dup", "forward_cpy", "forward_concat",
+                                                                "get_rows", "set_rows", "memmove", "memcpy",
+                                                                "forward_pad", "memset")),
+    ("thread sync (barriers, spinning, futex)", ("libgomp", "barrier", "futex", "graph_compute_thread",
+                                                 "threadpool", "finish_task_switch", "sched_yield",
+                                                 "try_to_wake_up", "_raw_spin")),
+    ("graph build + allocation", ("gallocr", "backend_sched", "visit_parents", "graph_plan", "llama_kv_cache",
+                                  "llama_batch", "::graph", "build_", "ggml_new_tensor", "ggml_is_empty",
+                                  "malloc", "free", "unlink_chunk", "_Rb_tree", "_Hashtable")),
+    ("other ggml ops (norm, rope, add, act)", ("libggml",)),
+    ("kernel, other", ("[kernel", "[vdso")),
 )
+
+
+def perf_group(dso: str, symbol: str) -> str:
+    where = f"{dso} {symbol}"
+    return next((name for name, keys in PERF_GROUPS if any(k in where for k in keys)), "other")
 
 
 @contextlib.contextmanager
 def _perf_record(pid: int, out: Path):
     """`perf record` on a running process while the block runs; yields a dict that gets "shares"
-    (percent of CPU samples per PERF_GROUPS group) afterwards. Nothing when perf is missing or refused."""
+    (percent of CPU samples per PERF_GROUPS category) afterwards. Nothing when perf is missing or refused."""
     result: dict = {}
     exe = shutil.which("perf")
     if exe is None:
@@ -375,13 +392,11 @@ def _perf_record(pid: int, out: Path):
             proc.wait()
     if not out.is_file():  # perf exits non-zero when interrupted; the file tells
         return
-    report = _run([exe, "report", "-i", str(out), "--no-children", "--sort", "dso", "--stdio", "-g", "none"])
+    report = _run([exe, "report", "-i", str(out), "--no-children", "--sort", "dso,sym", "--stdio", "-g", "none"])
     shares = {name: 0.0 for name, _ in PERF_GROUPS}
     shares["other"] = 0.0
-    for m in re.finditer(r"^\s*([\d.]+)%\s+(\S.*?)\s*$", report, re.MULTILINE):
-        pct, dso = float(m.group(1)), m.group(2)
-        group = next((name for name, keys in PERF_GROUPS if any(k in dso for k in keys)), "other")
-        shares[group] += pct
+    for m in re.finditer(r"^\s*([\d.]+)%\s+(\S+)\s+\[.\]\s+(.*?)\s*$", report, re.MULTILINE):
+        shares[perf_group(m.group(2), m.group(3))] += float(m.group(1))
     if sum(shares.values()) > 0:
         result["shares"] = {k: round(v, 1) for k, v in shares.items()}
 
@@ -750,7 +765,7 @@ def render_markdown(results: dict, png_name: str) -> str:
         if results.get("perf"):
             lines += [
                 "Where the CPU samples fall (`perf record -F 999` on the llama-server process during one more, "
-                "untimed round of the prompts; `perf report --sort dso`), grouped by library:",
+                "untimed round of the prompts; `perf report --sort dso,sym`), grouped by what the symbols do (`PERF_GROUPS` in benchmarks/bench.py):",
                 "",
                 perf_table(results["perf"]),
                 "",
@@ -856,7 +871,7 @@ def print_tables(results: dict) -> None:
     if results.get("profile"):
         print("(e) profile\n" + profile_table(results["profile"]) + "\n")
     if results.get("perf"):
-        print("(e) perf samples by library\n" + perf_table(results["perf"]) + "\n")
+        print("(e) perf samples by kind of work\n" + perf_table(results["perf"]) + "\n")
     if results.get("regimes"):
         print("(f) regimes\n" + regimes.regime_table(results["regimes"], DRAFTER_LABELS) + "\n")
         print("(f) steps\n" + regimes.step_table(results["regimes"], DRAFTER_LABELS) + "\n")
