@@ -17,6 +17,7 @@ from .quantized import FP8Weight, dequantized
 from .safetensors_file import StoredTensor, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
+MASK_EMBEDDING_NAME = "mask_embedding.pt"  # MiMo drafters' own mask embedding (mask_embedding.py)
 
 
 def _load_json(path: Path) -> Any:
@@ -118,9 +119,11 @@ class Checkpoint:
         return files
 
     def source_files(self) -> list[Path]:
-        """Every file the checkpoint is read from: config.json, the index if any, the weights."""
-        index = self.folder / INDEX_NAME
-        return [self.config_path, *([index] if index.is_file() else []), *self._shard_files()]
+        """Every file the checkpoint is read from: config.json, the index if any, the weights, the own
+        mask embedding if any."""
+        index, mask = self.folder / INDEX_NAME, self.folder / MASK_EMBEDDING_NAME
+        return [self.config_path, *([index] if index.is_file() else []), *self._shard_files(),
+                *([mask] if mask.is_file() else [])]
 
     @cached_property
     def stored_tensors(self) -> dict[str, StoredTensor]:

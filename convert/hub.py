@@ -30,13 +30,13 @@ from urllib.parse import urlsplit
 
 from ..errors import DflashError, HubError
 from ..release.licenses import LICENSE_FILE_NAMES
-from .checkpoint import INDEX_NAME
+from .checkpoint import INDEX_NAME, MASK_EMBEDDING_NAME
 
 log = logging.getLogger(__name__)
 
 # A drafter's files besides its weights: config, index, mask embedding (refused by the converter, so it
 # must be seen), and the card and license files a release reads and copies.
-DRAFTER_FILES = ("config.json", INDEX_NAME, "README.md", "mask_embedding.pt", *LICENSE_FILE_NAMES)
+DRAFTER_FILES = ("config.json", INDEX_NAME, "README.md", MASK_EMBEDDING_NAME, *LICENSE_FILE_NAMES)
 # What the tokenizer metadata is made from (hf_vocab.py with gguf-py's SpecialVocab).
 TARGET_READ_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                      "special_tokens_map.json", "chat_template.json", "chat_template.jinja")

@@ -20,12 +20,12 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from ..errors import CheckpointError, TargetError
-from .checkpoint import Checkpoint, DrafterCheckpoint
+from .checkpoint import MASK_EMBEDDING_NAME, Checkpoint, DrafterCheckpoint
 from .gguf_file import GGUFFile
 from .safetensors_file import StoredTensor, iter_row_chunks, to_float32
 from .torch_file import TorchTensor, load_torch_file
 
-FILE_NAME = "mask_embedding.pt"
+FILE_NAME = MASK_EMBEDDING_NAME
 EMBEDDINGS, HEAD = "token_embd.weight", "output.weight"
 
 

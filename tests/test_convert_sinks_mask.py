@@ -215,3 +215,15 @@ def test_llama_server_drafts(family, llama_bin, f32_pair, tmp_path):
         answer = server.client.complete("The capital of France is", 24, ignore_eos=True)
     assert answer.n_predicted == 24
     assert answer.draft_n > 0 and 0 <= answer.draft_n_accepted <= answer.draft_n, answer.timings
+
+
+def test_mask_embedding_is_a_source_file(published):
+    """Provenance hashes every file a conversion reads: the own mask embedding is one of them."""
+    from dflash_gguf.convert.checkpoint import Checkpoint
+    from dflash_gguf.convert.converter import hash_files
+
+    folder = published / "mask-embedding"
+    names = [p.name for p in Checkpoint(folder).source_files()]
+    assert names[0] == "config.json" and names[-1] == "mask_embedding.pt"
+    assert "mask_embedding.pt" in hash_files(folder, Checkpoint(folder).source_files())
+    assert "mask_embedding.pt" not in [p.name for p in Checkpoint(published / "sinks").source_files()]
