@@ -141,6 +141,9 @@ def _print_report(r: dict, list_tensors: bool) -> None:
         click.echo(f"  causal          {r['causal']}")
     if r["license"]:
         click.echo(f"  license         {r['license']}")
+    for role, src in r["sources"].items():
+        at = f" @ {src['revision']}" if src.get("revision") else ""
+        click.echo(f"  {role + ' from':<15} {src.get('repo_url', '(no repository recorded)')}{at}")
     sizes = ", ".join(f"{t} {b / 2**20:.2f} MiB" for t, b in sorted(r["bytes_by_type"].items()))
     click.echo(f"  tensors         {r['tensor_count']}: {sizes}")
     for t in r["tensors"] if list_tensors else []:

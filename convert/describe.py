@@ -55,6 +55,8 @@ class DrafterDescription:
     sliding_window_pattern: list[bool] | None
     causal: bool | None
     license: str | None
+    # where it was converted from: {"drafter"/"target": {"repo_url", "revision"}} for what the file records
+    sources: dict[str, dict[str, str]] = field(default_factory=dict)
     tensors: list[TensorSummary] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -117,6 +119,7 @@ class DrafterDescription:
             "sliding_window_pattern": self.sliding_window_pattern,
             "causal": self.causal,
             "license": self.license,
+            "sources": self.sources,
             "tensor_count": len(self.tensors),
             "bytes_by_type": self.bytes_by_type(),
             "tensors": [{"name": t.name, "type": t.type, "shape": list(t.shape), "bytes": t.bytes}
@@ -205,6 +208,19 @@ def value_problems(f: GGUFFile, read: _Reader, hf_ids: tuple[int, ...], block_si
     return problems
 
 
+def _sources(f: GGUFFile) -> dict[str, dict[str, str]]:
+    """The provenance keys the converter writes: the drafter's Hub repository and commit, the target's."""
+    keys = {"drafter": (General.SOURCE_REPO_URL, General.SOURCE_REVISION),
+            "target": (General.BASE_MODEL_REPO_URL.format(id=0), General.BASE_MODEL_REVISION.format(id=0))}
+    out = {}
+    for role, (url, revision) in keys.items():
+        found = {name: str(f.get(key)) for name, key in (("repo_url", url), ("revision", revision))
+                 if isinstance(f.get(key), str)}
+        if found:
+            out[role] = found
+    return out
+
+
 def describe(source: str | Path | GGUFFile) -> DrafterDescription:
     """Describe a drafter GGUF (a path, or a GGUFFile the caller keeps open)."""
     if isinstance(source, GGUFFile):
@@ -281,6 +297,7 @@ def _describe(f: GGUFFile) -> DrafterDescription:
         sliding_window_pattern=list(pattern) if isinstance(pattern, list) else None,
         causal=read.bool(DFlash.CAUSAL),
         license=f.get(General.LICENSE),
+        sources=_sources(f),
         tensors=[TensorSummary(t.name, t.type.name, tuple(t.shape), t.nbytes) for t in f.tensors.values()],
         problems=problems,
     )

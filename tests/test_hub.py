@@ -118,6 +118,12 @@ def test_repo_ids_convert_like_local_paths(hub, fixtures, target_gguf, tmp_path)
         assert f.get("general.base_model.0.revision") == shas["org/tiny-target-GGUF"]
         assert f.get("general.name") == "tiny-dflash"  # the repo's name, not the snapshot's sha
     assert report["drafter"]["revision"] == shas["z-lab/tiny-dflash"]
+    # and inspect shows where the file came from
+    shown = dflash_gguf("inspect", out).stdout
+    assert f"drafter from    https://huggingface.co/z-lab/tiny-dflash @ {shas['z-lab/tiny-dflash']}" in shown
+    assert f"target from     https://huggingface.co/org/tiny-target-GGUF @ {shas['org/tiny-target-GGUF']}" in shown
+    assert json.loads(dflash_gguf("inspect", out, "--json").stdout)["sources"]["target"]["revision"] == \
+        shas["org/tiny-target-GGUF"]
 
 
 def test_target_repo_fetches_config_and_tokenizer_only(hub, fixtures, target_gguf, tmp_path):
