@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -301,6 +302,10 @@ def pick_gguf(ref: HubRef, files: list[str]) -> str:
     return matches[0]
 
 
+RANGE_RETRIES = 3
+RETRY_WAIT_S = 0.5
+
+
 class HubRangeFile(io.RawIOBase):
     """A file on the Hub read by HTTP range requests (through huggingface_hub's session, token and
     endpoint); `bytes_fetched` counts the body bytes received."""
@@ -330,27 +335,52 @@ class HubRangeFile(io.RawIOBase):
         return self._pos
 
     def readinto(self, buffer) -> int:
-        from huggingface_hub.utils import get_session, hf_raise_for_status
-
         want = min(len(buffer), self.size - self._pos)
         if want <= 0:
             return 0
-        headers = {**self._headers, "Range": f"bytes={self._pos}-{self._pos + want - 1}",
-                   "Accept-Encoding": "identity"}
-        with get_session().stream("GET", self.url, headers=headers, timeout=60) as response:
-            if response.status_code >= 400:
-                response.read()
-                hf_raise_for_status(response)
-            if response.status_code != 206:  # a whole file instead of the range: do not read it
-                raise HubError(f"{self.name}: the server ignored the byte range (HTTP {response.status_code}); "
-                               "download the file and give its path")
-            data = response.read()
-        self.requests += 1
-        self.bytes_fetched += len(data)
+        data = self._fetch(self._pos, want)
         n = min(len(data), want)
         buffer[:n] = data[:n]
         self._pos += n
         return n
+
+    def _fetch(self, start: int, length: int) -> bytes:
+        """One range, retried after a dropped connection, a timeout, 429 or 5xx (RANGE_RETRIES times,
+        waiting RETRY_WAIT_S doubled each time, or the server's Retry-After when shorter than 30 s)."""
+        import httpx2
+        from huggingface_hub.utils import get_session, hf_raise_for_status
+
+        headers = {**self._headers, "Range": f"bytes={start}-{start + length - 1}", "Accept-Encoding": "identity"}
+        for attempt in range(RANGE_RETRIES + 1):
+            wait = RETRY_WAIT_S * 2 ** attempt
+            try:
+                with get_session().stream("GET", self.url, headers=headers, timeout=60) as response:
+                    self.requests += 1
+                    status = response.status_code
+                    if status == 429 or status >= 500:
+                        response.read()
+                        if attempt == RANGE_RETRIES:
+                            hf_raise_for_status(response)
+                        after = response.headers.get("Retry-After", "")
+                        wait = float(after) if after.isdigit() and int(after) < 30 else wait
+                        log.info("%s: HTTP %d on a range request; retrying in %.1f s", self.name, status, wait)
+                    elif status >= 400:
+                        response.read()
+                        hf_raise_for_status(response)
+                    elif status != 206:  # a whole file instead of the range: do not read it
+                        raise HubError(f"{self.name}: the server ignored the byte range (HTTP {status}); "
+                                       "download the file and give its path")
+                    else:
+                        data = response.read()
+                        self.bytes_fetched += len(data)
+                        return data
+            except (httpx2.TransportError, httpx2.StreamError) as err:
+                if attempt == RANGE_RETRIES:
+                    raise HubError(f"{self.name}: reading bytes {start}-{start + length - 1} failed "
+                                   f"{RANGE_RETRIES + 1} times: {_first_line(err)}") from None
+                log.info("%s: %s on a range request; retrying in %.1f s", self.name, type(err).__name__, wait)
+            time.sleep(wait)
+        raise AssertionError("unreachable")
 
 
 @dataclass

@@ -14,7 +14,8 @@ It answers the calls huggingface_hub makes (checked against the installed versio
     write   POST /api/repos/create, /api/validate-yaml, /api/models/O/N/preupload/REV,
                  /api/models/O/N/commit/REV           (files sent inline, base64)
 
-and the errors the Hub gives, with its X-Error-Code header: 404 RepoNotFound / RevisionNotFound /
+and the errors the Hub gives, with its X-Error-Code header (and, on demand, failing range requests:
+`fail_ranges`): 404 RepoNotFound / RevisionNotFound /
 EntryNotFound, and for a gated repository 401 (no token) or 403 (a token without access) GatedRepo
 on file downloads (its model info stays public). A file may be "virtual": its first bytes given,
 the rest zeros up to a declared size, so a multi-GB GGUF can be served without existing on disk.
@@ -95,6 +96,9 @@ class LocalHub(ThreadingHTTPServer):
         self.commits: dict[str, list[list[dict]]] = {}  # repo -> commit payloads received, in order
         self.fail_commit: tuple[int, dict] | None = None
         self.ignore_ranges = False  # answer range requests with the whole file, as some servers do
+        # what the next range requests get instead of their bytes: an HTTP status, or "drop" (the
+        # connection closed without an answer), one per request, in order
+        self.fail_ranges: list[int | str] = []
         self._lock = threading.Lock()
         self._serial = 0
 
@@ -336,6 +340,13 @@ class _Handler(BaseHTTPRequestHandler):
     def _file(self, blob: Blob, headers: dict) -> None:
         headers = {**headers, "Accept-Ranges": "bytes"}
         wanted = None if self.hub.ignore_ranges else self.headers.get("Range")
+        if wanted and self.hub.fail_ranges:
+            failure = self.hub.fail_ranges.pop(0)
+            if failure == "drop":
+                self.close_connection = True
+                self.connection.shutdown(2)
+                return
+            return self._error(int(failure), None, "try again later")
         start, end, status = 0, blob.size, 200
         if wanted:
             first, _, last = wanted.removeprefix("bytes=").partition("-")

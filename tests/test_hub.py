@@ -233,6 +233,27 @@ def test_a_server_ignoring_ranges_is_refused_without_downloading(hub, fixtures, 
     assert hub.bytes_sent("/_lfs/" + "ab" * 32) < 64 * 2**20  # the client hung up; not 4.9 GB
 
 
+def test_range_requests_are_retried_then_refused_in_one_line(hub, fixtures, target_gguf, tmp_path):
+    from dflash_gguf.convert.hub import RANGE_RETRIES
+
+    _serve(hub, fixtures, target_gguf)
+    local = _local(tmp_path, fixtures, "dflash-b16", target_gguf, "b16")
+    out = tmp_path / "retried.gguf"
+    hub.fail_ranges = [503, "drop", 429]  # three failures on the first range, each retried
+    proc = _convert(hub, tmp_path, "z-lab/tiny-dflash", "-t", "org/tiny-target-GGUF:F16", "-o", out, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert hub.fail_ranges == [] and differences(out, local) == []
+    target = json.loads(proc.stdout)["target"]
+    assert target["requests"] >= 4  # the three failed tries are counted
+
+    out = tmp_path / "refused.gguf"
+    hub.fail_ranges = [503] * (RANGE_RETRIES + 1)
+    _refused(_convert(hub, tmp_path, "z-lab/tiny-dflash", "-t", "org/tiny-target-GGUF:F16", "-o", out), out, "503")
+    hub.fail_ranges = ["drop"] * (RANGE_RETRIES + 1)
+    _refused(_convert(hub, tmp_path, "z-lab/tiny-dflash", "-t", "org/tiny-target-GGUF:F16", "-o", out), out,
+             f"failed {RANGE_RETRIES + 1} times")
+
+
 def test_a_local_path_wins_over_a_repo_id(hub, fixtures, target_gguf, tmp_path):
     work = tmp_path / "work"
     shutil.copytree(fixtures / "dflash-swa", work / "z-lab" / "tiny-dflash")  # same spelling, other model
