@@ -61,4 +61,4 @@ train-pair: setup
 # measured side by side in one run (about 5 minutes on 2 quiet cores; benchmarks/bench.py).
 .PHONY: bench
 bench: llama fixtures
-	$(PY) -m benchmarks.bench
+	$(PY) -m benchmarks.bench $(if $(LLAMA_BACKEND),--backend $(LLAMA_BACKEND))

@@ -51,6 +51,7 @@ from dflash_gguf.quantize.quantize import RECIPES as RECIPE_TABLE
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 WORK = REPO / "build" / "bench"
+BACKEND = "cpu"  # the llama.cpp build measured: main() sets it from --backend
 
 DRAFTER_LABELS = {"dflash": "DFlash", "dflash2": "DFlash 2"}
 DECODE_TYPES = ("F16", "Q8_0", "Q4_K_M")
@@ -190,7 +191,7 @@ def drafter_file(models: Models, drafter: str, qtype: str, recipe: str) -> tuple
     if key not in models.quantized:
         out = WORK / models.kind / f"{drafter}-{qtype}-{recipe}.gguf"
         out.parent.mkdir(parents=True, exist_ok=True)
-        result = quantize(src, out, qtype, recipe)
+        result = quantize(src, out, qtype, recipe, backend=BACKEND)
         models.quantized[key] = (out, {"bytes": result.bytes, "types": result.types, "fallbacks": result.fallbacks})
     return models.quantized[key]
 
@@ -211,7 +212,7 @@ def _tensor_types(path: Path) -> dict[str, int]:
 def _validate(models: Models, draft: Path, n_predict: int, parallel: int, reference: str | None = None) -> dict:
     from dflash_gguf.runner.validate import ValidationSettings, validate
 
-    settings = ValidationSettings(n_predict=n_predict, parallel=parallel)
+    settings = ValidationSettings(n_predict=n_predict, parallel=parallel, backend=BACKEND)
     if reference:
         settings.reference_draft = models.reference_drafters[reference]
         settings.reference_target = models.reference_target
@@ -341,7 +342,6 @@ def _llama_bench(target: Path, bin_dir: Path, batches: list[int]) -> dict:
     return out
 
 
-# perf's shared objects, grouped by what runs in them
 # What the CPU samples of a llama-server are spent on, by symbol (first match wins): the categories
 # issue 15 asks about (graph rebuilds, synchronisation, sampling over the block, copies of hidden
 # states, thread barriers) beside the arithmetic itself.
@@ -408,7 +408,7 @@ def profile_section(models: Models, n_predict: int, rounds: int = 3) -> list[dic
     from dflash_gguf.runner.launch import launch_recipe
     from dflash_gguf.runner.validate import measuring_launch
 
-    bin_dir = find_bin_dir("cpu")
+    bin_dir = find_bin_dir(BACKEND)
     log_dir = WORK / models.kind / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
 
@@ -683,7 +683,7 @@ def render_markdown(results: dict, png_name: str) -> str:
         "",
         f"- CPU: {m['cpu']}, `nproc` = {m['nproc']}, {m['memory_gib']} GiB memory, {m['os']}, Python {m['python']}",
         f"- llama.cpp: the patched pinned tree (llama-cpp-python 0.3.36 sdist + `ggml_patches/series`), "
-        f"CPU backend, build key `{results['llama_build']}`",
+        f"{results.get('backend', 'cpu').upper()} backend, build key `{results['llama_build']}`",
         f"- load average (1/5/15 min) at the start: {load0[0]:.2f} / {load0[1]:.2f} / {load0[2]:.2f}; "
         f"at the end: {load1[0]:.2f} / {load1[1]:.2f} / {load1[2]:.2f}"
         + (f"; other work was running during the run ({'; '.join(results['load']['busy'])}), so absolute times "
@@ -890,9 +890,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-convert", action="store_true", help="leave out section (a)")
     parser.add_argument("--no-reference", action="store_true", help="leave out section (c)")
     parser.add_argument("--skip-regimes", action="store_true", help="leave out section (f)")
+    parser.add_argument("--backend", choices=("cpu", "cuda", "metal"), default=None,
+                        help="the llama.cpp build to measure (default: the default backend's, as `llama build`)")
     parser.add_argument("--docs", type=Path, default=DOCS, help="where benchmarks.md and benchmarks.png go")
     parser.add_argument("--json", type=Path, default=None, help="raw results (default build/bench/results.json)")
     args = parser.parse_args(argv)
+    global BACKEND
+    from dflash_gguf.runner.build import default_backend
+
+    BACKEND = args.backend or default_backend()
 
     n_predict = args.n_predict or (16 if args.quick else 128)
     recipe_n = args.recipe_n_predict or (8 if args.quick else 64)
@@ -900,7 +906,7 @@ def main(argv: list[str] | None = None) -> None:
     load_start = load_average()
     progress(f"load average {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}"
              + (f"; training running: {len(busy)} process(es)" if busy else ""))
-    results: dict = {"machine": machine_info(),
+    results: dict = {"machine": machine_info(), "backend": BACKEND,
                      "settings": {"n_predict": n_predict, "recipe_n_predict": recipe_n, "quick": args.quick}}
 
     if args.quick or args.skip_convert:
@@ -932,7 +938,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         results["regimes"] = regimes.regime_section(
             models, n_predict, 1 if args.quick else 3, WORK / models.kind / "regimes", _row,
-            lambda m: profile_section(m, n_predict, results["settings"]["profile_rounds"]), progress)
+            lambda m: profile_section(m, n_predict, results["settings"]["profile_rounds"]), progress, BACKEND)
     busy += [b for b in training_running() if b not in busy]
     results["load"] = {"start": load_start, "end": load_average(), "busy": busy}
     results["run_seconds"] = round(time.perf_counter() - _T0, 1)

@@ -24,11 +24,11 @@ REGIMES = ("compute-bound", "memory-bound")
 SERVER_ARGS = ["--load-mode", "none"]
 
 
-def _quantize_target(src: Path, out: Path, qtype: str) -> Path:
+def _quantize_target(src: Path, out: Path, qtype: str, backend: str) -> Path:
     from dflash_gguf.runner.build import runtime_env
     from dflash_gguf.quantize.quantize import find_llama_quantize
 
-    exe = find_llama_quantize(backend="cpu")
+    exe = find_llama_quantize(backend=backend)
     tmp = out.with_name(f".{out.name}.partial")
     proc = subprocess.run([str(exe), str(src), str(tmp), qtype], capture_output=True, text=True,
                           env=runtime_env(exe.parent))
@@ -39,7 +39,7 @@ def _quantize_target(src: Path, out: Path, qtype: str) -> Path:
     return out
 
 
-def targets(original: Path, work: Path) -> dict[tuple[str, str], Path]:
+def targets(original: Path, work: Path, backend: str) -> dict[tuple[str, str], Path]:
     """(regime, type) -> target GGUF, made once under `work`."""
     work.mkdir(parents=True, exist_ok=True)
     wide = work / "target-memory-bound-F16.gguf"
@@ -50,31 +50,31 @@ def targets(original: Path, work: Path) -> dict[tuple[str, str], Path]:
         for qtype in TARGET_TYPES[1:]:
             path = work / f"target-{regime}-{qtype}.gguf"
             if not path.is_file():
-                _quantize_target(out[(regime, "F16")], path, qtype)
+                _quantize_target(out[(regime, "F16")], path, qtype, backend)
             out[(regime, qtype)] = path
     return out
 
 
-def _settings(n_predict: int):
+def _settings(n_predict: int, backend: str):
     from dflash_gguf.runner.validate import ValidationSettings
 
-    return ValidationSettings(n_predict=n_predict, parallel=1, backend="cpu", server_args=list(SERVER_ARGS))
+    return ValidationSettings(n_predict=n_predict, parallel=1, backend=backend, server_args=list(SERVER_ARGS))
 
 
 def regime_section(models, n_predict: int, repeats: int, work: Path, validate_row: Callable[[dict], dict],
-                   profile: Callable, progress: Callable[[str], None]) -> dict:
+                   profile: Callable, progress: Callable[[str], None], backend: str = "cpu") -> dict:
     """Rows per (regime, type, drafter): target and speculative tok/s, speedup (median of `repeats`
     runs and their range), tau, efficiency = speedup / tau; the proof that the memory-bound targets
     keep the original's tokens; and the step decomposition of each regime at F16."""
     from dflash_gguf.runner.validate import validate
 
-    paths = targets(models.target, work)
+    paths = targets(models.target, work, backend)
     proofs = []
     for qtype in TARGET_TYPES:
         wide, original = paths[("memory-bound", qtype)], paths[("compute-bound", qtype)]
         drafter = next(iter(models.drafters))
         progress(f"(f) memory-bound {qtype}: tokens against the original target (validate --baseline)")
-        report = validate(wide, models.drafters[drafter], models.prompts, _settings(n_predict), baseline=original,
+        report = validate(wide, models.drafters[drafter], models.prompts, _settings(n_predict, backend), baseline=original,
                           progress=lambda m: progress("    " + m))
         proofs.append({"type": qtype, "drafter": drafter, "exact": report["exact"],
                        "divergences": [d["kind"] for d in report["divergences"]],
@@ -84,7 +84,7 @@ def regime_section(models, n_predict: int, repeats: int, work: Path, validate_ro
         for drafter, draft in models.drafters.items():
             progress(f"(f) {regime} {qtype} target ({target.stat().st_size / 2**20:.0f} MiB), {drafter}: "
                      f"validate x{repeats}")
-            runs = [validate_row(validate(target, draft, models.prompts, _settings(n_predict),
+            runs = [validate_row(validate(target, draft, models.prompts, _settings(n_predict, backend),
                                           progress=lambda m: progress("    " + m))) for _ in range(repeats)]
             speedups = sorted(r["speedup"] or 0.0 for r in runs)
             median = runs[[r["speedup"] or 0.0 for r in runs].index(speedups[len(speedups) // 2])]
