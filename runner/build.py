@@ -6,12 +6,14 @@ Layout under `cache_dir()/llama/`:
                           llama-bench and every shared library they load (rpath $ORIGIN, so the
                           folder is self-contained; `runtime_env()` adds the library path anyway)
     <key>/build.json      the manifest: key, backend, source, patches, cmake flags, date
-    work/<source>-<backend>/src/     the patched sources, rewritten file by file only where the
-                                     content changed, so make recompiles only what a patch touched
-    work/<source>-<backend>/build/   the persistent CMake build folder
-    work/<source>-<backend>/build.log
+    work/<source>-<backend>-f<flags revision>/src/     the patched sources, rewritten file by file
+                                     only where the content changed, so make recompiles only what a
+                                     patch touched
+    work/<source>-<backend>-f<flags revision>/build/   the persistent CMake build folder
+    work/<source>-<backend>-f<flags revision>/build.log
 
-`<key>` is the first 16 hex digits of sha256 over (source tree hash, patch series hash, backend).
+`<key>` is the first 16 hex digits of sha256 over (source tree hash, patch series hash, backend,
+the revision of the base CMake flags).
 The source tree hash is cheap for the pinned tree (the sdist's pinned sha256). For `--source DIR`
 it is, in a git checkout, `git rev-parse HEAD` plus the bytes of `git diff HEAD` plus the path and
 content hash of every untracked, not ignored file; outside git it is the (path, size, mtime) list of
@@ -122,7 +124,9 @@ def cmake_flags(backend: str, platform: str = sys.platform, *, curl_option: bool
         raise LlamaBuildError(f"the metal backend needs macOS; this platform is {platform}")
     flags = [
         "-DCMAKE_BUILD_TYPE=Release",
-        "-DLLAMA_OPENSSL=OFF",
+        # HTTPS for `llama-server -hf` (the Hub); without OpenSSL headers CMake only warns and the
+        # download path speaks plain HTTP
+        "-DLLAMA_OPENSSL=ON",
         "-DLLAMA_BUILD_TESTS=OFF",
         "-DBUILD_SHARED_LIBS=ON",
     ]
@@ -286,8 +290,14 @@ def user_source(path: Path) -> Source:
     return Source(tree=tree, ident=str(tree), work_name=f"src-{place}", tree_hash=source_tree_hash(tree))
 
 
+# The revision of what `cmake_flags` gives every build; part of the key, so a change of the flags
+# (2: LLAMA_OPENSSL on) is a new build rather than an old one under the same key.
+FLAGS_REVISION = 2
+
+
 def build_key(source_hash: str, series_hash: str, backend: str) -> str:
-    blob = json.dumps({"source": source_hash, "patches": series_hash, "backend": backend}, sort_keys=True)
+    blob = json.dumps({"source": source_hash, "patches": series_hash, "backend": backend,
+                       "flags": FLAGS_REVISION}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:KEY_LENGTH]
 
 
@@ -514,7 +524,8 @@ def _install(build: Path, dest_bin: Path) -> list[str]:
 
 
 def _work_dir(source: Source, backend: str) -> Path:
-    return llama_root() / "work" / f"{source.work_name}-{backend}"
+    # one per flags revision: builds made with other base flags keep their own incremental folder
+    return llama_root() / "work" / f"{source.work_name}-{backend}-f{FLAGS_REVISION}"
 
 
 def _patch_into(source: Source, patches: list[Path], work: Path, progress: Progress) -> Path:

@@ -102,13 +102,15 @@ class LocalHub(ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._serial = 0
 
+    scheme = "http"
+
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        return f"{self.scheme}://127.0.0.1:{self.server_address[1]}"
 
     @property
     def cdn_url(self) -> str:
-        return f"http://127.0.0.1:{self.cdn.server_address[1]}"
+        return f"{self.scheme}://127.0.0.1:{self.cdn.server_address[1]}"
 
     @property
     def repos(self) -> set[str]:
@@ -419,8 +421,17 @@ class _Handler(BaseHTTPRequestHandler):
                          "sha": sha})
 
 
-def start() -> LocalHub:
+def start(tls: tuple[Path, Path] | None = None) -> LocalHub:
+    """Start the Hub and its CDN; `tls` = (certificate, key) serves both over HTTPS."""
     server = LocalHub()
+    if tls is not None:
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*map(str, tls))
+        for s in (server, server.cdn):
+            s.socket = context.wrap_socket(s.socket, server_side=True)
+        server.scheme = "https"
     for s in (server, server.cdn):
         threading.Thread(target=s.serve_forever, daemon=True).start()
     return server

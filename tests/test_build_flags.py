@@ -12,7 +12,7 @@ import pytest
 from dflash_gguf.errors import LlamaBuildError
 from dflash_gguf.runner import build
 
-BASE = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+BASE = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_OPENSSL=ON", "-DLLAMA_BUILD_TESTS=OFF",
         "-DBUILD_SHARED_LIBS=ON"]
 
 

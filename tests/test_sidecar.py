@@ -75,11 +75,11 @@ def _into(env, *extra):
                        "--types", "F16,Q8_0", "--license", "mit", "--skip-validate", *extra, env=env)
 
 
-def _run_hf(llama_bin: Path, hub, tmp_path: Path, tag: str) -> tuple[dict, str]:
+def _run_hf(llama_bin: Path, hub, tmp_path: Path, tag: str, **extra_env: str) -> tuple[dict, str]:
     """llama-server -hf REPO:tag --spec-type draft-dflash (no -md): one greedy completion and the log."""
     port = _free_port()
     env = runtime_env(llama_bin, {**os.environ, "MODEL_ENDPOINT": hub.url + "/", "LLAMA_CACHE": str(tmp_path / "cache"),
-                                  "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"})
+                                  "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1", **extra_env})
     env.pop("HF_TOKEN", None)
     log = tmp_path / f"server-{tag}.log"
     with open(log, "w") as out:
@@ -158,3 +158,27 @@ def test_into_refuses_a_target_from_another_repo_and_a_repo_without_models(hub, 
     proc = dflash_gguf("release", "tests/fixtures/trained/dflash", "--into", REPO, "--push", "a/b", "--types", "F16",
                        env=env)
     assert proc.returncode == 2 and "--into and --push" in proc.stderr
+
+
+@pytest.mark.integration
+def test_hf_downloads_over_https(trained_pair, llama_bin, tmp_path):
+    """The build speaks HTTPS (LLAMA_OPENSSL on), as the real Hub needs: the same discovery against a
+    local Hub served over TLS with a self-signed certificate the server is told to trust."""
+    from tests import local_hub
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                           "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
+                           "-out", str(cert)], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    hub = local_hub.start(tls=(cert, key))
+    try:
+        assert hub.url.startswith("https://")
+        hub.add_commit(REPO, {"Trained-F16.gguf": trained_pair["target"], "README.md": TARGET_CARD,
+                              "dflash-Trained-Q8_0.gguf": trained_pair["dflash"]})
+        reply, log = _run_hf(llama_bin, hub, tmp_path, "F16", SSL_CERT_FILE=str(cert))
+    finally:
+        local_hub.stop(hub)
+    assert any(ln.rstrip("'").endswith("/dflash-Trained-Q8_0.gguf") for ln in log.splitlines()
+               if "loading draft model" in ln), log[-3000:]  # the nearest quant when none matches exactly
+    assert reply["timings"]["draft_n_accepted"] > 0
