@@ -118,6 +118,8 @@ def release(draft_dir: Path | HubRef, target: Path | HubRef | None, types: str, 
             click.echo(f"{placed.reason} {len(placed.files)} files to {into_repo}: {placed.publish.commit_url}")
             for path in placed.files:
                 click.echo(f"  {path}")
+            for path in placed.removed:
+                click.echo(f"  {path} removed (an earlier variant this release does not have)")
         return
     if target is None:
         raise OptionError("--target/-t: give the target model (its GGUF, its folder or a Hub repo id); "

@@ -163,10 +163,10 @@ def publish(folder: str | Path, repo: str, *, private: bool = False, dry_run: bo
 
 
 def commit_files(uploads: list[Upload], repo: str, *, private: bool = False, api=None, message: str | None = None,
-                 skipped: list[str] | None = None) -> PublishResult:
-    """Create `repo` if needed (an existing one is left as it is) and add `uploads` in one commit;
-    the repository's other files stay."""
-    from huggingface_hub import CommitOperationAdd, HfApi
+                 skipped: list[str] | None = None, delete: list[str] = ()) -> PublishResult:
+    """Create `repo` if needed (an existing one is left as it is), add `uploads` and remove `delete`
+    in one commit; the repository's other files stay."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
     result = PublishResult(repo, private, False, [{"path": u.path, "bytes": u.bytes} for u in uploads],
                            sum(u.bytes for u in uploads), list(skipped or []))
@@ -174,8 +174,9 @@ def commit_files(uploads: list[Upload], repo: str, *, private: bool = False, api
     token = api.token if getattr(api, "token", None) else require_token()
     secrets = [token] if isinstance(token, str) else []
     operations = [CommitOperationAdd(path_in_repo=u.path, path_or_fileobj=u.local) for u in uploads]
+    operations += [CommitOperationDelete(path_in_repo=path) for path in delete]
     summary = message or f"Upload {len(uploads)} files with dflash-gguf {__version__}"
-    description = "\n".join(f"- {u.path} ({u.bytes} bytes)" for u in uploads)
+    description = "\n".join([f"- {u.path} ({u.bytes} bytes)" for u in uploads] + [f"- removed {p}" for p in delete])
     try:
         log.info("creating %s (exist_ok)", repo)
         api.create_repo(repo, repo_type="model", private=True if private else None, exist_ok=True, token=token)

@@ -90,7 +90,7 @@ def same_release(published: dict | None, sources: dict, types: list[str]) -> str
     if not set(types) <= set(published.get("types") or []):
         return None
     described = ", ".join(
-        f"{role} {s['repo']}@{s['revision'][:12]}" if "revision" in s else f"{role} (local, same sha256)"
+        f"{role} {s['repo']}@{s['revision'][:12]}" if "revision" in s else f"{role} (same file sha256)"
         for role, s in sources.items())
     return f"already holds this release ({described}; {', '.join(types)}; dflash-gguf {__version__})"
 

@@ -21,7 +21,7 @@ import posixpath
 import re
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import __version__
@@ -29,7 +29,7 @@ from ..convert import hub, layout
 from ..errors import ReleaseError
 from . import licenses as lic
 from .card import PROVENANCE_KEY, ReleaseResult
-from .names import _QUANT_SUFFIX, safe_name
+from .names import _QUANT_SUFFIX, safe_name, variant_file
 from .publish import PublishResult, Upload, check_repo_id, commit_files, plan_upload, require_token
 from .push import planned_sources, same_release
 from .release import parse_types, release
@@ -48,6 +48,7 @@ class SidecarResult:
     sources: dict
     release: ReleaseResult | None = None
     publish: PublishResult | None = None
+    removed: list[str] = field(default_factory=list)  # our earlier variants this release replaces
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -124,11 +125,11 @@ def _published_provenance(repo: str, card_paths: list[str], files: list[str]) ->
     return None
 
 
-def _target_sha256(repo: str, path: str) -> str | None:
+def _target_sha256(repo: str, revision: str | None, path: str) -> str | None:
     from huggingface_hub import HfApi
 
-    with hub.hub_errors(hub.HubRef(repo)):
-        entries = list(HfApi().get_paths_info(repo, [path]))
+    with hub.hub_errors(hub.HubRef(repo, revision)):
+        entries = list(HfApi().get_paths_info(repo, [path], revision=revision))
     lfs = getattr(entries[0], "lfs", None) if entries else None
     return getattr(lfs, "sha256", None)
 
@@ -168,10 +169,11 @@ def release_into(draft, into: str, types: str, *, target=None, revision: str | N
     stem = Path(file_name).stem
     label = safe_name(name) if name else safe_name(_QUANT_SUFFIX.sub("", stem) or stem)
     quant = _QUANT_SUFFIX.search(stem)
-    compared = _as_sidecar_sources(sources, _target_sha256(into, target_ref.path) if target_ref else None)
+    compared = _as_sidecar_sources(sources, _target_sha256(into, target_ref.revision, target_ref.path) if target_ref else None)
     cards = [f"{sidecar_card_folder(folder, p, label)}/README.md" for p in sorted(set(layout.FILE_PREFIXES.values()))]
+    published = _published_provenance(into, cards, files)
     if not force:
-        reason = same_release(_published_provenance(into, cards, files), compared, wanted)
+        reason = same_release(published, compared, wanted)
         if reason:
             return SidecarResult(into, folder, True, f"{into} {reason}; --force redoes it", [], sources)
 
@@ -195,8 +197,21 @@ def release_into(draft, into: str, types: str, *, target=None, revision: str | N
             placed.append(Upload(f"{card_dir}/{u.path}", Path(local).stat().st_size, local))
         message = f"dflash-gguf {__version__}: {built.file_prefix}-{label} drafter beside the quants " \
                   f"({', '.join(wanted)})"
-        pushed = commit_files(placed, into, message=message)
+        stale = _stale_variants(published, built, label, folder, files, {u.path for u in placed})
+        pushed = commit_files(placed, into, message=message, delete=stale)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return SidecarResult(into, folder, False, "redone (--force)" if force else "committed",
-                         [u.path for u in placed], sources, built, pushed)
+                         [u.path for u in placed], sources, built, pushed, stale)
+
+
+def _stale_variants(published: dict | None, built: ReleaseResult, label: str, folder: str, files: list[str],
+                    placed: set[str]) -> list[str]:
+    """Our earlier variants that this release does not replace: the types the card in the repository
+    lists, under this release's names, when the repository still has them. Left there, `-hf` could
+    pick a variant of an older drafter for its quant; files the card does not list are not ours."""
+    old_types = (published or {}).get("types") or []
+    variant = next(v for v, prefix in layout.FILE_PREFIXES.items() if prefix == built.file_prefix)
+    names = [variant_file(label, str(t), variant) for t in old_types]
+    paths = [posixpath.join(folder, n) if folder else n for n in names]
+    return sorted(p for p in set(paths) if p in files and p not in placed)

@@ -12,7 +12,7 @@ It answers the calls huggingface_hub makes (checked against the installed versio
                                                       server standing for the CDN (another origin, so
                                                       huggingface_hub reads the metadata off the redirect)
     write   POST /api/repos/create, /api/validate-yaml, /api/models/O/N/preupload/REV,
-                 /api/models/O/N/commit/REV           (files sent inline, base64)
+                 /api/models/O/N/commit/REV           (files sent inline, base64; deleted files)
 
 and the errors the Hub gives, with its X-Error-Code header (and, on demand, failing range requests:
 `fail_ranges`): 404 RepoNotFound / RevisionNotFound /
@@ -118,9 +118,10 @@ class LocalHub(ThreadingHTTPServer):
 
     # -- content ------------------------------------------------------------------------------------
     def add_commit(self, repo_id: str, files: dict[str, bytes | str | Path | Blob], *, branch: str = "main",
-                   replace: bool = True, gated: bool | None = None, allowed_tokens: tuple[str, ...] = ()) -> str:
+                   replace: bool = True, gated: bool | None = None, allowed_tokens: tuple[str, ...] = (),
+                   deleted: list[str] | tuple[str, ...] = ()) -> str:
         """Commit `files` to `branch` (creating the repo) and return the commit sha. `replace=False`
-        keeps the branch's other files, as a Hub commit that adds files does."""
+        keeps the branch's other files, as a Hub commit that adds files does, less `deleted`."""
         with self._lock:
             repo = self.store.setdefault(repo_id, HubRepo())
             if gated is not None:
@@ -130,6 +131,8 @@ class LocalHub(ThreadingHTTPServer):
             sha = hashlib.sha1(f"{repo_id}\0{self._serial}".encode()).hexdigest()
             base = {} if replace or branch not in repo.refs else dict(repo.commits[repo.refs[branch]])
             base.update({path: _as_blob(v) for path, v in files.items()})
+            for path in deleted:
+                base.pop(path, None)
             repo.commits[sha] = base
             repo.refs[branch] = sha
             return sha
@@ -415,7 +418,8 @@ class _Handler(BaseHTTPRequestHandler):
         lines = [json.loads(line) for line in body.splitlines() if line.strip()]
         hub.commits.setdefault(repo_id, []).append(lines)
         files = {ln["value"]["path"]: base64.b64decode(ln["value"]["content"]) for ln in lines if ln["key"] == "file"}
-        sha = hub.add_commit(repo_id, files, branch=revision, replace=False)
+        deleted = [ln["value"]["path"] for ln in lines if ln["key"] == "deletedFile"]
+        sha = hub.add_commit(repo_id, files, branch=revision, replace=False, deleted=deleted)
         oid = f"{len(hub.commits[repo_id]):040x}"
         self._json(200, {"commitUrl": f"{hub.url}/{repo_id}/commit/{oid}", "commitOid": oid, "success": True,
                          "sha": sha})

@@ -141,6 +141,16 @@ def test_hf_finds_and_drafts_with_the_sidecar(hub, trained_pair, llama_bin, tmp_
     assert len(hub.commits[REPO]) == 1
     assert _into(env, "--force").returncode == 0 and len(hub.commits[REPO]) == 2
 
+    # a narrower set of types, redone: our earlier variants not in it go, in the same commit; others' stay
+    hub.add_commit(REPO, {"dflash-Trained-Q4_0.gguf": b"someone else's"}, replace=False)
+    proc = dflash_gguf("release", Path("tests/fixtures/trained/dflash").resolve(), "--into", REPO, "--types", "Q8_0",
+                       "--license", "mit", "--skip-validate", "--force", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "dflash-Trained-F16.gguf removed" in proc.stdout
+    files = hub.store[REPO].commits[hub.store[REPO].refs["main"]]
+    assert sorted(files) == ["README.md", "Trained-F16.gguf", "dflash-Trained-Q4_0.gguf", "dflash-Trained-Q8_0.gguf",
+                             "dflash-Trained/README.md"]
+
 
 def test_into_refuses_a_target_from_another_repo_and_a_repo_without_models(hub, tmp_path):
     hub.add_commit(REPO, {"Trained-F16.gguf": b"GGUF", "README.md": TARGET_CARD})
