@@ -110,16 +110,8 @@ def release(draft_dir: Path | HubRef, target: Path | HubRef | None, types: str, 
 
         placed = release_into(draft_dir, into_repo, types, target=target, out_dir=out_dir, force=force, name=name,
                               **options)
-        if as_json:
-            click.echo(json.dumps(placed.to_dict(), indent=2))
-        elif placed.skipped:
-            click.echo(f"nothing to do: {placed.reason}")
-        else:
-            click.echo(f"{placed.reason} {len(placed.files)} files to {into_repo}: {placed.publish.commit_url}")
-            for path in placed.files:
-                click.echo(f"  {path}")
-            for path in placed.removed:
-                click.echo(f"  {path} removed (an earlier variant this release does not have)")
+        _report_upload(placed, into_repo, as_json, placed.files,
+                       [f"{path} removed (an earlier variant this release does not have)" for path in placed.removed])
         return
     if target is None:
         raise OptionError("--target/-t: give the target model (its GGUF, its folder or a Hub repo id); "
@@ -129,12 +121,7 @@ def release(draft_dir: Path | HubRef, target: Path | HubRef | None, types: str, 
         from .push import push_release
 
         pushed = push_release(draft_dir, target, types, push_repo, out_dir=out_dir, force=force, **options)
-        if as_json:
-            click.echo(json.dumps(pushed.to_dict(), indent=2))
-        elif pushed.skipped:
-            click.echo(f"nothing to do: {pushed.reason}")
-        else:
-            click.echo(f"{pushed.reason} {len(pushed.publish.files)} files to {push_repo}: {pushed.publish.commit_url}")
+        _report_upload(pushed, push_repo, as_json, [f["path"] for f in pushed.publish.files] if pushed.publish else [])
         return
     if out_dir is None:
         raise OptionError("-o/--out: give the release folder to write (or --push ORG/NAME to upload it)")
@@ -151,6 +138,18 @@ def release(draft_dir: Path | HubRef, target: Path | HubRef | None, types: str, 
         click.echo(f"  {v.file:<48} {mib(v.bytes):>10}  {v.recipe or '-':<12} {note}")
     others = [f for f in r.files if not f.endswith(".gguf")]
     click.echo(f"  and {', '.join(others)}")
+
+
+def _report_upload(result, repo: str, as_json: bool, files: list[str], notes: list[str] = ()) -> None:
+    """What `--push` / `--into` did: skipped (and why), or the commit and the files in it."""
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    elif result.skipped:
+        click.echo(f"nothing to do: {result.reason}")
+    else:
+        click.echo(f"{result.reason} {len(files)} files to {repo}: {result.publish.commit_url}")
+        for line in [*files, *notes]:
+            click.echo(f"  {line}")
 
 
 @click.command()
