@@ -21,19 +21,22 @@ from ..options import (
 from ..outputs import Input, Output, Replace, check_outputs
 from .build import find_bin_dir
 from .client import Completion, LlamaClient, Metrics
+from . import tuned
 from .launch import Launch, launch_recipe
 from .server import LlamaServer, stop_on_signals
 from .server_log import is_server_log
+from .validate import build_info
 
 
-def _start(target: Path, draft: Path, *, backend: str | None, llama_bin: Path | None, host: str | None,
+def _start(target: Path, draft: Path | None, *, backend: str | None, llama_bin: Path | None, host: str | None,
            port: int | None, parallel: int | None, draft_max: int | None, log_path: Path | None,
-           startup_timeout: float, server_args: tuple[str, ...],
+           startup_timeout: float, server_args: tuple[str, ...], draft_input: Path | None = None,
            request_timeout: float | None = 600.0) -> tuple[Launch, LlamaServer]:
-    """The launch recipe for the pair (checked first; its warnings printed once) and its server."""
+    """The launch recipe for the pair (checked first; its warnings printed once) and its server;
+    `draft` None: the target alone (`draft_input`, the drafter given, is still an input)."""
     if log_path is not None:
         check_outputs([Output(log_path, "--log", Replace.OWNED, owned=is_server_log, what="llama-server log")],
-                      [Input(target, "--target"), Input(draft, "--draft")])
+                      [Input(target, "--target"), Input(draft or draft_input, "--draft")])
     launch = launch_recipe(target, draft, parallel=parallel, draft_max=draft_max, host=host, port=port,
                            server_args=server_args)
     for warning in launch.warnings:
@@ -43,14 +46,41 @@ def _start(target: Path, draft: Path, *, backend: str | None, llama_bin: Path | 
     return launch, server
 
 
+def _tuned(target: Path, draft: Path, backend: str | None, llama_bin: Path | None, draft_max: int | None,
+           server_args: tuple[str, ...]) -> tuned.TunedServe | None:
+    """The setting `tune` saved for this target, drafter and build, applied under the user's own
+    choices (and said on stderr); None when there is none."""
+    key = tuned.TuneKey.of(target, draft, build_info(find_bin_dir(backend, llama_bin), backend)["build"])
+    try:
+        record = tuned.load(key)
+    except tuned.UnreadableTuning as err:
+        click.echo(f"warning: ignoring the tuned setting {err}; run `dflash-gguf tune` again or remove the file",
+                   err=True)
+        return None
+    if record is None:
+        return None
+    applied = tuned.apply(record, draft_max, server_args)
+    taken = " ".join(applied.taken) or "nothing (your arguments set it all)"
+    if applied.drafting:
+        click.echo(f"tuned: {taken} from {key.path()}: {tuned.describe_record(record)}; "
+                   "--no-tuned ignores it", err=True)
+    else:
+        click.echo(f"tuned: drafting does not pay here: {tuned.describe_record(record)}, below "
+                   f"{record['settings']['min_speedup']}x ({key.path()}). Serving {target.name} WITHOUT the "
+                   f"drafter, {taken}; --no-tuned drafts anyway", err=True)
+    return applied
+
+
 @click.command("serve", cls=ServerArgsCommand)
 @target_option()
 @draft_option()
 @build_options
 @server_options
+@click.option("--no-tuned", is_flag=True,
+              help="Ignore the setting `dflash-gguf tune` saved for this target, drafter and build.")
 def serve(target: Path, draft: Path, backend: str | None, llama_bin: Path | None, host: str | None,
           port: int | None, parallel: int | None, draft_max: int | None, log_path: Path | None,
-          startup_timeout: float, server_args: tuple[str, ...]) -> None:
+          startup_timeout: float, no_tuned: bool, server_args: tuple[str, ...]) -> None:
     """Run llama-server with TARGET and its DFlash drafter until Ctrl-C or SIGTERM.
 
     \b
@@ -66,20 +96,32 @@ def serve(target: Path, draft: Path, backend: str | None, llama_bin: Path | None
     however it ends.
 
     \b
+    When `dflash-gguf tune` has measured this target, drafter and llama.cpp build, serve
+    uses its result (and says so on stderr): the tuned -t, --spec-draft-n-max and
+    --spec-draft-p-min, each unless you give your own (--draft-max, or after `--`). When
+    the tuning found that no drafting setting beats the target alone, serve runs the
+    target WITHOUT the drafter rather than slower. --no-tuned ignores the tuning.
+
+    \b
     Examples:
       dflash-gguf serve --target Qwen3-8B-Q4_K_M.gguf --draft dflash-Qwen3-8B-F16.gguf
       dflash-gguf serve -t t.gguf -d d.gguf --port 8080 -- -c 8192 -ngl 99
     """
-    _, server = _start(target, draft, backend=backend, llama_bin=llama_bin, host=host, port=port,
-                       parallel=parallel, draft_max=draft_max, log_path=log_path,
-                       startup_timeout=startup_timeout, server_args=server_args)
+    applied = None if no_tuned else _tuned(target, draft, backend, llama_bin, draft_max, server_args)
+    drafting = applied is None or applied.drafting
+    if applied is not None:
+        draft_max, server_args = applied.draft_max, applied.server_args
+    _, server = _start(target, draft if drafting else None, backend=backend, llama_bin=llama_bin, host=host,
+                       port=port, parallel=parallel, draft_max=draft_max, log_path=log_path,
+                       startup_timeout=startup_timeout, server_args=server_args, draft_input=draft)
     click.echo(f"starting llama-server ({server.exe}) ...", err=True)
     try:
         with stop_on_signals(), server:
             click.echo(server.client.url)
             sys.stdout.flush()
-            click.echo(f"llama-server pid {server.pid} ready, drafting with {draft.name}; "
-                       f"log {server.log_path}. Ctrl-C stops it.", err=True)
+            how = f"drafting with {draft.name}" if drafting else f"the target alone, {draft.name} not loaded"
+            click.echo(f"llama-server pid {server.pid} ready, {how}; log {server.log_path}. Ctrl-C stops it.",
+                       err=True)
             rc = server.wait()
             raise ServerError(f"llama-server exited by itself with status {rc} (log: {server.log_path})")
     except KeyboardInterrupt as stop:

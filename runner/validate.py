@@ -93,7 +93,7 @@ def measuring_launch(launch: Launch, prompts: Sequence[str], n_predict: int) -> 
     return launch.adding("-c", str(per_slot * launch.parallel))
 
 
-def _run_server(launch: Launch, prompts: list[list[int]] | Sequence[str], settings: ValidationSettings,
+def run_server(launch: Launch, prompts: list[list[int]] | Sequence[str], settings: ValidationSettings,
                 bin_dir: Path, label: str, progress: Progress) -> tuple[ServerRun, list[list[int]], list[str]]:
     """Answer every prompt; text prompts are tokenized by this server first (returned with the run),
     and so is the command line the server ran."""
@@ -147,8 +147,8 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
                                             server_args=settings.user_server_args()),
                               prompts, settings.n_predict)
     bin_dir = find_bin_dir(settings.backend, settings.llama_bin)
-    spec, prompt_ids, spec_command = _run_server(launch, list(prompts), settings, bin_dir, "speculative", progress)
-    alone, _, alone_command = _run_server(launch.alone(baseline), prompt_ids, settings, bin_dir, "target alone",
+    spec, prompt_ids, spec_command = run_server(launch, list(prompts), settings, bin_dir, "speculative", progress)
+    alone, _, alone_command = run_server(launch.alone(baseline), prompt_ids, settings, bin_dir, "target alone",
                                           progress)
 
     results, divergences = [], []

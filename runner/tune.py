@@ -1,0 +1,471 @@
+"""`dflash-gguf tune`: the fastest drafting setting on this machine, and whether drafting pays at all.
+
+Every setting is one llama-server started by serve's launch recipe (runner/launch.py) with tune's
+flags added before the user's own arguments: `-t` threads, `--spec-draft-n-max` (at most the
+drafter's trained length, convert/describe.py) and `--spec-draft-p-min`; or the target alone. Its
+speed is measured as validate measures it (runner/validate.py: a warm-up, then the prompts one at
+a time as token ids, greedy; tokens / generation time from the server's own timings).
+
+Timings on a shared machine drift from second to second, so no two speeds taken at different
+times are compared. A reference server, the target alone, stays up while each setting's server
+runs in turn; a *paired pass* sends every prompt to both, one request after the other (which goes
+first alternates), and gives the setting's tokens/s over the reference's in that pass. A setting's
+speedup is the median, over all its request pairs, of its speed over the reference's: a burst of
+load that slows a few requests moves it little. A setting far slower than the reference after a
+few pairs is not measured further.
+
+    1 threads, target alone   the target alone at each thread count (1..CPUs; beyond 4, powers
+                              of two and the count): a few requests each pick a first reference,
+                              the others are paired against it; the fastest becomes the
+                              reference for everything after
+    2 threads, drafter        the drafter at its trained length at each thread count
+    3 draft length            powers of two up to the trained length at the best thread count,
+                              then midpoints around the best (coarse to fine)
+    4 p_min                   a few confidence cut-offs at the best length
+    5 confirmation            the best setting again, in fresh passes (the search's best is the
+                              luckiest of many noisy estimates): the reported speedup, and the
+                              verdict: drafting pays when it reaches `min_speedup`
+
+What the user fixes after `--` (`-t`, `--spec-draft-n-max`, `--spec-draft-p-min`) is not swept.
+Two servers are up at a time (the reference and the setting measured), so the target's memory
+is needed twice unless its weights are mapped from one file (llama.cpp's default on CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from ..errors import ServerStartError
+from . import compare
+from .build import find_bin_dir
+from .client import Completion, LlamaClient
+from .launch import launch_recipe, parse_server_args, read_draft
+from .server import LlamaServer
+from .validate import Progress, ServerRun, build_info, measuring_launch, tokenize_prompts
+
+THREADS = ("-t", "--threads")
+P_MIN = ("--spec-draft-p-min", "--draft-p-min")
+DRAFT_MAX = "--spec-draft-n-max"
+P_MINS = (0.2, 0.4, 0.6, 0.8)
+QUICK_P_MINS = (0.5,)
+REFINE_STEPS = 3            # midpoint rounds around the best draft length
+# a setting whose median ratio after this many request pairs is below this is not measured further:
+# it cannot become the fastest, and a slow setting (threads fighting over busy cores) costs minutes
+ABANDON_AFTER, ABANDON_BELOW = 3, 0.5
+PROBE_REQUESTS = 2          # per thread count, to pick the first reference
+DEFAULT_MIN_SPEEDUP = 1.05  # below this, timing noise could make drafting the slower choice
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One way to serve: with the drafter or not, and the llama-server flags tune sweeps.
+    None: not set by tune (llama.cpp's default, the drafter's trained length, or the user's own
+    value after `--`)."""
+
+    drafting: bool
+    threads: int | None = None
+    draft_max: int | None = None
+    p_min: float | None = None
+
+    def server_args(self) -> list[str]:
+        """What this setting adds before the user's arguments (the draft length goes to the launch)."""
+        args = ["-t", str(self.threads)] if self.threads is not None else []
+        if self.drafting and self.p_min is not None:
+            args += ["--spec-draft-p-min", f"{self.p_min:g}"]
+        return args
+
+    def label(self) -> str:
+        if not self.drafting:
+            return "target alone" + (f" -t {self.threads}" if self.threads is not None else "")
+        parts = ["drafter"]
+        if self.threads is not None:
+            parts.append(f"-t {self.threads}")
+        if self.draft_max is not None:
+            parts.append(f"n_max {self.draft_max}")
+        if self.p_min is not None:
+            parts.append(f"p_min {self.p_min:g}")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Setting":
+        return cls(drafting=bool(data["drafting"]),
+                   threads=None if data.get("threads") is None else int(data["threads"]),
+                   draft_max=None if data.get("draft_max") is None else int(data["draft_max"]),
+                   p_min=None if data.get("p_min") is None else float(data["p_min"]))
+
+
+@dataclass
+class Candidate:
+    """What one setting measured, over all the rounds it ran in."""
+
+    setting: Setting
+    against: str = ""                                             # the reference's label
+    stages: list[str] = field(default_factory=list)
+    tokens_per_second: list[float] = field(default_factory=list)  # one per paired pass over the prompts
+    reference: list[float] = field(default_factory=list)          # the target alone's, in the same pass
+    ratios: list[float] = field(default_factory=list)             # per request pair: its speed / the reference's
+    produced: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    requests: int = 0
+    abandoned: bool = False   # stopped early, far slower than the reference
+    error: str | None = None
+
+    @property
+    def speed(self) -> float:
+        return statistics.median(self.tokens_per_second) if self.tokens_per_second else 0.0
+
+    @property
+    def speedup(self) -> float | None:
+        """The median over request pairs: a burst of load that slows a few requests moves it little."""
+        return statistics.median(self.ratios) if self.ratios else None
+
+    @property
+    def spread(self) -> tuple[float, float] | None:
+        """The quartiles of the request pairs' ratios."""
+        if len(self.ratios) < 2:
+            return (self.ratios[0], self.ratios[0]) if self.ratios else None
+        q = statistics.quantiles(self.ratios, n=4)
+        return q[0], q[2]
+
+    @property
+    def tau(self) -> float | None:
+        if not self.setting.drafting or not self.produced:
+            return None
+        return compare.mean_acceptance_length(self.produced, self.accepted, self.requests)
+
+    def to_dict(self) -> dict:
+        return {"setting": self.setting.to_dict(), "label": self.setting.label(), "against": self.against,
+                "stages": self.stages,
+                "runs": len(self.tokens_per_second),
+                "tokens_per_second": round(self.speed, 2),
+                "tokens_per_second_runs": [round(x, 2) for x in self.tokens_per_second],
+                "reference_tokens_per_second": round(statistics.median(self.reference), 2) if self.reference else None,
+                "pairs": len(self.ratios),
+                "speedup": None if self.speedup is None else round(self.speedup, 3),
+                "speedup_quartiles": None if self.spread is None else [round(x, 3) for x in self.spread],
+                "tau": None if self.tau is None else round(self.tau, 3),
+                "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else None,
+                "abandoned": self.abandoned, "error": self.error}
+
+
+# ---------------------------------------------------------------------------------------------
+# The grid
+# ---------------------------------------------------------------------------------------------
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def thread_grid(cpus: int) -> list[int]:
+    """1..cpus; beyond 4 CPUs, the powers of two below and the count itself."""
+    if cpus <= 4:
+        return list(range(1, cpus + 1))
+    grid, n = [], 1
+    while n < cpus:
+        grid.append(n)
+        n *= 2
+    return [*grid, cpus]
+
+
+def draft_grid(longest: int) -> list[int]:
+    """The coarse draft lengths: powers of two below the drafter's longest, and the longest."""
+    grid, n = [], 1
+    while n < longest:
+        grid.append(n)
+        n *= 2
+    return [*grid, longest]
+
+
+def midpoints(measured: Sequence[int], best: int) -> list[int]:
+    """The lengths halfway between `best` and its measured neighbours, not measured yet."""
+    ordered = sorted(set(measured))
+    i = ordered.index(best)
+    out = []
+    for neighbour in (ordered[i - 1] if i > 0 else None, ordered[i + 1] if i + 1 < len(ordered) else None):
+        if neighbour is not None:
+            mid = (best + neighbour) // 2
+            if mid not in ordered and mid not in out:
+                out.append(mid)
+    return out
+
+
+def best_drafting(candidates: Sequence[Candidate]) -> Candidate | None:
+    """The drafting candidate with the highest median speedup (ties: more runs, then fewer threads)."""
+    ok = [c for c in candidates if c.setting.drafting and c.error is None and c.ratios]
+    return max(ok, key=lambda c: (c.speedup, len(c.ratios), -(c.setting.threads or 0)), default=None)
+
+
+def fastest_alone(candidates: Sequence[Candidate]) -> Candidate | None:
+    ok = [c for c in candidates if not c.setting.drafting and c.error is None and c.tokens_per_second]
+    return max(ok, key=lambda c: (c.speed, -(c.setting.threads or 0)), default=None)
+
+
+def drafting_pays(speedup: float | None, min_speedup: float) -> bool:
+    return speedup is not None and speedup >= min_speedup
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class TuneSettings:
+    n_predict: int = 64
+    rounds: int = 3                   # paired passes over the prompts per searched setting
+    confirm_rounds: int = 6           # paired passes of the best setting, fresh
+    min_speedup: float = DEFAULT_MIN_SPEEDUP
+    max_seconds: float | None = None  # after it, no further search stage starts; confirmation still runs
+    quick: bool = False               # coarse grids only, one p_min
+    backend: str | None = None
+    llama_bin: Path | None = None
+    server_args: list[str] = field(default_factory=list)  # the user's (after --)
+    cpus: int | None = None           # the thread grid's top; default: this process's CPUs
+
+
+@dataclass
+class TuneResult:
+    """What `tune --json` prints and the cache keeps (runner/tuned.py)."""
+
+    target: Path
+    draft: Path
+    chosen: Setting           # what serve runs: the best drafting setting, or the target alone
+    drafting: Candidate       # the best drafting setting's confirmation rounds
+    alone: Setting            # the reference: the target alone at its fastest thread count
+    pays: bool
+    candidates: list[Candidate]
+    settings: TuneSettings
+    prompts: int
+    llama: dict
+    draft_length: int
+    seconds: float
+    stopped: str
+    warnings: list[str]
+    finished_at: str
+
+    @property
+    def speedup(self) -> float | None:
+        return self.drafting.speedup
+
+    def to_dict(self) -> dict:
+        s = self.settings
+        return {
+            "target": str(self.target), "draft": str(self.draft),
+            "chosen": self.chosen.to_dict(), "chosen_label": self.chosen.label(),
+            "drafting_pays": self.pays,
+            "speedup": None if self.speedup is None else round(self.speedup, 3),
+            "best_drafting": self.drafting.to_dict(),
+            "target_alone": {"setting": self.alone.to_dict(), "label": self.alone.label(),
+                             "tokens_per_second": round(statistics.median(self.drafting.reference), 2)},
+            "candidates": [c.to_dict() for c in self.candidates],
+            "settings": {"n_predict": s.n_predict, "prompts": self.prompts, "rounds": s.rounds,
+                         "confirm_rounds": s.confirm_rounds, "min_speedup": s.min_speedup,
+                         "max_seconds": s.max_seconds, "quick": s.quick, "server_args": list(s.server_args),
+                         "draft_length": self.draft_length},
+            "stopped_before": self.stopped or None,
+            "llama": self.llama, "seconds": round(self.seconds, 1), "warnings": self.warnings,
+            "finished_at": self.finished_at,
+        }
+
+
+def _ask(client: LlamaClient, ids: list[int], n_predict: int) -> Completion:
+    return client.complete(ids, n_predict, temperature=0.0, seed=0, cache_prompt=False)
+
+
+class _Tuner:
+    """Runs the stages. One reference server (the target alone) stays up; each setting gets its
+    own server in turn, and every pass over the prompts alternates requests between the two, so
+    both are timed under the same load."""
+
+    def __init__(self, target: Path, draft: Path, prompts: Sequence[str], settings: TuneSettings,
+                 progress: Progress):
+        self.target, self.draft, self.texts = target, draft, list(prompts)
+        self.settings, self.progress = settings, progress
+        self.bin_dir = find_bin_dir(settings.backend, settings.llama_bin)
+        self.user = parse_server_args(settings.server_args)
+        self.prompt_ids: list[list[int]] = []
+        self.candidates: dict[Setting, Candidate] = {}
+        self.reference_label = ""
+        self.started = time.monotonic()
+
+    def _server(self, setting: Setting) -> LlamaServer:
+        launch = launch_recipe(self.target, self.draft if setting.drafting else None,
+                               draft_max=setting.draft_max if setting.drafting else None,
+                               server_args=[*setting.server_args(), *self.settings.server_args], check=False)
+        return measuring_launch(launch, self.texts, self.settings.n_predict).server(bin_dir=self.bin_dir)
+
+    @contextlib.contextmanager
+    def _running(self, setting: Setting) -> Iterator[LlamaServer]:
+        """`setting`'s server, started and warmed up; stopped after the block, however it ends."""
+        with self._server(setting) as server:
+            if not self.prompt_ids:
+                self.prompt_ids = tokenize_prompts(server.client, self.texts)
+            _ask(server.client, self.prompt_ids[0][:8], self.settings.n_predict)  # warm-up, not measured
+            yield server
+
+    def measure(self, reference: LlamaServer, setting: Setting, passes: int, stage: str,
+                into: dict[Setting, Candidate] | None = None) -> Candidate:
+        """`passes` passes over the prompts, each request to `setting`'s server next to the same
+        request to the reference (which goes first alternates); its speed / the reference's per pass."""
+        table = self.candidates if into is None else into
+        cand = table.setdefault(setting, Candidate(setting, against=self.reference_label))
+        if stage not in cand.stages:
+            cand.stages.append(stage)
+        if cand.error is not None:
+            return cand
+        try:
+            with self._running(setting) as server:
+                for p in range(passes):
+                    if not self._pass(reference, server, cand, p):
+                        cand.abandoned = True
+                        break
+        except ServerStartError as err:
+            if not setting.drafting:
+                raise
+            cand.error = str(err)
+            self.progress(f"  {setting.label()}: did not start ({err}); left out")
+            return cand
+        tau = f", tau {cand.tau:.2f}" if cand.tau else ""
+        self.progress(f"  {setting.label()}: {cand.speed:.1f} tok/s against {statistics.median(cand.reference):.1f} "
+                      f"alone: {cand.speedup:.2f}x{tau} (median of {len(cand.ratios)} request pairs)")
+        return cand
+
+    def _pass(self, reference: LlamaServer, server: LlamaServer, cand: Candidate, p: int) -> bool:
+        """One paired pass; False when it stopped early, the setting being far slower than the reference."""
+        n = self.settings.n_predict
+        mine, theirs = [], []
+        for i, ids in enumerate(self.prompt_ids):
+            if (i + p) % 2:
+                theirs.append(_ask(reference.client, ids, n))
+                mine.append(_ask(server.client, ids, n))
+            else:
+                mine.append(_ask(server.client, ids, n))
+                theirs.append(_ask(reference.client, ids, n))
+            a_tps, b_tps = (ServerRun([c], [c]).tokens_per_second() for c in (mine[-1], theirs[-1]))
+            if a_tps and b_tps:
+                cand.ratios.append(a_tps / b_tps)
+            if len(cand.ratios) >= ABANDON_AFTER and cand.speedup < ABANDON_BELOW:
+                break
+        cand.tokens_per_second.append(ServerRun(mine, mine).tokens_per_second())
+        cand.reference.append(ServerRun(theirs, theirs).tokens_per_second())
+        totals = ServerRun(mine, mine).totals()
+        cand.produced += totals["produced"]
+        cand.drafted += totals["drafted"]
+        cand.accepted += totals["accepted"]
+        cand.requests += len(mine)
+        return len(mine) == len(self.prompt_ids)
+
+    def probe(self, settings: Sequence[Setting]) -> Setting:
+        """The fastest of `settings` in a few requests each, unpaired: a first reference that is not
+        one of the far slower ones (threads fighting over busy cores)."""
+        speeds = {}
+        for setting in settings:
+            with self._running(setting) as server:
+                done = [_ask(server.client, ids, self.settings.n_predict)
+                        for ids in self.prompt_ids[:PROBE_REQUESTS]]
+            speeds[setting] = ServerRun(done, done).tokens_per_second()
+            self.progress(f"  probe {setting.label()}: {speeds[setting]:.1f} tok/s")
+        return max(speeds, key=speeds.get)
+
+    def stage(self, reference: LlamaServer, name: str, settings: Sequence[Setting]) -> None:
+        settings = list(dict.fromkeys(settings))
+        self.progress(f"{name}: {len(settings)} setting(s), {self.settings.rounds} paired pass(es) each")
+        for setting in settings:
+            self.measure(reference, setting, self.settings.rounds, name)
+
+    def over_budget(self) -> bool:
+        limit = self.settings.max_seconds
+        return limit is not None and time.monotonic() - self.started > limit
+
+    def run(self) -> tuple[Candidate, Setting, str]:
+        s = self.settings
+        longest = min(self.user.honoured.get("draft_max") or 10**9, read_draft(self.draft).draft_length)
+        fixed_threads = self.user.value_of(THREADS) is not None
+        threads: list[int | None] = [None] if fixed_threads else thread_grid(s.cpus or cpu_count())
+        p_fixed = self.user.value_of(P_MIN) is not None
+        n_fixed = "draft_max" in self.user.honoured
+
+        def spec(t: int | None, n: int, p: float | None = None) -> Setting:
+            return Setting(True, t, n, None if p_fixed else p)
+
+        alone = Setting(False)  # llama-server's own thread count, or the user's -t
+        stopped = ""
+        if not fixed_threads:  # the target alone's fastest thread count becomes the reference
+            first = self.probe([Setting(False, t) for t in threads])
+            self.reference_label = first.label()
+            with self._running(first) as reference:
+                self.stage(reference, "threads, target alone", [Setting(False, t) for t in threads
+                                                               if t != first.threads])
+            faster = [c for c in self.candidates.values() if not c.setting.drafting and c.speedup]
+            best_alone = max(faster, key=lambda c: (c.speedup, -(c.setting.threads or 0)), default=None)
+            alone = best_alone.setting if best_alone is not None and best_alone.speedup > 1.0 else first
+        self.reference_label = alone.label()
+        self.progress(f"reference: {alone.label()}")
+        with self._running(alone) as reference:
+            self.stage(reference, "threads, drafter", [spec(t, longest) for t in threads])
+            best = best_drafting(self.candidates.values())
+            if best is None:
+                errors = [c.error for c in self.candidates.values() if c.error]
+                raise ServerStartError(f"{self.draft}: llama-server did not start with this drafter at any "
+                                       f"thread count: {errors[0] if errors else ''}")
+            t_best = best.setting.threads
+            steps = ["draft length"] * (not n_fixed and longest > 1) + ["p_min"] * (not p_fixed)
+            for step in steps:
+                if self.over_budget():
+                    stopped = step
+                    break
+                best = best_drafting(self.candidates.values())
+                if step == "p_min":
+                    grid = QUICK_P_MINS if s.quick else P_MINS
+                    self.stage(reference, step, [spec(t_best, best.setting.draft_max, p) for p in grid])
+                    continue
+                self.stage(reference, step, [spec(t_best, n) for n in draft_grid(longest)])
+                for i in range(0 if s.quick else REFINE_STEPS):  # coarse to fine, around the best
+                    best = best_drafting(self.candidates.values())
+                    measured = [c.setting.draft_max for c in self.candidates.values()
+                                if c.setting.drafting and c.setting.threads == t_best and c.setting.p_min is None
+                                and c.ratios]
+                    more = midpoints(measured, best.setting.draft_max) if best.setting.threads == t_best else []
+                    if not more or self.over_budget():
+                        break
+                    self.stage(reference, f"draft length, refine {i + 1}", [spec(t_best, n) for n in more])
+            # fresh passes of the best: the search's best is the luckiest of many noisy estimates
+            best = best_drafting(self.candidates.values())
+            self.progress(f"confirmation: {best.setting.label()} against {alone.label()}")
+            confirmed = self.measure(reference, best.setting, s.confirm_rounds, "confirmation", into={})
+        return confirmed, alone, stopped
+
+
+def tune(target: str | Path, draft: str | Path, prompts: Sequence[str], settings: TuneSettings,
+         progress: Progress | None = None) -> TuneResult:
+    """Measure the grid (module docstring) and choose: the best drafting setting when its confirmed
+    speedup reaches `settings.min_speedup`, else the target alone at its fastest thread count."""
+    progress = progress or (lambda _msg: None)
+    target, draft = Path(target), Path(draft)
+    # the pair's checks and the user's arguments, before anything starts
+    warnings = list(launch_recipe(target, draft, server_args=settings.server_args).warnings)
+    tuner = _Tuner(target, draft, prompts, settings, progress)
+    spec, alone, stopped = tuner.run()
+    if stopped:
+        progress(f"--max-seconds {settings.max_seconds:g} reached: skipped the search from the {stopped} stage on")
+    pays = drafting_pays(spec.speedup, settings.min_speedup)
+    return TuneResult(
+        target=target, draft=draft, chosen=spec.setting if pays else alone, drafting=spec, alone=alone,
+        pays=pays, candidates=list(tuner.candidates.values()), settings=settings, prompts=len(prompts),
+        llama=build_info(tuner.bin_dir, settings.backend), draft_length=read_draft(draft).draft_length,
+        seconds=time.monotonic() - tuner.started, stopped=stopped, warnings=warnings,
+        finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

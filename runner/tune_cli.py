@@ -1,0 +1,129 @@
+"""`dflash-gguf tune`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ..options import ServerArgsCommand, build_options, draft_option, json_option, target_option
+from . import tuned
+from .prompts import BUILTIN_PROMPTS, read_prompts
+from .tune import DEFAULT_MIN_SPEEDUP, TuneResult, TuneSettings, tune
+
+QUICK = {"n_predict": 32, "rounds": 1, "confirm_rounds": 3, "prompts": 6}
+
+
+def _range(quartiles: list[float] | None) -> str:
+    return f"{quartiles[0]:.2f}-{quartiles[1]:.2f}" if quartiles else "-"
+
+
+def print_table(result: dict, saved: Path | None) -> None:
+    click.echo(f"{'setting':<34} {'pairs':>5} {'tok/s':>8} {'alone':>8} {'speedup':>7} {'quartiles':>11} "
+               f"{'tau':>5}  stage")
+    for r in result["candidates"]:
+        if r["error"]:
+            click.echo(f"{r['label']:<34} did not start: {r['error'][:100]}")
+            continue
+        tau = f"{r['tau']:.2f}" if r["tau"] is not None else "-"
+        click.echo(f"{r['label']:<34} {r['pairs']:>5} {r['tokens_per_second']:>8.1f} "
+                   f"{r['reference_tokens_per_second']:>8.1f} {r['speedup']:>6.2f}x {_range(r['speedup_quartiles']):>11} "
+                   f"{tau:>5}  {', '.join(r['stages'])}" + (" (stopped early: far slower)" if r["abandoned"] else ""))
+    spec, alone, s = result["best_drafting"], result["target_alone"], result["settings"]
+    click.echo("")
+    click.echo("tok/s: the setting's, median of its passes over the prompts; alone: the target alone's in the "
+               "same passes (threads stage: the fastest of a first probe; after it: "
+               f"{alone['label']}); speedup: the median over request pairs (each prompt sent to both, one after "
+               f"the other) of the ratio; {s['prompts']} prompts x {s['n_predict']} tokens per pass")
+    click.echo(f"best drafting setting   {spec['label']}, tau {spec['tau']}")
+    click.echo(f"confirmed speedup       {result['speedup']}x: {spec['tokens_per_second']:.1f} against "
+               f"{alone['tokens_per_second']:.1f} tok/s (median of {spec['pairs']} fresh request pairs in "
+               f"{spec['runs']} passes; quartiles {_range(spec['speedup_quartiles'])})")
+    relation = ">=" if result["drafting_pays"] else "<"
+    click.echo(f"drafting pays           {'yes' if result['drafting_pays'] else 'no'} "
+               f"({result['speedup']}x {relation} --min-speedup {s['min_speedup']:g})")
+    click.echo(f"serve will run          {result['chosen_label']}")
+    click.echo(f"llama.cpp               {result['llama']['backend']} build {result['llama']['build']}")
+    if saved is not None:
+        click.echo(f"saved                   {saved}")
+
+
+@click.command("tune", cls=ServerArgsCommand)
+@target_option()
+@draft_option()
+@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help=r"One prompt per line (\n for a newline). Default: validate's built-in mix.")
+@click.option("-n", "--n-predict", "n_predict", type=click.IntRange(1, 4096), default=None,
+              help="New tokens per prompt per run. Default: 64 (--quick: 32).")
+@click.option("--rounds", type=click.IntRange(1, 50), default=None,
+              help="Paired passes over the prompts per setting searched (each request sent to the setting's "
+                   "server and to the target alone's, one after the other); the confirmation runs twice as "
+                   "many. Default: 3 (--quick: 1, confirmation 3).")
+@click.option("--quick", is_flag=True,
+              help="A short search: the first 6 prompts, 32 tokens, one pass, coarse draft lengths and one "
+                   "p_min.")
+@click.option("--max-seconds", type=click.FloatRange(min=0), default=None,
+              help="Start no new search stage after this many seconds (the confirmation still runs).")
+@click.option("--min-speedup", type=click.FloatRange(min=1.0), default=DEFAULT_MIN_SPEEDUP, show_default=True,
+              help="Drafting pays when the confirmed speedup reaches this; below it serve runs the target alone.")
+@json_option
+@build_options
+def tune_command(target: Path, draft: Path, prompts_file: Path | None, n_predict: int | None, rounds: int | None,
+                 quick: bool, max_seconds: float | None, min_speedup: float, as_json: bool, backend: str | None,
+                 llama_bin: Path | None, server_args: tuple[str, ...]) -> None:
+    """Find the fastest way to serve TARGET with its drafter on this machine, and whether
+    drafting pays at all; `serve` then uses it.
+
+    \b
+    Measures, with the patched llama-server started as `serve` starts it (arguments after
+    `--` included), the target alone and the drafter across:
+      threads         -t 1 .. the CPUs this process may use
+      draft length    --spec-draft-n-max, powers of two up to the drafter's trained
+                      length (dflash.block_size - 1), then midpoints around the best
+      p_min           --spec-draft-p-min 0.2 .. 0.8 at the best length
+    Each setting runs every prompt one at a time (greedy) and is timed by the server. Timings
+    drift on a busy machine, so each stage runs in rounds, each round starting every setting
+    once beside the target alone, and a setting's speedup is the median of its per-round ratios
+    to the target alone. The best setting is then confirmed against the target alone in fresh
+    rounds: that ratio is the reported speedup, and drafting pays when it reaches
+    --min-speedup. Progress goes to stderr; the table (or --json) to stdout.
+
+    \b
+    What you fix after `--` is not swept (-t, --spec-draft-n-max, --spec-draft-p-min), and
+    every other argument there runs in every measurement (e.g. -- -ngl 99 -c 8192).
+
+    \b
+    The result is saved in the cache (~/.cache/dflash-gguf/tuned/) for this target file,
+    drafter file and llama.cpp build. `serve` with the same three uses it (and says so): the
+    tuned threads, draft length and p_min, each unless you give your own; when drafting does
+    not pay, serve runs the target alone. `serve --no-tuned` ignores it.
+
+    \b
+    Examples:
+      dflash-gguf tune -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf
+      dflash-gguf tune -t t.gguf -d d.gguf --quick --json -- -ngl 99
+    """
+    prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
+    if quick:
+        prompts = prompts[:QUICK["prompts"]]
+    explore = rounds or (QUICK["rounds"] if quick else TuneSettings.rounds)
+    settings = TuneSettings(
+        n_predict=n_predict or (QUICK["n_predict"] if quick else TuneSettings.n_predict),
+        rounds=explore, confirm_rounds=QUICK["confirm_rounds"] if quick and rounds is None else 2 * explore,
+        min_speedup=min_speedup, max_seconds=max_seconds, quick=quick, backend=backend, llama_bin=llama_bin,
+        server_args=list(server_args))
+    result: TuneResult = tune(target, draft, prompts, settings, progress=lambda msg: click.echo(msg, err=True))
+    report = result.to_dict()
+    key = tuned.TuneKey.of(target, draft, result.llama["build"])
+    saved = tuned.save(key, report)
+    click.echo(f"saved the tuned setting to {saved}", err=True)
+    for message in result.warnings:
+        click.echo(f"warning: {message}", err=True)
+    if as_json:
+        click.echo(json.dumps({**report, "saved": str(saved)}, indent=2))
+    else:
+        print_table(report, saved)
+
+
+commands = [tune_command]

@@ -1,0 +1,131 @@
+"""Tuned settings in the cache, one per (target file, drafter file, llama.cpp build), and how
+`serve` applies one.
+
+    <cache>/tuned/<key>.json     (paths.tuned_dir) `tune`'s result (runner/tune.py TuneResult.to_dict) plus the key parts
+
+A file is known by its identity, not its path: its size and the sha256 of its first, middle and
+last MiB (the GGUF header with its metadata, and tensor data), so a copy or a move keeps its
+tuning while another model or quantization, even under the same name, does not, and a many-GB
+target is not read whole at every `serve`. The build is the key of the patched build that ran
+(runner/build.py; another build's folder name under --llama-bin).
+
+Applying a result to serve's launch, the user's choices win: `--draft-max`, and `-t`,
+`--spec-draft-n-max`, `--spec-draft-p-min` after `--`, are kept and only what the user left open
+is taken from the tuning. When the tuning found that no drafting setting beats the target alone,
+serve runs the target alone (at the tuned thread count).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..outputs import write_text
+from ..paths import tuned_dir
+from .launch import parse_server_args
+from .tune import P_MIN, THREADS, Setting
+
+FORMAT = "dflash-gguf tuned setting"
+VERSION = 1
+_SAMPLE = 1 << 20
+
+
+def file_identity(path: str | Path) -> str:
+    """Size + sha256 of the first, middle and last MiB (the whole file when it is smaller)."""
+    path = Path(path)
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as fh:
+        for offset in sorted({0, max(0, size // 2 - _SAMPLE // 2), max(0, size - _SAMPLE)}):
+            fh.seek(offset)
+            digest.update(fh.read(_SAMPLE))
+    return f"{size}-{digest.hexdigest()[:32]}"
+
+
+@dataclass(frozen=True)
+class TuneKey:
+    target: str   # file_identity of each
+    draft: str
+    build: str    # the llama.cpp build key
+
+    @classmethod
+    def of(cls, target: str | Path, draft: str | Path, build: str) -> "TuneKey":
+        return cls(file_identity(target), file_identity(draft), build)
+
+    def path(self) -> Path:
+        name = hashlib.sha256(f"{self.target}\0{self.draft}\0{self.build}".encode()).hexdigest()[:24]
+        return tuned_dir() / f"{name}.json"
+
+
+def save(key: TuneKey, result: dict) -> Path:
+    """Write `result` (TuneResult.to_dict()) for `key`, whole or not at all; its path."""
+    path = key.path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"format": FORMAT, "version": VERSION,
+              "key": {"target": key.target, "draft": key.draft, "build": key.build}, **result}
+    write_text(path, json.dumps(record, indent=2) + "\n")
+    return path
+
+
+class UnreadableTuning(ValueError):
+    """A file in the tuned folder that is not a record this version wrote (serve warns and ignores it)."""
+
+
+def load(key: TuneKey) -> dict | None:
+    """The record saved for `key`; None when there is none; UnreadableTuning when it is damaged."""
+    path = key.path()
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise UnreadableTuning(f"{path}: {err}") from None
+    try:
+        if record["format"] != FORMAT or record["version"] != VERSION:
+            raise KeyError("format")
+        if record["key"] != {"target": key.target, "draft": key.draft, "build": key.build}:
+            raise KeyError("key")
+        Setting.from_dict(record["chosen"])
+        bool(record["drafting_pays"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise UnreadableTuning(f"{path}: field {err} is missing or not what `dflash-gguf tune` writes") from None
+    return record
+
+
+@dataclass(frozen=True)
+class TunedServe:
+    """What serve runs under a tuned record, after the user's own choices."""
+
+    drafting: bool
+    draft_max: int | None          # the launch's draft_max option
+    server_args: tuple[str, ...]   # the tuned flags the user left open, then the user's own
+    taken: tuple[str, ...]         # the tuned flags added (for the message)
+
+
+def apply(record: dict, draft_max: int | None, server_args: Sequence[str]) -> TunedServe:
+    """The launch options serve uses with `record`: the user's `--draft-max` and flags after `--` win."""
+    chosen = Setting.from_dict(record["chosen"])
+    given = parse_server_args(server_args)
+    taken: list[str] = []
+    if chosen.threads is not None and given.value_of(THREADS) is None:
+        taken += ["-t", str(chosen.threads)]
+    if chosen.drafting and chosen.p_min is not None and given.value_of(P_MIN) is None:
+        taken += ["--spec-draft-p-min", f"{chosen.p_min:g}"]
+    user_draft_max = draft_max is not None or "draft_max" in given.honoured
+    tuned_draft_max = chosen.draft_max if chosen.drafting and not user_draft_max else None
+    shown = taken + (["--spec-draft-n-max", str(tuned_draft_max)] if tuned_draft_max is not None else [])
+    return TunedServe(drafting=chosen.drafting, draft_max=draft_max if draft_max is not None else tuned_draft_max,
+                      server_args=(*taken, *server_args), taken=tuple(shown))
+
+
+def describe_record(record: dict) -> str:
+    """One line on what was measured: speedup, tau, runs, date."""
+    best = record.get("best_drafting") or {}
+    tau = best.get("tau")
+    return (f"{record.get('speedup')}x the target alone at best ({best.get('label', '?')}"
+            + (f", tau {tau}" if tau is not None else "") + f"; median of {best.get('pairs', '?')} request pairs, "
+            f"tuned {record.get('finished_at', '?')})")
+
