@@ -387,6 +387,21 @@ class _Tuner:
         for setting in settings:
             self.measure(reference, setting, self.settings.rounds, name)
 
+    def as_run(self, setting: Setting) -> Setting:
+        """`setting` with the values the user fixed after `--` written in: what serve must repeat."""
+        def number(flags: tuple[str, ...], kind: type) -> int | float | None:
+            value = self.user.value_of(flags)
+            try:
+                return kind(value) if value is not None else None
+            except ValueError:
+                return None
+
+        threads, p_min = number(THREADS, int), number(P_MIN, float)
+        return dataclasses.replace(
+            setting, threads=setting.threads if threads is None else threads,
+            draft_max=self.user.honoured.get("draft_max", setting.draft_max) if setting.drafting else None,
+            p_min=setting.p_min if p_min is None or not setting.drafting else p_min)
+
     def over_budget(self) -> bool:
         limit = self.settings.max_seconds
         return limit is not None and time.monotonic() - self.started > limit
@@ -464,7 +479,8 @@ def tune(target: str | Path, draft: str | Path, prompts: Sequence[str], settings
         progress(f"--max-seconds {settings.max_seconds:g} reached: skipped the search from the {stopped} stage on")
     pays = drafting_pays(spec.speedup, settings.min_speedup)
     return TuneResult(
-        target=target, draft=draft, chosen=spec.setting if pays else alone, drafting=spec, alone=alone,
+        target=target, draft=draft, chosen=tuner.as_run(spec.setting if pays else alone), drafting=spec,
+        alone=alone,
         pays=pays, candidates=list(tuner.candidates.values()), settings=settings, prompts=len(prompts),
         llama=build_info(tuner.bin_dir, settings.backend), draft_length=read_draft(draft).draft_length,
         seconds=time.monotonic() - tuner.started, stopped=stopped, warnings=warnings,

@@ -27,6 +27,12 @@ LLAMA_BACKEND = os.environ.get("DFLASH_TEST_BACKEND", "cpu")
 LLAMA_BIN_ENV = "DFLASH_GGUF_TEST_LLAMA_BIN"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_tunings(tmp_path_factory) -> None:
+    """No test serves with a setting the user's own `dflash-gguf tune` saved (serve would use it)."""
+    os.environ["DFLASH_GGUF_TUNED"] = str(tmp_path_factory.mktemp("tuned"))
+
+
 @pytest.fixture(scope="session")
 def llama_bin() -> Path:
     """bin/ of the patched llama.cpp for the current ggml_patches/series, built when the cache

@@ -24,7 +24,7 @@ def _commands(group: click.Group, prefix: str = "") -> dict[str, click.Command]:
 
 
 COMMANDS = _commands(main)
-SERVER_COMMANDS = ("serve", "generate", "validate", "release")
+SERVER_COMMANDS = ("serve", "generate", "validate", "release", "tune")
 
 
 def test_each_flag_means_one_thing():
@@ -53,6 +53,7 @@ def test_json_is_a_flag_everywhere_and_the_build_is_chosen_one_way():
 
 @pytest.mark.parametrize("args, needle", [
     (["serve"], "Missing option '--target'"),
+    (["tune", "-t"], "requires an argument"),
     (["validate", "-t"], "requires an argument"),
     (["generate"], "Missing argument 'PROMPT...'"),
     (["generate", "hello"], "give --url of a running server, or --target and --draft"),

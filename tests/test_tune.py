@@ -1,0 +1,329 @@
+"""`dflash-gguf tune` and the tuned setting `serve` uses: the grid, the choice, the stored record and
+how serve merges it with the user's own arguments (unit, on real files); then a real tune and a real
+serve on the trained pair and on a random-weight drafter that cannot pay (integration)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dflash_gguf.convert.converter import convert
+from dflash_gguf.runner import tuned
+from dflash_gguf.runner.client import LlamaClient
+from dflash_gguf.runner.launch import launch_recipe, read_draft
+from dflash_gguf.runner.tune import (
+    Candidate,
+    Setting,
+    best_drafting,
+    draft_grid,
+    drafting_pays,
+    midpoints,
+    thread_grid,
+)
+from dflash_gguf.runner.validate import build_info
+from tests.conftest import REPO, dflash_gguf
+
+# ---------------------------------------------------------------------------------------------
+# The grid and the choice
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cpus, grid", [(1, [1]), (2, [1, 2]), (4, [1, 2, 3, 4]), (12, [1, 2, 4, 8, 12]),
+                                        (16, [1, 2, 4, 8, 16])])
+def test_thread_grid_spans_one_to_every_cpu(cpus, grid):
+    assert thread_grid(cpus) == grid
+
+
+@pytest.mark.parametrize("longest, grid", [(1, [1]), (7, [1, 2, 4, 7]), (8, [1, 2, 4, 8]), (15, [1, 2, 4, 8, 15])])
+def test_draft_grid_is_powers_of_two_up_to_the_trained_length(longest, grid):
+    assert draft_grid(longest) == grid
+
+
+@pytest.mark.parametrize("measured, best, more", [
+    ([1, 2, 4, 8, 15], 8, [6, 11]),
+    ([1, 2, 4, 8, 15], 15, [11]),
+    ([1, 2, 4, 6, 8, 11, 15], 6, [5, 7]),
+    ([1, 2, 4, 5, 6, 7, 8], 6, []),     # both neighbours next to it: nothing left between
+    ([1, 2], 1, []),
+])
+def test_midpoints_refine_around_the_best_length(measured, best, more):
+    assert midpoints(measured, best) == more
+
+
+def _candidate(setting: Setting, ratios: list[float], error: str | None = None) -> Candidate:
+    return Candidate(setting, ratios=list(ratios), tokens_per_second=[100.0] * len(ratios), error=error)
+
+
+def test_the_best_drafting_setting_is_the_highest_median_ratio_among_those_that_ran():
+    alone = _candidate(Setting(False, 1), [3.0, 3.0, 3.0])              # never a drafting choice
+    broken = _candidate(Setting(True, 1, 2), [], error="did not start")
+    steady = _candidate(Setting(True, 1, 4), [1.10, 1.12, 1.11])
+    lucky = _candidate(Setting(True, 1, 8), [0.70, 0.80, 2.50])           # one outlier: median 0.80
+    assert best_drafting([alone, broken, steady, lucky]) is steady
+    assert best_drafting([alone, broken]) is None
+
+
+def test_drafting_pays_only_from_the_minimum_speedup():
+    assert drafting_pays(1.05, 1.05) and drafting_pays(2.0, 1.05)
+    assert not drafting_pays(1.049, 1.05) and not drafting_pays(None, 1.05) and not drafting_pays(0.8, 1.0)
+
+
+def test_candidate_speedup_is_the_median_of_request_pairs_and_tau_counts_steps():
+    c = Candidate(Setting(True, 1, 4), ratios=[0.9, 1.2, 5.0, 1.1, 1.0], produced=100, accepted=60, requests=4)
+    assert c.speedup == 1.1
+    assert c.spread == (0.95, 3.1)
+    # 96 tokens from steps (4 came from prefills), 60 of them accepted drafts: 36 steps
+    assert c.tau == pytest.approx(96 / 36)
+    assert Candidate(Setting(False, 1), produced=100).tau is None
+
+
+def test_setting_flags_and_record_round_trip():
+    s = Setting(True, threads=2, draft_max=4, p_min=0.25)
+    assert s.server_args() == ["-t", "2", "--spec-draft-p-min", "0.25"]
+    assert Setting(False, threads=2, p_min=0.25).server_args() == ["-t", "2"]  # p_min is a drafting flag
+    assert Setting(True, draft_max=4).server_args() == []
+    assert Setting.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+    assert s.label() == "drafter -t 2 n_max 4 p_min 0.25" and Setting(False).label() == "target alone"
+
+
+# ---------------------------------------------------------------------------------------------
+# The record: identity, key, storage
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def tuned_home(tmp_path: Path, monkeypatch) -> Path:
+    home = tmp_path / "tuned"
+    monkeypatch.setenv("DFLASH_GGUF_TUNED", str(home))
+    return home
+
+
+def _write(path: Path, size: int, seed: int = 0) -> Path:
+    path.write_bytes(bytes((i * 7 + seed) % 251 for i in range(size)))
+    return path
+
+
+def test_a_file_is_known_by_its_bytes_not_its_path(tmp_path: Path):
+    big = _write(tmp_path / "target.gguf", 3 * (1 << 20) + 123)
+    copy = tmp_path / "elsewhere" / "renamed.gguf"
+    copy.parent.mkdir()
+    shutil.copy(big, copy)
+    assert tuned.file_identity(copy) == tuned.file_identity(big)
+    for offset in (10, big.stat().st_size // 2, big.stat().st_size - 5):  # header, middle, tail
+        changed = bytearray(big.read_bytes())
+        changed[offset] ^= 1
+        other = tmp_path / f"changed-{offset}.gguf"
+        other.write_bytes(bytes(changed))
+        assert tuned.file_identity(other) != tuned.file_identity(big), offset
+    small = _write(tmp_path / "small.gguf", 100)
+    grown = _write(tmp_path / "grown.gguf", 101)
+    assert tuned.file_identity(small) != tuned.file_identity(grown)
+
+
+def _record(chosen: Setting, pays: bool, speedup: float = 1.3) -> dict:
+    return {"chosen": chosen.to_dict(), "chosen_label": chosen.label(), "drafting_pays": pays, "speedup": speedup,
+            "best_drafting": {"label": "drafter -t 1 n_max 4", "tau": 3.2, "pairs": 18},
+            "settings": {"min_speedup": 1.05}, "finished_at": "2026-12-01T00:00:00Z"}
+
+
+def test_saved_per_target_drafter_and_build_whole_or_not_at_all(tmp_path: Path, tuned_home: Path):
+    target, draft = _write(tmp_path / "t.gguf", 5000), _write(tmp_path / "d.gguf", 3000, seed=1)
+    key = tuned.TuneKey.of(target, draft, "71e8d1dc00673b20")
+    assert tuned.load(key) is None
+    path = tuned.save(key, _record(Setting(True, 1, 4), True))
+    assert path.parent == tuned_home and sorted(p.name for p in tuned_home.iterdir()) == [path.name]
+    assert tuned.load(key)["chosen"] == Setting(True, 1, 4).to_dict()
+    assert tuned.load(tuned.TuneKey.of(target, draft, "6a1ab817b7daca0a")) is None   # another build
+    assert tuned.load(tuned.TuneKey.of(draft, target, "71e8d1dc00673b20")) is None   # the pair swapped
+    with pytest.raises(TypeError):  # a result that cannot be written leaves the saved one as it was
+        tuned.save(key, {**_record(Setting(False, 2), False), "bad": object()})
+    assert tuned.load(key)["chosen"] == Setting(True, 1, 4).to_dict()
+    assert sorted(p.name for p in tuned_home.iterdir()) == [path.name]
+
+
+def test_a_damaged_or_foreign_record_is_refused_with_its_file_named(tmp_path: Path, tuned_home: Path):
+    target, draft = _write(tmp_path / "t.gguf", 5000), _write(tmp_path / "d.gguf", 3000, seed=1)
+    key = tuned.TuneKey.of(target, draft, "b")
+    path = tuned.save(key, _record(Setting(True, 1, 4), True))
+    path.write_text(path.read_text()[:40])
+    with pytest.raises(tuned.UnreadableTuning, match=re.escape(str(path))):
+        tuned.load(key)
+    other = tuned.save(tuned.TuneKey.of(target, draft, "c"), _record(Setting(True, 1, 4), True))
+    shutil.copy(other, path)  # another build's record under this key's name
+    with pytest.raises(tuned.UnreadableTuning, match="field 'key'"):
+        tuned.load(key)
+
+
+# ---------------------------------------------------------------------------------------------
+# serve: the tuned setting under the user's own choices, on a real launch of a real drafter
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_pair(fixtures: Path, target_gguf: Path, tmp_path_factory) -> tuple[Path, Path]:
+    """The tiny random target and a random-weight DFlash 2 drafter (block 8: drafts of up to 7)."""
+    out = tmp_path_factory.mktemp("tune") / "dflash2-b8.gguf"
+    convert(fixtures / "dflash2-b8", target_gguf, out, "f16")
+    return target_gguf, out
+
+
+def _launch(target: Path, draft: Path, record: dict, draft_max: int | None = None, args: tuple[str, ...] = ()):
+    applied = tuned.apply(record, draft_max, args)
+    launch = launch_recipe(target, draft if applied.drafting else None, draft_max=applied.draft_max,
+                           server_args=applied.server_args, check=False)
+    return applied, launch
+
+
+def test_serve_takes_every_tuned_flag_the_user_left_open(tiny_pair):
+    target, draft = tiny_pair
+    applied, launch = _launch(target, draft, _record(Setting(True, 1, 3, 0.4), True))
+    assert applied.drafting and launch.draft_length == 3
+    assert launch.args()[:6] == ["-md", str(draft), "--spec-type", "draft-dflash", "--spec-draft-n-max", "3"]
+    assert launch.user_args == ("-t", "1", "--spec-draft-p-min", "0.4")
+    assert applied.taken == ("-t", "1", "--spec-draft-p-min", "0.4", "--spec-draft-n-max", "3")
+
+
+@pytest.mark.parametrize("draft_max, args, length, user_args", [
+    (5, (), 5, ("-t", "1", "--spec-draft-p-min", "0.4")),
+    (None, ("--spec-draft-n-max", "2"), 2, ("-t", "1", "--spec-draft-p-min", "0.4")),
+    (None, ("-t", "2"), 3, ("--spec-draft-p-min", "0.4", "-t", "2")),
+    (None, ("--threads=2", "--draft-p-min", "0"), 3, ("--threads=2", "--draft-p-min", "0")),
+    (None, ("-c", "256"), 3, ("-t", "1", "--spec-draft-p-min", "0.4", "-c", "256")),
+])
+def test_the_users_own_arguments_win_over_the_tuned_ones(tiny_pair, draft_max, args, length, user_args):
+    target, draft = tiny_pair
+    _, launch = _launch(target, draft, _record(Setting(True, 1, 3, 0.4), True), draft_max, args)
+    assert launch.draft_length == length
+    assert launch.user_args == user_args
+
+
+def test_when_drafting_does_not_pay_serve_runs_the_target_alone_at_the_tuned_threads(tiny_pair):
+    target, draft = tiny_pair
+    applied, launch = _launch(target, draft, _record(Setting(False, 2), False, speedup=0.7),
+                              args=("--spec-draft-n-max", "4"))
+    assert not applied.drafting and launch.draft is None
+    assert "-md" not in launch.args() and "--spec-type" not in launch.args()
+    assert launch.user_args == ("-t", "2")
+
+
+# ---------------------------------------------------------------------------------------------
+# integration: the real patched llama-server
+# ---------------------------------------------------------------------------------------------
+
+def _tune(target: Path, draft: Path, llama_bin: Path, *extra: str) -> dict:
+    proc = dflash_gguf("tune", "-t", target, "-d", draft, "--quick", "--json", "--llama-bin", llama_bin, *extra,
+                       cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _serve(target: Path, draft: Path, llama_bin: Path, log: Path, *extra: str):
+    """Start `serve`, ask one prompt, stop it: (the answer, serve's stderr, the server's log)."""
+    proc = subprocess.Popen([sys.executable, "-m", "dflash_gguf.cli", "serve", "-t", str(target), "-d", str(draft),
+                             "--llama-bin", str(llama_bin), "--log", str(log), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if select.select([proc.stdout], [], [], 0.2)[0]:
+                break
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://"), proc.stderr.read() if proc.poll() is not None else url
+        answer = LlamaClient(url).complete("The capital of France is", n_predict=24)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        return answer, proc.stderr.read(), log.read_text(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.integration
+def test_quick_tune_on_the_trained_pair_is_saved_and_serve_runs_it(trained_pair: dict[str, Path], llama_bin: Path,
+                                                                     tmp_path: Path, tuned_home: Path):
+    target, draft = trained_pair["target"], trained_pair["dflash2"]
+    result = _tune(target, draft, llama_bin, "--prompts", trained_pair["prompts"], "--", "-t", "1")
+
+    # the search: every coarse draft length up to the drafter's trained one, then p_min, then a fresh confirmation
+    longest = read_draft(draft).draft_length
+    assert result["settings"]["draft_length"] == longest == 7
+    lengths = {c["setting"]["draft_max"] for c in result["candidates"] if c["setting"]["drafting"]}
+    assert lengths == set(draft_grid(longest))
+    assert any(c["setting"]["p_min"] == 0.5 for c in result["candidates"])
+    confirmed = result["best_drafting"]
+    assert confirmed["stages"] == ["confirmation"]
+    # 3 passes over 6 prompts, unless it fell so far behind the target alone that it was stopped early
+    assert confirmed["pairs"] == 3 * 6 or (confirmed["abandoned"] and confirmed["speedup"] < 0.5)
+    assert result["drafting_pays"] == (result["speedup"] >= 1.05)
+    assert 1.0 < confirmed["tau"] <= longest + 1
+
+    # saved under this target, drafter and build; what the user fixed (-t 1) is part of what serve repeats
+    key = tuned.TuneKey.of(target, draft, build_info(llama_bin, None)["build"])
+    assert Path(result["saved"]) == key.path() and key.path().parent == tuned_home
+    record = tuned.load(key)
+    assert record["chosen"] == result["chosen"] and record["chosen"]["threads"] == 1
+
+    answer, stderr, log = _serve(target, draft, llama_bin, tmp_path / "serve.log")
+    assert "tuned: " in stderr and "n_threads = 1" in log
+    if result["drafting_pays"]:
+        assert answer.draft_n > 0
+        assert f"n_max={result['chosen']['draft_max']}," in log
+    else:
+        assert "WITHOUT the drafter" in stderr and answer.draft_n == 0 and "adding speculative" not in log
+
+
+@pytest.mark.integration
+def test_serve_runs_a_saved_drafting_setting_and_the_users_arguments_win(trained_pair: dict[str, Path],
+                                                                        llama_bin: Path, tmp_path: Path, tuned_home):
+    target, draft = trained_pair["target"], trained_pair["dflash2"]
+    key = tuned.TuneKey.of(target, draft, build_info(llama_bin, None)["build"])
+    tuned.save(key, _record(Setting(True, threads=1, draft_max=3, p_min=0.3), True))
+
+    answer, stderr, log = _serve(target, draft, llama_bin, tmp_path / "a.log")
+    assert "tuned: -t 1 --spec-draft-p-min 0.3 --spec-draft-n-max 3 from" in stderr
+    assert "n_max=3, n_min=0, p_min=0.30" in log and "n_threads = 1" in log and answer.draft_n > 0
+
+    answer, stderr, log = _serve(target, draft, llama_bin, tmp_path / "b.log", "--", "--spec-draft-n-max", "2")
+    assert "n_max=2, n_min=0, p_min=0.30" in log and answer.draft_n > 0
+
+    answer, stderr, log = _serve(target, draft, llama_bin, tmp_path / "c.log", "--no-tuned")
+    assert "tuned" not in stderr and "n_max=7, n_min=0, p_min=0.00" in log
+
+
+@pytest.mark.integration
+def test_a_drafter_that_cannot_pay_is_measured_so_and_serve_runs_the_target_alone(tiny_pair, llama_bin: Path,
+                                                                                  tmp_path: Path, tuned_home):
+    target, draft = tiny_pair  # random weights: almost nothing accepted, every step dearer than a token
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def fibonacci(n):\\n\nThe history of the printing press\nSolve for x: 3x + 7 = 22.\n")
+    # threads and draft length fixed after --, to keep it short: the drafter, then its confirmation
+    result = _tune(target, draft, llama_bin, "--prompts", prompts, "-n", "16", "--", "-t", "1",
+                   "--spec-draft-n-max", "2")
+    assert [c["stages"] for c in result["candidates"]] == [["threads, drafter"], ["p_min"]]
+    assert result["drafting_pays"] is False and result["speedup"] < 1.05, result["speedup"]
+    assert result["chosen"] == {"drafting": False, "threads": 1, "draft_max": None, "p_min": None}
+
+    answer, stderr, log = _serve(target, draft, llama_bin, tmp_path / "alone.log")
+    assert "drafting does not pay here" in stderr and "WITHOUT the drafter" in stderr
+    assert "the target alone" in stderr and answer.n_predicted > 0 and answer.draft_n == 0
+    assert "adding speculative" not in log
+
+    answer, stderr, log = _serve(target, draft, llama_bin, tmp_path / "drafting.log", "--no-tuned")
+    assert answer.draft_n > 0 and "adding speculative" in log
+
+
+def test_tune_refuses_what_the_runner_manages_before_anything_starts(tiny_pair, tmp_path: Path, tuned_home: Path):
+    target, draft = tiny_pair
+    proc = dflash_gguf("tune", "-t", target, "-d", draft, "--", "-md", draft, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "error: -md after --: the drafter is --draft; it cannot be given to llama-server here\n"
+    assert not tuned_home.exists()
