@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..errors import ServerStartError
+from ..errors import ServerError, ServerStartError
 from . import compare
 from .build import find_bin_dir
 from .client import Completion, LlamaClient
@@ -56,9 +56,12 @@ DRAFT_MAX = "--spec-draft-n-max"
 P_MINS = (0.2, 0.4, 0.6, 0.8)
 QUICK_P_MINS = (0.5,)
 REFINE_STEPS = 3            # midpoint rounds around the best draft length
-# a setting whose median ratio after this many request pairs is below this is not measured further:
-# it cannot become the fastest, and a slow setting (threads fighting over busy cores) costs minutes
+# a setting whose median ratio in its first pass, after this many request pairs, is below this is not
+# measured further: it cannot become the fastest, and a slow one (threads fighting over busy cores)
+# costs minutes
 ABANDON_AFTER, ABANDON_BELOW = 3, 0.5
+# ... and one request taking this many times the reference's (at least SLOW_MIN_SECONDS) is not waited for
+SLOW_FACTOR, SLOW_MIN_SECONDS = 6, 5.0
 PROBE_REQUESTS = 2          # per thread count, to pick the first reference
 DEFAULT_MIN_SPEEDUP = 1.05  # below this, timing noise could make drafting the slower choice
 
@@ -282,8 +285,8 @@ class TuneResult:
         }
 
 
-def _ask(client: LlamaClient, ids: list[int], n_predict: int) -> Completion:
-    return client.complete(ids, n_predict, temperature=0.0, seed=0, cache_prompt=False)
+def _ask(client: LlamaClient, ids: list[int], n_predict: int, timeout: float | None = None) -> Completion:
+    return client.complete(ids, n_predict, temperature=0.0, seed=0, cache_prompt=False, timeout=timeout)
 
 
 class _Tuner:
@@ -300,6 +303,7 @@ class _Tuner:
         self.prompt_ids: list[list[int]] = []
         self.candidates: dict[Setting, Candidate] = {}
         self.reference_label = ""
+        self.ref_seconds: list[float] = []  # the reference's last request times (wall)
         self.started = time.monotonic()
 
     def _server(self, setting: Setting) -> LlamaServer:
@@ -339,6 +343,8 @@ class _Tuner:
             cand.error = str(err)
             self.progress(f"  {setting.label()}: did not start ({err}); left out")
             return cand
+        if not cand.ratios:
+            return cand
         tau = f", tau {cand.tau:.2f}" if cand.tau else ""
         self.progress(f"  {setting.label()}: {cand.speed:.1f} tok/s against {statistics.median(cand.reference):.1f} "
                       f"alone: {cand.speedup:.2f}x{tau} (median of {len(cand.ratios)} request pairs)")
@@ -349,17 +355,28 @@ class _Tuner:
         n = self.settings.n_predict
         mine, theirs = [], []
         for i, ids in enumerate(self.prompt_ids):
-            if (i + p) % 2:
-                theirs.append(_ask(reference.client, ids, n))
-                mine.append(_ask(server.client, ids, n))
-            else:
-                mine.append(_ask(server.client, ids, n))
-                theirs.append(_ask(reference.client, ids, n))
+            ref_first = bool((i + p) % 2) or not self.ref_seconds
+            if ref_first:
+                theirs.append(self._timed(reference, ids))
+            # a request far slower than the reference's is not waited for: the setting is out
+            limit = max(SLOW_MIN_SECONDS, SLOW_FACTOR * statistics.median(self.ref_seconds))
+            try:
+                mine.append(_ask(server.client, ids, n, timeout=limit))
+            except ServerError as err:
+                self.progress(f"  {cand.setting.label()}: stopped, no answer within {limit:.1f} s "
+                              f"({SLOW_FACTOR}x the target alone's time): {err}")
+                if len(theirs) > len(mine):
+                    theirs.pop()
+                break
+            if not ref_first:
+                theirs.append(self._timed(reference, ids))
             a_tps, b_tps = (ServerRun([c], [c]).tokens_per_second() for c in (mine[-1], theirs[-1]))
             if a_tps and b_tps:
                 cand.ratios.append(a_tps / b_tps)
-            if len(cand.ratios) >= ABANDON_AFTER and cand.speedup < ABANDON_BELOW:
+            if p == 0 and len(cand.ratios) >= ABANDON_AFTER and cand.speedup < ABANDON_BELOW:
                 break
+        if not mine:
+            return False
         cand.tokens_per_second.append(ServerRun(mine, mine).tokens_per_second())
         cand.reference.append(ServerRun(theirs, theirs).tokens_per_second())
         totals = ServerRun(mine, mine).totals()
@@ -369,20 +386,39 @@ class _Tuner:
         cand.requests += len(mine)
         return len(mine) == len(self.prompt_ids)
 
+    def _timed(self, reference: LlamaServer, ids: list[int]) -> Completion:
+        started = time.monotonic()
+        answer = _ask(reference.client, ids, self.settings.n_predict)
+        self.ref_seconds = [*self.ref_seconds[-8:], time.monotonic() - started]
+        return answer
+
     def probe(self, settings: Sequence[Setting]) -> Setting:
         """The fastest of `settings` in a few requests each, unpaired: a first reference that is not
         one of the far slower ones (threads fighting over busy cores)."""
-        speeds = {}
+        speeds: dict[Setting, float] = {}
+        fastest = None  # seconds per request of the fastest so far
         for setting in settings:
+            limit = max(SLOW_MIN_SECONDS, SLOW_FACTOR * fastest) if fastest else None
             with self._running(setting) as server:
-                done = [_ask(server.client, ids, self.settings.n_predict)
-                        for ids in self.prompt_ids[:PROBE_REQUESTS]]
+                started = time.monotonic()
+                try:
+                    done = [_ask(server.client, ids, self.settings.n_predict, timeout=limit)
+                            for ids in self.prompt_ids[:PROBE_REQUESTS]]
+                except ServerError as err:
+                    self.progress(f"  probe {setting.label()}: no answer within {limit:.1f} s ({err})")
+                    continue
+            per_request = (time.monotonic() - started) / len(done)
+            fastest = min(fastest or per_request, per_request)
             speeds[setting] = ServerRun(done, done).tokens_per_second()
             self.progress(f"  probe {setting.label()}: {speeds[setting]:.1f} tok/s")
         return max(speeds, key=speeds.get)
 
     def stage(self, reference: LlamaServer, name: str, settings: Sequence[Setting]) -> None:
-        settings = list(dict.fromkeys(settings))
+        """Each of `settings` not measured yet, against `reference`."""
+        settings = [x for x in dict.fromkeys(settings) if x not in self.candidates or not self.candidates[x].ratios
+                    and self.candidates[x].error is None]
+        if not settings:
+            return
         self.progress(f"{name}: {len(settings)} setting(s), {self.settings.rounds} paired pass(es) each")
         for setting in settings:
             self.measure(reference, setting, self.settings.rounds, name)

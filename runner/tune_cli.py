@@ -26,6 +26,9 @@ def print_table(result: dict, saved: Path | None) -> None:
         if r["error"]:
             click.echo(f"{r['label']:<34} did not start: {r['error'][:100]}")
             continue
+        if not r["pairs"]:
+            click.echo(f"{r['label']:<34} {0:>5}  no request answered in time: far slower  {', '.join(r['stages'])}")
+            continue
         tau = f"{r['tau']:.2f}" if r["tau"] is not None else "-"
         click.echo(f"{r['label']:<34} {r['pairs']:>5} {r['tokens_per_second']:>8.1f} "
                    f"{r['reference_tokens_per_second']:>8.1f} {r['speedup']:>6.2f}x {_range(r['speedup_quartiles']):>11} "
