@@ -59,7 +59,7 @@ REFINE_STEPS = 3            # midpoint rounds around the best draft length
 # a setting whose median ratio in its first pass, after this many request pairs, is below this is not
 # measured further: it cannot become the fastest, and a slow one (threads fighting over busy cores)
 # costs minutes
-ABANDON_AFTER, ABANDON_BELOW = 3, 0.5
+ABANDON_AFTER, ABANDON_BELOW = 4, 0.33
 # ... and one request taking this many times the reference's (at least SLOW_MIN_SECONDS) is not waited for
 SLOW_FACTOR, SLOW_MIN_SECONDS = 6, 5.0
 PROBE_REQUESTS = 2          # per thread count, to pick the first reference
@@ -122,6 +122,7 @@ class Candidate:
     accepted: int = 0
     requests: int = 0
     abandoned: bool = False   # stopped early, far slower than the reference
+    stalled: bool = False     # ... because a request took SLOW_FACTOR times the reference's, or more
     error: str | None = None
 
     @property
@@ -159,7 +160,7 @@ class Candidate:
                 "speedup_quartiles": None if self.spread is None else [round(x, 3) for x in self.spread],
                 "tau": None if self.tau is None else round(self.tau, 3),
                 "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else None,
-                "abandoned": self.abandoned, "error": self.error}
+                "abandoned": self.abandoned, "stalled": self.stalled, "error": self.error}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,9 +209,12 @@ def midpoints(measured: Sequence[int], best: int) -> list[int]:
 
 
 def best_drafting(candidates: Sequence[Candidate]) -> Candidate | None:
-    """The drafting candidate with the highest median speedup (ties: more runs, then fewer threads)."""
+    """The drafting candidate with the highest median speedup among those measured in full, else
+    among those stopped early (a median of a few pairs says little), and last those that stalled; ties:
+    more pairs, fewer threads."""
     ok = [c for c in candidates if c.setting.drafting and c.error is None and c.ratios]
-    return max(ok, key=lambda c: (c.speedup, len(c.ratios), -(c.setting.threads or 0)), default=None)
+    return max(ok, key=lambda c: (not c.stalled, not c.abandoned, c.speedup, len(c.ratios),
+                                  -(c.setting.threads or 0)), default=None)
 
 
 def fastest_alone(candidates: Sequence[Candidate]) -> Candidate | None:
@@ -363,6 +367,7 @@ class _Tuner:
             try:
                 mine.append(_ask(server.client, ids, n, timeout=limit))
             except ServerError as err:
+                cand.stalled = True
                 self.progress(f"  {cand.setting.label()}: stopped, no answer within {limit:.1f} s "
                               f"({SLOW_FACTOR}x the target alone's time): {err}")
                 if len(theirs) > len(mine):

@@ -19,6 +19,12 @@ def _range(quartiles: list[float] | None) -> str:
     return f"{quartiles[0]:.2f}-{quartiles[1]:.2f}" if quartiles else "-"
 
 
+def _stopped(row: dict) -> str:
+    if row["stalled"]:
+        return " (stopped: a request hung)"
+    return " (stopped early: far slower)" if row["abandoned"] else ""
+
+
 def print_table(result: dict, saved: Path | None) -> None:
     click.echo(f"{'setting':<34} {'pairs':>5} {'tok/s':>8} {'alone':>8} {'speedup':>7} {'quartiles':>11} "
                f"{'tau':>5}  stage")
@@ -32,7 +38,7 @@ def print_table(result: dict, saved: Path | None) -> None:
         tau = f"{r['tau']:.2f}" if r["tau"] is not None else "-"
         click.echo(f"{r['label']:<34} {r['pairs']:>5} {r['tokens_per_second']:>8.1f} "
                    f"{r['reference_tokens_per_second']:>8.1f} {r['speedup']:>6.2f}x {_range(r['speedup_quartiles']):>11} "
-                   f"{tau:>5}  {', '.join(r['stages'])}" + (" (stopped early: far slower)" if r["abandoned"] else ""))
+                   f"{tau:>5}  {', '.join(r['stages'])}" + _stopped(r))
     spec, alone, s = result["best_drafting"], result["target_alone"], result["settings"]
     click.echo("")
     click.echo("tok/s: the setting's, median of its passes over the prompts; alone: the target alone's in the "

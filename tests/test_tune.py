@@ -71,6 +71,13 @@ def test_the_best_drafting_setting_is_the_highest_median_ratio_among_those_that_
     lucky = _candidate(Setting(True, 1, 8), [0.70, 0.80, 2.50])           # one outlier: median 0.80
     assert best_drafting([alone, broken, steady, lucky]) is steady
     assert best_drafting([alone, broken]) is None
+    cut_short = _candidate(Setting(True, 2, 4), [1.5])                    # stopped after one pair
+    cut_short.abandoned = True
+    assert best_drafting([lucky, cut_short]) is lucky
+    assert best_drafting([alone, cut_short]) is cut_short
+    stalled = _candidate(Setting(True, 2, 2), [2.0, 2.0, 2.0, 2.0])      # fast, but one request hung
+    stalled.stalled = stalled.abandoned = True
+    assert best_drafting([stalled, cut_short]) is cut_short
 
 
 def test_drafting_pays_only_from_the_minimum_speedup():
@@ -262,7 +269,7 @@ def test_quick_tune_on_the_trained_pair_is_saved_and_serve_runs_it(trained_pair:
     confirmed = result["best_drafting"]
     assert confirmed["stages"] == ["confirmation"]
     # 3 passes over 6 prompts, unless it fell so far behind the target alone that it was stopped early
-    assert confirmed["pairs"] == 3 * 6 or (confirmed["abandoned"] and confirmed["speedup"] < 0.5)
+    assert confirmed["pairs"] == 3 * 6 or (confirmed["abandoned"] and confirmed["speedup"] < 0.33)
     assert result["drafting_pays"] == (result["speedup"] >= 1.05)
     assert 1.0 < confirmed["tau"] <= longest + 1
 
