@@ -277,7 +277,7 @@ class TuneResult:
             "speedup": None if self.speedup is None else round(self.speedup, 3),
             "best_drafting": self.drafting.to_dict(),
             "target_alone": {"setting": self.alone.to_dict(), "label": self.alone.label(),
-                             "tokens_per_second": round(statistics.median(self.drafting.reference), 2)},
+                             "tokens_per_second": self.drafting.to_dict()["reference_tokens_per_second"]},
             "candidates": [c.to_dict() for c in self.candidates],
             "settings": {"n_predict": s.n_predict, "prompts": self.prompts, "rounds": s.rounds,
                          "confirm_rounds": s.confirm_rounds, "min_speedup": s.min_speedup,

@@ -46,9 +46,12 @@ def print_table(result: dict, saved: Path | None) -> None:
                f"{alone['label']}); speedup: the median over request pairs (each prompt sent to both, one after "
                f"the other) of the ratio; {s['prompts']} prompts x {s['n_predict']} tokens per pass")
     click.echo(f"best drafting setting   {spec['label']}, tau {spec['tau']}")
-    click.echo(f"confirmed speedup       {result['speedup']}x: {spec['tokens_per_second']:.1f} against "
-               f"{alone['tokens_per_second']:.1f} tok/s (median of {spec['pairs']} fresh request pairs in "
-               f"{spec['runs']} passes; quartiles {_range(spec['speedup_quartiles'])})")
+    if spec["pairs"]:
+        click.echo(f"confirmed speedup       {result['speedup']}x: {spec['tokens_per_second']:.1f} against "
+                   f"{alone['tokens_per_second']:.1f} tok/s (median of {spec['pairs']} fresh request pairs in "
+                   f"{spec['runs']} passes; quartiles {_range(spec['speedup_quartiles'])})")
+    else:
+        click.echo("confirmed speedup       none: no request of the confirmation was answered in time")
     relation = ">=" if result["drafting_pays"] else "<"
     click.echo(f"drafting pays           {'yes' if result['drafting_pays'] else 'no'} "
                f"({result['speedup']}x {relation} --min-speedup {s['min_speedup']:g})")
