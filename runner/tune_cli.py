@@ -94,12 +94,15 @@ def tune_command(target: Path, draft: Path, prompts_file: Path | None, n_predict
       draft length    --spec-draft-n-max, powers of two up to the drafter's trained
                       length (dflash.block_size - 1), then midpoints around the best
       p_min           --spec-draft-p-min 0.2 .. 0.8 at the best length
-    Each setting runs every prompt one at a time (greedy) and is timed by the server. Timings
-    drift on a busy machine, so each stage runs in rounds, each round starting every setting
-    once beside the target alone, and a setting's speedup is the median of its per-round ratios
-    to the target alone. The best setting is then confirmed against the target alone in fresh
-    rounds: that ratio is the reported speedup, and drafting pays when it reaches
-    --min-speedup. Progress goes to stderr; the table (or --json) to stdout.
+    Each setting runs every prompt one at a time (greedy), timed by the server. Timings drift
+    on a busy machine, so speeds are only compared side by side: a server of the target alone
+    (at its fastest thread count) stays up while each setting's server runs, every prompt goes
+    to both, one after the other, and a setting's speedup is the median over these request
+    pairs of its tokens/s over the target alone's. A setting far behind after a few pairs, or
+    with a request taking 6x the target alone's (and 5 s), is dropped. The best setting is
+    then measured again in fresh pairs: that ratio is the reported speedup, and drafting pays
+    when it reaches --min-speedup. Progress goes to stderr; the table (or --json) to stdout.
+    Two servers run at a time (the target's weights are shared when mapped from the file).
 
     \b
     What you fix after `--` is not swept (-t, --spec-draft-n-max, --spec-draft-p-min), and
