@@ -217,9 +217,11 @@ def best_drafting(candidates: Sequence[Candidate]) -> Candidate | None:
                                   -(c.setting.threads or 0)), default=None)
 
 
-def fastest_alone(candidates: Sequence[Candidate]) -> Candidate | None:
-    ok = [c for c in candidates if not c.setting.drafting and c.error is None and c.tokens_per_second]
-    return max(ok, key=lambda c: (c.speed, -(c.setting.threads or 0)), default=None)
+def faster_alone(candidates: Sequence[Candidate]) -> Candidate | None:
+    """The target alone at the thread count measured fastest against the first reference, when
+    one beat it in full (no request hung); else None (the first reference stays)."""
+    ok = [c for c in candidates if not c.setting.drafting and c.ratios and not c.stalled and c.speedup > 1.0]
+    return max(ok, key=lambda c: (c.speedup, -(c.setting.threads or 0)), default=None)
 
 
 def drafting_pays(speedup: float | None, min_speedup: float) -> bool:
@@ -449,14 +451,15 @@ class _Tuner:
 
     def run(self) -> tuple[Candidate, Setting, str]:
         s = self.settings
-        longest = min(self.user.honoured.get("draft_max") or 10**9, read_draft(self.draft).draft_length)
+        longest = read_draft(self.draft).draft_length
         fixed_threads = self.user.value_of(THREADS) is not None
         threads: list[int | None] = [None] if fixed_threads else thread_grid(s.cpus or cpu_count())
         p_fixed = self.user.value_of(P_MIN) is not None
         n_fixed = "draft_max" in self.user.honoured
 
-        def spec(t: int | None, n: int, p: float | None = None) -> Setting:
-            return Setting(True, t, n, None if p_fixed else p)
+        def spec(t: int | None, n: int | None, p: float | None = None) -> Setting:
+            # what the user fixed stays theirs: the launch reads it from after --
+            return Setting(True, t, None if n_fixed else n, None if p_fixed else p)
 
         alone = Setting(False)  # llama-server's own thread count, or the user's -t
         stopped = ""
@@ -466,9 +469,8 @@ class _Tuner:
             with self._running(first) as reference:
                 self.stage(reference, "threads, target alone", [Setting(False, t) for t in threads
                                                                if t != first.threads])
-            faster = [c for c in self.candidates.values() if not c.setting.drafting and c.speedup]
-            best_alone = max(faster, key=lambda c: (c.speedup, -(c.setting.threads or 0)), default=None)
-            alone = best_alone.setting if best_alone is not None and best_alone.speedup > 1.0 else first
+            better = faster_alone(self.candidates.values())
+            alone = better.setting if better is not None else first
         self.reference_label = alone.label()
         self.progress(f"reference: {alone.label()}")
         with self._running(alone) as reference:

@@ -5,7 +5,6 @@ serve on the trained pair and on a random-weight drafter that cannot pay (integr
 from __future__ import annotations
 
 import json
-import os
 import re
 import select
 import shutil
@@ -26,6 +25,7 @@ from dflash_gguf.runner.tune import (
     Setting,
     best_drafting,
     draft_grid,
+    faster_alone,
     drafting_pays,
     midpoints,
     thread_grid,
@@ -78,6 +78,16 @@ def test_the_best_drafting_setting_is_the_highest_median_ratio_among_those_that_
     stalled = _candidate(Setting(True, 2, 2), [2.0, 2.0, 2.0, 2.0])      # fast, but one request hung
     stalled.stalled = stalled.abandoned = True
     assert best_drafting([stalled, cut_short]) is cut_short
+
+
+def test_the_reference_moves_only_to_a_thread_count_measured_faster_without_a_hang():
+    slower = _candidate(Setting(False, 2), [0.5, 0.6, 0.7])
+    faster = _candidate(Setting(False, 4), [1.2, 1.3, 1.25])
+    fastest_but_hung = _candidate(Setting(False, 8), [2.0, 2.0, 2.0])
+    fastest_but_hung.stalled = True
+    drafting = _candidate(Setting(True, 8, 4), [3.0, 3.0, 3.0])
+    assert faster_alone([slower, faster, fastest_but_hung, drafting]) is faster
+    assert faster_alone([slower, fastest_but_hung]) is None
 
 
 def test_drafting_pays_only_from_the_minimum_speedup():
@@ -302,7 +312,7 @@ def test_serve_runs_a_saved_drafting_setting_and_the_users_arguments_win(trained
     answer, stderr, log = _serve(target, draft, llama_bin, tmp_path / "b.log", "--", "--spec-draft-n-max", "2")
     assert "n_max=2, n_min=0, p_min=0.30" in log and answer.draft_n > 0
 
-    answer, stderr, log = _serve(target, draft, llama_bin, tmp_path / "c.log", "--no-tuned")
+    answer, stderr, log = _serve(target, draft, llama_bin, tmp_path / "c.log", "--no-tuned", "--", "-t", "1")
     assert "tuned" not in stderr and "n_max=7, n_min=0, p_min=0.00" in log
 
 
@@ -324,7 +334,8 @@ def test_a_drafter_that_cannot_pay_is_measured_so_and_serve_runs_the_target_alon
     assert "the target alone" in stderr and answer.n_predicted > 0 and answer.draft_n == 0
     assert "adding speculative" not in log
 
-    answer, stderr, log = _serve(target, draft, llama_bin, tmp_path / "drafting.log", "--no-tuned")
+    # (-t 1: llama.cpp's default of every core crawls on a loaded 2-core machine)
+    answer, stderr, log = _serve(target, draft, llama_bin, tmp_path / "drafting.log", "--no-tuned", "--", "-t", "1")
     assert answer.draft_n > 0 and "adding speculative" in log
 
 
@@ -334,3 +345,18 @@ def test_tune_refuses_what_the_runner_manages_before_anything_starts(tiny_pair, 
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "error: -md after --: the drafter is --draft; it cannot be given to llama-server here\n"
     assert not tuned_home.exists()
+
+
+@pytest.mark.integration
+def test_max_seconds_ends_the_search_but_the_verdict_is_still_measured(tiny_pair, llama_bin: Path, tmp_path: Path,
+                                                                       tuned_home: Path):
+    target, draft = tiny_pair
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def fibonacci(n):\\n\nThe history of the printing press\n")
+    # a draft length beyond the drafter's trained 7 is the user's: clamped by the launch, not refused
+    result = _tune(target, draft, llama_bin, "--prompts", prompts, "-n", "8", "--max-seconds", "0", "--",
+                   "-t", "1", "--spec-draft-n-max", "99")
+    assert result["stopped_before"] == "p_min"
+    assert [c["stages"] for c in result["candidates"]] == [["threads, drafter"]]
+    assert result["best_drafting"]["stages"] == ["confirmation"] and result["best_drafting"]["pairs"] > 0
+    assert result["chosen"] == {"drafting": False, "threads": 1, "draft_max": None, "p_min": None}
