@@ -52,7 +52,6 @@ from .validate import Progress, ServerRun, build_info, measuring_launch, tokeniz
 
 THREADS = ("-t", "--threads")
 P_MIN = ("--spec-draft-p-min", "--draft-p-min")
-DRAFT_MAX = "--spec-draft-n-max"
 P_MINS = (0.2, 0.4, 0.6, 0.8)
 QUICK_P_MINS = (0.5,)
 REFINE_STEPS = 3            # midpoint rounds around the best draft length
@@ -324,8 +323,15 @@ class _Tuner:
         with self._server(setting) as server:
             if not self.prompt_ids:
                 self.prompt_ids = tokenize_prompts(server.client, self.texts)
-            _ask(server.client, self.prompt_ids[0][:8], self.settings.n_predict)  # warm-up, not measured
+            # warm-up, not measured (and, like any request, not waited for when far slower than the reference's)
+            _ask(server.client, self.prompt_ids[0][:8], self.settings.n_predict, timeout=self._limit())
             yield server
+
+    def _limit(self) -> float | None:
+        """How long a request may take: SLOW_FACTOR times the reference's recent ones (None: no reference yet)."""
+        if not self.ref_seconds:
+            return None
+        return max(SLOW_MIN_SECONDS, SLOW_FACTOR * statistics.median(self.ref_seconds))
 
     def measure(self, reference: LlamaServer, setting: Setting, passes: int, stage: str,
                 into: dict[Setting, Candidate] | None = None) -> Candidate:
@@ -349,6 +355,9 @@ class _Tuner:
             cand.error = str(err)
             self.progress(f"  {setting.label()}: did not start ({err}); left out")
             return cand
+        except ServerError as err:  # the warm-up (or a request) took far longer than the reference's
+            cand.stalled = cand.abandoned = True
+            self.progress(f"  {setting.label()}: stopped, no answer in time: {err}")
         if not cand.ratios:
             return cand
         tau = f", tau {cand.tau:.2f}" if cand.tau else ""
@@ -365,7 +374,7 @@ class _Tuner:
             if ref_first:
                 theirs.append(self._timed(reference, ids))
             # a request far slower than the reference's is not waited for: the setting is out
-            limit = max(SLOW_MIN_SECONDS, SLOW_FACTOR * statistics.median(self.ref_seconds))
+            limit = self._limit()
             try:
                 mine.append(_ask(server.client, ids, n, timeout=limit))
             except ServerError as err:
@@ -406,18 +415,22 @@ class _Tuner:
         fastest = None  # seconds per request of the fastest so far
         for setting in settings:
             limit = max(SLOW_MIN_SECONDS, SLOW_FACTOR * fastest) if fastest else None
-            with self._running(setting) as server:
-                started = time.monotonic()
-                try:
+            self.ref_seconds = [fastest] if fastest else []  # the warm-up's limit too
+            try:
+                with self._running(setting) as server:
+                    started = time.monotonic()
                     done = [_ask(server.client, ids, self.settings.n_predict, timeout=limit)
                             for ids in self.prompt_ids[:PROBE_REQUESTS]]
-                except ServerError as err:
-                    self.progress(f"  probe {setting.label()}: no answer within {limit:.1f} s ({err})")
-                    continue
+            except ServerError as err:
+                if limit is None or isinstance(err, ServerStartError):
+                    raise
+                self.progress(f"  probe {setting.label()}: no answer within {limit:.1f} s ({err})")
+                continue
             per_request = (time.monotonic() - started) / len(done)
             fastest = min(fastest or per_request, per_request)
             speeds[setting] = ServerRun(done, done).tokens_per_second()
             self.progress(f"  probe {setting.label()}: {speeds[setting]:.1f} tok/s")
+        self.ref_seconds = []
         return max(speeds, key=speeds.get)
 
     def stage(self, reference: LlamaServer, name: str, settings: Sequence[Setting]) -> None:
@@ -465,13 +478,13 @@ class _Tuner:
         stopped = ""
         if not fixed_threads:  # the target alone's fastest thread count becomes the reference
             first = self.probe([Setting(False, t) for t in threads])
-            self.reference_label = first.label()
+            self.reference_label, self.ref_seconds = first.label(), []
             with self._running(first) as reference:
                 self.stage(reference, "threads, target alone", [Setting(False, t) for t in threads
                                                                if t != first.threads])
             better = faster_alone(self.candidates.values())
             alone = better.setting if better is not None else first
-        self.reference_label = alone.label()
+        self.reference_label, self.ref_seconds = alone.label(), []
         self.progress(f"reference: {alone.label()}")
         with self._running(alone) as reference:
             self.stage(reference, "threads, drafter", [spec(t, longest) for t in threads])
