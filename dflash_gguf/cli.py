@@ -68,6 +68,7 @@ def main(verbose: bool) -> None:
       dflash-gguf convert DRAFTER_DIR --target TARGET.gguf -o drafter.gguf
       dflash-gguf inspect drafter.gguf
       dflash-gguf llama build
+      dflash-gguf tune --target TARGET.gguf --draft drafter.gguf    # optional
       dflash-gguf serve --target TARGET.gguf --draft drafter.gguf
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
