@@ -28,29 +28,36 @@ from .server_log import is_server_log
 from .validate import build_info
 
 
-def _start(target: Path, draft: Path | None, *, backend: str | None, llama_bin: Path | None, host: str | None,
+def _start(target: Path, draft: Path, *, backend: str | None, llama_bin: Path | None, host: str | None,
            port: int | None, parallel: int | None, draft_max: int | None, log_path: Path | None,
-           startup_timeout: float, server_args: tuple[str, ...], draft_input: Path | None = None,
+           startup_timeout: float, server_args: tuple[str, ...], use_tuned: bool = False,
            request_timeout: float | None = 600.0) -> tuple[Launch, LlamaServer]:
-    """The launch recipe for the pair (checked first; its warnings printed once) and its server;
-    `draft` None: the target alone (`draft_input`, the drafter given, is still an input)."""
+    """The launch recipe for the pair (checked first; its warnings printed once) and its server.
+    `use_tuned`: under the setting `tune` saved for the pair and build, if any (the launch may
+    then be the target alone)."""
     if log_path is not None:
         check_outputs([Output(log_path, "--log", Replace.OWNED, owned=is_server_log, what="llama-server log")],
-                      [Input(target, "--target"), Input(draft or draft_input, "--draft")])
+                      [Input(target, "--target"), Input(draft, "--draft")])
     launch = launch_recipe(target, draft, parallel=parallel, draft_max=draft_max, host=host, port=port,
                            server_args=server_args)
+    bin_dir = find_bin_dir(backend, llama_bin)
+    applied = _tuned(target, draft, build_info(bin_dir, backend)["build"], draft_max, server_args) \
+        if use_tuned else None
+    if applied is not None:
+        launch = launch_recipe(target, draft if applied.drafting else None, parallel=parallel,
+                               draft_max=applied.draft_max, host=host, port=port, server_args=applied.server_args)
     for warning in launch.warnings:
         click.echo(f"warning: {warning}", err=True)
-    server = launch.server(bin_dir=find_bin_dir(backend, llama_bin), log_path=log_path,
-                           startup_timeout=startup_timeout, request_timeout=request_timeout)
+    server = launch.server(bin_dir=bin_dir, log_path=log_path, startup_timeout=startup_timeout,
+                           request_timeout=request_timeout)
     return launch, server
 
 
-def _tuned(target: Path, draft: Path, backend: str | None, llama_bin: Path | None, draft_max: int | None,
+def _tuned(target: Path, draft: Path, build: str, draft_max: int | None,
            server_args: tuple[str, ...]) -> tuned.TunedServe | None:
     """The setting `tune` saved for this target, drafter and build, applied under the user's own
     choices (and said on stderr); None when there is none."""
-    key = tuned.TuneKey.of(target, draft, build_info(find_bin_dir(backend, llama_bin), backend)["build"])
+    key = tuned.TuneKey.of(target, draft, build)
     try:
         record = tuned.load(key)
     except tuned.UnreadableTuning as err:
@@ -107,19 +114,15 @@ def serve(target: Path, draft: Path, backend: str | None, llama_bin: Path | None
       dflash-gguf serve --target Qwen3-8B-Q4_K_M.gguf --draft dflash-Qwen3-8B-F16.gguf
       dflash-gguf serve -t t.gguf -d d.gguf --port 8080 -- -c 8192 -ngl 99
     """
-    applied = None if no_tuned else _tuned(target, draft, backend, llama_bin, draft_max, server_args)
-    drafting = applied is None or applied.drafting
-    if applied is not None:
-        draft_max, server_args = applied.draft_max, applied.server_args
-    _, server = _start(target, draft if drafting else None, backend=backend, llama_bin=llama_bin, host=host,
-                       port=port, parallel=parallel, draft_max=draft_max, log_path=log_path,
-                       startup_timeout=startup_timeout, server_args=server_args, draft_input=draft)
+    launch, server = _start(target, draft, backend=backend, llama_bin=llama_bin, host=host, port=port,
+                            parallel=parallel, draft_max=draft_max, log_path=log_path,
+                            startup_timeout=startup_timeout, server_args=server_args, use_tuned=not no_tuned)
     click.echo(f"starting llama-server ({server.exe}) ...", err=True)
     try:
         with stop_on_signals(), server:
             click.echo(server.client.url)
             sys.stdout.flush()
-            how = f"drafting with {draft.name}" if drafting else f"the target alone, {draft.name} not loaded"
+            how = f"drafting with {draft.name}" if launch.draft else f"the target alone, {draft.name} not loaded"
             click.echo(f"llama-server pid {server.pid} ready, {how}; log {server.log_path}. Ctrl-C stops it.",
                        err=True)
             rc = server.wait()
