@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..errors import ServerError, ServerStartError
+from ..errors import ServerArgsError, ServerError, ServerStartError
 from . import compare
 from .build import find_bin_dir
 from .client import Completion, LlamaClient
@@ -529,6 +529,8 @@ def tune(target: str | Path, draft: str | Path, prompts: Sequence[str], settings
     target, draft = Path(target), Path(draft)
     # the pair's checks and the user's arguments, before anything starts
     warnings = list(launch_recipe(target, draft, server_args=settings.server_args).warnings)
+    if "port" in parse_server_args(settings.server_args).honoured:
+        raise ServerArgsError("--port after --: tune runs two servers at a time, each on a free port; leave it out")
     tuner = _Tuner(target, draft, prompts, settings, progress)
     spec, alone, stopped = tuner.run()
     if stopped:

@@ -339,11 +339,16 @@ def test_a_drafter_that_cannot_pay_is_measured_so_and_serve_runs_the_target_alon
     assert answer.draft_n > 0 and "adding speculative" in log
 
 
-def test_tune_refuses_what_the_runner_manages_before_anything_starts(tiny_pair, tmp_path: Path, tuned_home: Path):
+@pytest.mark.parametrize("args, message", [
+    (["-md", "d.gguf"], "-md after --: the drafter is --draft; it cannot be given to llama-server here"),
+    (["--port", "8080"], "--port after --: tune runs two servers at a time, each on a free port; leave it out"),
+])
+def test_tune_refuses_what_the_runner_manages_before_anything_starts(tiny_pair, tmp_path: Path, tuned_home: Path,
+                                                                    args, message):
     target, draft = tiny_pair
-    proc = dflash_gguf("tune", "-t", target, "-d", draft, "--", "-md", draft, cwd=tmp_path)
+    proc = dflash_gguf("tune", "-t", target, "-d", draft, "--", *args, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == "error: -md after --: the drafter is --draft; it cannot be given to llama-server here\n"
+    assert proc.stderr == f"error: {message}\n"
     assert not tuned_home.exists()
 
 
