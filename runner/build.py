@@ -6,11 +6,11 @@ Layout under `cache_dir()/llama/`:
                           llama-bench and every shared library they load (rpath $ORIGIN, so the
                           folder is self-contained; `runtime_env()` adds the library path anyway)
     <key>/build.json      the manifest: key, backend, source, patches, cmake flags, date
-    work/<source>-<backend>-f<flags revision>/src/     the patched sources, rewritten file by file
-                                     only where the content changed, so make recompiles only what a
-                                     patch touched
-    work/<source>-<backend>-f<flags revision>/build/   the persistent CMake build folder
-    work/<source>-<backend>-f<flags revision>/build.log
+    work/<source>-<backend>/src/     the patched sources, rewritten file by file only where the
+                                     content changed, so make recompiles only what a patch touched
+    work/<source>-<backend>/build/   the persistent CMake build folder, configured again in place
+                                     when flags change (a dropped flag starts it anew)
+    work/<source>-<backend>/build.log
 
 `<key>` is the first 16 hex digits of sha256 over (source tree hash, patch series hash, backend,
 the revision of the base CMake flags).
@@ -143,6 +143,19 @@ def cmake_flags(backend: str, platform: str = sys.platform, *, curl_option: bool
     elif platform == "darwin":  # cpu on macOS: Metal is on by default there
         flags.append("-DGGML_METAL=OFF")
     return flags
+
+
+def _flag_names(flags: list[str]) -> set[str]:
+    return {f.split("=", 1)[0] for f in flags}
+
+
+def reconfigurable(before: dict | None, wanted: dict) -> bool:
+    """Whether a configured build folder can take the wanted flags by configuring it again in place
+    (keeping what is compiled; CMake recompiles what the changed values touch): same source and
+    generator, and no flag dropped, since a dropped `-D` would stay in CMake's cache."""
+    return (before is not None and before.get("source") == wanted["source"]
+            and before.get("generator") == wanted["generator"]
+            and _flag_names(before.get("flags") or []) <= _flag_names(wanted["flags"]))
 
 
 def tree_has_curl_option(tree: Path) -> bool:
@@ -524,8 +537,7 @@ def _install(build: Path, dest_bin: Path) -> list[str]:
 
 
 def _work_dir(source: Source, backend: str) -> Path:
-    # one per flags revision: builds made with other base flags keep their own incremental folder
-    return llama_root() / "work" / f"{source.work_name}-{backend}-f{FLAGS_REVISION}"
+    return llama_root() / "work" / f"{source.work_name}-{backend}"
 
 
 def _patch_into(source: Source, patches: list[Path], work: Path, progress: Progress) -> Path:
@@ -586,12 +598,12 @@ def build(backend: str | None = None, source_dir: Path | None = None, jobs: int 
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         stamp = build_dir / ".dflash-configure.json"
         wanted = {"flags": flags, "generator": generator, "source": str(work / "src")}
-        configured = stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")) == wanted \
-            and (build_dir / "CMakeCache.txt").is_file()
+        before = json.loads(stamp.read_text(encoding="utf-8")) if stamp.is_file() else None
+        configured = before == wanted and (build_dir / "CMakeCache.txt").is_file()
         if not configured:
-            if build_dir.exists():
+            if build_dir.exists() and not reconfigurable(before, wanted):
                 shutil.rmtree(build_dir)
-            build_dir.mkdir(parents=True)
+            build_dir.mkdir(parents=True, exist_ok=True)
             progress(f"configuring ({backend}): cmake {' '.join(flags)}")
             _run_logged(["cmake", "-S", str(work / "src"), "-B", str(build_dir), *generator, *flags],
                         log, progress, "cmake configure")

@@ -75,9 +75,13 @@ def cmake_flags(toolkit: Toolkit | None, search: list[str] | None = None) -> lis
                 f"links: install the toolkit's cuBLAS, or `pip install '{package}=={toolkit.major}.*'` into "
                 "this environment")
         include, lib = wheel
+        # the wheel's folder is on no search path: the linker needs it to resolve libggml-cuda's own
+        # dependencies when linking the programs, and they need it at run time
         flags += [f"-DCUDA_cublas_LIBRARY={_one(lib, 'cublas', toolkit.major)}",
                   f"-DCUDA_cublasLt_LIBRARY={_one(lib, 'cublasLt', toolkit.major)}",
-                  f"-DCMAKE_CUDA_FLAGS=-isystem {include}"]
+                  f"-DCMAKE_CUDA_FLAGS=-isystem {include}",
+                  f"-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,{lib} -Wl,-rpath,{lib}",
+                  f"-DCMAKE_SHARED_LINKER_FLAGS=-Wl,-rpath,{lib}"]
     if not toolkit.has_library("cuda"):
         flags.append("-DGGML_CUDA_NO_VMM=ON")
     return flags

@@ -261,3 +261,37 @@ def test_cuda_arch_garbage_is_refused_in_one_line():
     with pytest.raises(LlamaBuildError, match="expected compute capabilities") as err:
         build.cuda_architectures("sm_90; rm -rf /", gpu=False)
     assert "\n" not in str(err.value)
+
+
+# --- configuring again in place -------------------------------------------------------------
+
+def test_a_build_folder_is_reconfigured_in_place_only_when_no_flag_is_dropped():
+    old = {"flags": ["-DA=1", "-DB=ON"], "generator": ["-G", "Ninja"], "source": "/s"}
+    assert build.reconfigurable(old, {**old, "flags": ["-DA=2", "-DB=ON", "-DC=x"]})   # changed, added
+    assert not build.reconfigurable(old, {**old, "flags": ["-DA=1"]})                  # B would stay cached
+    assert not build.reconfigurable(old, {**old, "generator": []})
+    assert not build.reconfigurable(old, {**old, "source": "/t"})
+    assert not build.reconfigurable(None, old)
+
+
+def test_cublas_from_a_wheel_is_linked_and_found_at_run_time(tmp_path):
+    from dflash_gguf.runner import cuda_libs
+
+    toolkit = cuda_libs.Toolkit(tmp_path / "cuda", 13)
+    (toolkit.root / "lib64").mkdir(parents=True)
+    site = tmp_path / "site"
+    with pytest.raises(LlamaBuildError, match=r"pip install 'nvidia-cublas==13\.\*'"):
+        cuda_libs.cmake_flags(toolkit, [str(site)])
+    lib, inc = site / "nvidia" / "cu13" / "lib", site / "nvidia" / "cu13" / "include"
+    lib.mkdir(parents=True)
+    inc.mkdir(parents=True)
+    (inc / "cublas_v2.h").write_text("")
+    for name in ("libcublas.so.13", "libcublasLt.so.13"):
+        (lib / name).write_text("")
+    flags = cuda_libs.cmake_flags(toolkit, [str(site)])
+    assert f"-DCUDA_cublas_LIBRARY={lib / 'libcublas.so.13'}" in flags
+    assert f"-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,{lib} -Wl,-rpath,{lib}" in flags
+    assert "-DGGML_CUDA_NO_VMM=ON" in flags  # no driver library here either
+    (toolkit.root / "lib64" / "libcublas.so.13").write_text("")
+    (toolkit.root / "lib64" / "libcuda.so").write_text("")
+    assert cuda_libs.cmake_flags(toolkit, [str(site)]) == []  # a complete toolkit needs nothing
