@@ -9,6 +9,10 @@ the block's positions 1..n_draft. The same as one step of `dflash.model.dflash_g
 `llama-speculative-simple` starts with context = prompt[:-1], id_last = prompt[-1];
 `llama-server` with context = the whole prompt, id_last = the target's first sampled token.
 
+DSpark drafters (`dflash_gguf.runner.dspark_reference`, anchor-first) draft from a block
+`[id_last, mask x (n_draft-1)]`, every position through the Markov chain; with `p_min` the draft
+stops before the first position whose confidence is below it, as llama.cpp's `--spec-draft-p-min`.
+
 Everything runs in float32 from the checkpoints' bf16 weights.
 """
 
@@ -28,8 +32,8 @@ def _target(target_dir: str):
 
 @functools.lru_cache(maxsize=8)
 def _drafter(drafter_dir: str):
-    from dflash.model import DFlashDraftModel
-    return DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32).eval()
+    from dflash_gguf.runner.reference import drafter_class
+    return drafter_class(Path(drafter_dir)).from_pretrained(drafter_dir, dtype=torch.float32).eval()
 
 
 @functools.lru_cache(maxsize=4)
@@ -50,7 +54,7 @@ def reference_layer_causality(drafter_dir: Path) -> list[bool]:
 
 def reference_draft(drafter_dir: Path, target_dir: Path, context_ids: list[int], id_last: int,
                     n_draft: int, causal: list[bool] | None = None,
-                    mask_embedding: torch.Tensor | None = None) -> list[int]:
+                    mask_embedding: torch.Tensor | None = None, p_min: float = 0.0) -> list[int]:
     """The reference's greedy draft of `n_draft` tokens after `context_ids` + `id_last`.
 
     `mask_embedding` stands in for the target's embedding row of the mask token (a drafter's own
@@ -69,8 +73,9 @@ def reference_draft(drafter_dir: Path, target_dir: Path, context_ids: list[int],
     if causal is not None and len(causal) != len(layers):
         raise ValueError(f"causal has {len(causal)} entries for a drafter of {len(layers)} layers")
 
+    dspark = hasattr(draft, "markov_head")
     context = torch.tensor([context_ids], dtype=torch.long)
-    block = torch.full((1, n_draft + 1), int(draft.mask_token_id), dtype=torch.long)
+    block = torch.full((1, n_draft + (0 if dspark else 1)), int(draft.mask_token_id), dtype=torch.long)
     block[0, 0] = id_last
     try:
         for attn, value in zip(layers, causal if causal is not None else saved):
@@ -83,7 +88,12 @@ def reference_draft(drafter_dir: Path, target_dir: Path, context_ids: list[int],
             if mask_embedding is not None:
                 noise[block == int(draft.mask_token_id)] = mask_embedding.to(noise.dtype) * scale
             positions = torch.arange(context.shape[1] + block.shape[1])[None]
-            h = draft(target_hidden=hidden, noise_embedding=noise, position_ids=positions)[:, 1:, :]
+            h = draft(target_hidden=hidden, noise_embedding=noise, position_ids=positions)
+            if dspark:
+                tokens, confidence = draft.draft(h, block[:, 0], _output_head(target))
+                kept = n_draft if p_min <= 0 else int((confidence[0] >= p_min).cumprod(0).sum())
+                return tokens[0, :kept].tolist()
+            h = h[:, 1:, :]
             logits = draft.compute_logits(h, _output_head(target))
             return torch.argmax(logits, dim=-1)[0].tolist()
     finally:

@@ -11,12 +11,15 @@ Stages (see training/README.md for the recipe, the seeds and measured run times)
                states the drafters read (cached outside the repository, not committed)
     dflash     DFlashDraftModel trained against the frozen target (the reference class itself)
     dflash2    DFlash2DraftModel, the same plus its convolutions and candidate selector
+    dspark     DSparkDraftModel (dflash_gguf.runner.dspark_reference): DFlash layers, anchor-first,
+               plus a Markov head and a confidence head
     greedy     the target's greedy tokens for three held-out prompts -> greedy.json (for the tests)
-    eval       tau (tokens per target verification) of both drafters with the reference
-               `dflash_generate`, greedy, 128 new tokens, on the held-out prompts
+    eval       tau (tokens per target verification) of the drafters with the reference
+               `dflash_generate` (DSpark: `dspark_generate`), greedy, 128 new tokens, on the
+               held-out prompts (`--drafter NAME`: one drafter, its entry of reference_tau.json only)
 
 Everything lands under tests/fixtures/trained/ in the z-lab layout: target/ (config, bf16
-safetensors, tokenizer), dflash/ and dflash2/ (config.json + model.safetensors only: drafters own no
+safetensors, tokenizer), dflash/, dflash2/ and dspark/ (config.json + model.safetensors only: drafters own no
 embeddings, head or tokenizer; they borrow the target's, frozen). Held-out prompts are the opening
 tokens of third-party modules (EVAL_PROMPT_SOURCES), never stdlib files; they are written once to
 eval_prompts.json so the evaluation does not depend on which package versions are installed.
@@ -83,6 +86,12 @@ DRAFTERS = {
         "steps": 800, "seqs_per_step": 4, "anchors_per_seq": 12, "lr": 1.5e-3, "gamma": 4.0,
         # llama.cpp: n_embd % conv_group_size == 0 and n_embd >= top_k * (top_k + 1)
         "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 32, "selector_top_k": 8,
+    },
+    # deepseek-ai/dspark_qwen3_4b_block7's lineage: block 7, anchor-first (7 drafts per block)
+    "dspark": {
+        "architecture": "DSparkDraftModel", "num_layers": 2, "block_size": 7,
+        "steps": 400, "seqs_per_step": 4, "anchors_per_seq": 12, "lr": 1.5e-3, "gamma": 4.0,
+        "markov_rank": 32,
     },
 }
 _DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
@@ -364,17 +373,31 @@ def drafter_config_dict(name: str) -> dict:
     }
     if spec["architecture"] == "DFlashDraftModel":  # z-lab's DFlash 2 configs carry no auto_map
         config["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
+    if spec["architecture"] == "DSparkDraftModel":
+        # DSpark's DFlash lineage: the settings at the top level, no dflash_config
+        config.update(config.pop("dflash_config"), markov_head_type="vanilla",
+                      markov_rank=spec["markov_rank"], has_confidence_head=True)
     return config
 
 
-def new_drafter(name: str):
+def _drafter_class(name: str):
     from dflash import model as ref
+
+    if DRAFTERS[name]["architecture"] == "DSparkDraftModel":
+        from dflash_gguf.runner.dspark_reference import DSparkDraftModel
+        return DSparkDraftModel
+    return getattr(ref, DRAFTERS[name]["architecture"])
+
+
+def new_drafter(name: str):
     from transformers import Qwen3Config
 
     config = Qwen3Config(**drafter_config_dict(name))
-    cls = getattr(ref, DRAFTERS[name]["architecture"])
     torch.manual_seed(SEED + 10 + list(DRAFTERS).index(name))
-    drafter = cls(config)
+    drafter = _drafter_class(name)(config)
+    if getattr(drafter, "markov_head", None) is not None:
+        with torch.no_grad():
+            drafter.markov_head.markov_w2.weight.zero_()  # no bias at the start: the DFlash layers alone
     for layer in drafter.layers:  # the reference leaves the conv base kernels uninitialised
         for conv in (layer.attention_conv, layer.mlp_conv):
             if conv is not None:
@@ -406,10 +429,7 @@ def save_drafter(drafter, name: str) -> None:
 
 
 def load_drafter(name: str):
-    from dflash import model as ref
-
-    cls = getattr(ref, DRAFTERS[name]["architecture"])
-    drafter = cls.from_pretrained(OUT / name, dtype=torch.float32)
+    drafter = _drafter_class(name).from_pretrained(OUT / name, dtype=torch.float32)
     return drafter.eval().requires_grad_(False)
 
 
@@ -426,27 +446,20 @@ def _anchor_batch(ids, valid_end, seqs, anchors_per_seq, generator):
     return seq, anchors
 
 
-def drafter_loss(drafter, target, ids, feats, valid_end, seq, anchors, spec):
-    """Block-diffusion loss of the reference recipe.
+def _block_tokens(ids, valid_end, seq, anchors, length):
+    """The real tokens from each anchor on, [rows, n, length], and whether each is a label (before
+    the sequence's end)."""
+    positions = anchors[..., None] + torch.arange(length)
+    tokens = ids[seq[:, None, None], positions.clamp(max=ids.shape[1] - 1)]
+    return tokens, positions < valid_end[seq][:, None, None]
 
-    Every block's draft queries see the target's features at positions < anchor and their own
-    block, bidirectionally (the reference's non-causal attention), which is exactly the view
-    `dflash_generate` gives them. DFlash packs a sequence's blocks into one row behind its context
-    (blocks invisible to each other); DFlash 2 gives every block a row of its own, so that its
-    causal convolutions, which run along the row, never cross from one block into the next.
-    """
-    block = spec["block_size"]
-    if spec["architecture"] == "DFlash2DraftModel":
-        seq = seq.repeat_interleave(anchors.shape[1])
-        anchors = anchors.reshape(-1, 1)
-    rows, n = anchors.shape
+
+def _block_hidden(drafter, target, feats, seq, anchors, block_ids):
+    """The drafter's hidden states [rows * n, block, H] for blocks `[anchor token, mask x (block-1)]`
+    at the anchors' positions, each seeing the target features before its anchor and its own block."""
+    rows, n, block = block_ids.shape
     ctx_len = int(anchors.max())
-    offsets = torch.arange(block)
-    positions = anchors[..., None] + offsets  # [rows, n, block]
-    safe = positions.clamp(max=ids.shape[1] - 1)
-    block_ids = ids[seq[:, None, None], safe]  # the real tokens of each block
-    label_ok = (positions < valid_end[seq][:, None, None]) & (offsets > 0)
-
+    positions = anchors[..., None] + torch.arange(block)
     noise_ids = torch.full_like(block_ids, MASK_TOKEN_ID)
     noise_ids[..., 0] = block_ids[..., 0]
     noise_embedding = F.embedding(noise_ids.view(rows, n * block), target.get_input_embeddings().weight)
@@ -459,7 +472,53 @@ def drafter_loss(drafter, target, ids, feats, valid_end, seq, anchors, spec):
 
     hidden = drafter(position_ids=position_ids, attention_mask=mask,
                      noise_embedding=noise_embedding, target_hidden=context)
-    hidden = hidden.view(rows * n, block, -1)[:, 1:]
+    return hidden.view(rows * n, block, -1)
+
+
+def dspark_loss(drafter, target, ids, feats, valid_end, seq, anchors, spec):
+    """DSpark's anchor-first loss: the same blocks as DFlash (packed per sequence), but block
+    position i predicts the token *after* it (position 0, the anchor, drafts the first token), with
+    the Markov bias of the true token at position i (teacher forcing; at run time the chain's own
+    argmax, equal to it while everything before was accepted). The confidence head learns, from
+    detached inputs, whether position i's argmax is right; the loss weights decay as DFlash's."""
+    block = spec["block_size"]
+    tokens, is_label = _block_tokens(ids, valid_end, seq, anchors, block + 1)
+    hidden = _block_hidden(drafter, target, feats, seq, anchors, tokens[..., :block])
+    previous = tokens[..., :block].reshape(-1, block)
+    labels = tokens[..., 1:].reshape(-1, block)
+    ok = is_label[..., 1:].reshape(-1, block).float()
+    logits = drafter.position_logits(hidden, previous, target.lm_head)
+    weights = torch.exp(-torch.arange(block, dtype=torch.float32) / spec["gamma"])[None] * ok
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(ok)
+    loss = (ce * weights).sum() / weights.sum().clamp_min(1e-6)
+    hit = (logits.argmax(-1) == labels).float().detach()
+    confidence = drafter.confidence_logit(hidden.detach(), previous)
+    conf_loss = (F.binary_cross_entropy_with_logits(confidence, hit, reduction="none") * ok).sum() / ok.sum().clamp_min(1)
+    with torch.no_grad():
+        stats = {"ce": loss.item(), "acc": ((hit * ok).sum() / ok.sum().clamp_min(1)).item(),
+                 "accept": ((hit * ok).cumprod(1)).sum(1).mean().item(), "conf": conf_loss.item()}
+    return loss + conf_loss, stats
+
+
+def drafter_loss(drafter, target, ids, feats, valid_end, seq, anchors, spec):
+    """Block-diffusion loss of the reference recipe.
+
+    Every block's draft queries see the target's features at positions < anchor and their own
+    block, bidirectionally (the reference's non-causal attention), which is exactly the view
+    `dflash_generate` gives them. DFlash packs a sequence's blocks into one row behind its context
+    (blocks invisible to each other); DFlash 2 gives every block a row of its own, so that its
+    causal convolutions, which run along the row, never cross from one block into the next.
+    """
+    if spec["architecture"] == "DSparkDraftModel":
+        return dspark_loss(drafter, target, ids, feats, valid_end, seq, anchors, spec)
+    block = spec["block_size"]
+    if spec["architecture"] == "DFlash2DraftModel":
+        seq = seq.repeat_interleave(anchors.shape[1])
+        anchors = anchors.reshape(-1, 1)
+    block_ids, label_ok = _block_tokens(ids, valid_end, seq, anchors, block)
+    label_ok &= torch.arange(block) > 0
+    hidden = _block_hidden(drafter, target, feats, seq, anchors, block_ids)[:, 1:]
+    rows, n = anchors.shape
     block_ids = block_ids.view(rows * n, block)
     label_ok = label_ok.view(rows * n, block)
     head = target.lm_head
@@ -639,12 +698,14 @@ def time_forwards(drafter, target, block: int, repeats: int = 20) -> dict:
     def draft_step():
         hidden = drafter(target_hidden=feats[:, ctx - block:], noise_embedding=noise,
                          position_ids=torch.arange(ctx - block, ctx + block)[None],
-                         past_key_values=draft_cache, use_cache=True)[:, 1:]
+                         past_key_values=draft_cache, use_cache=True)
         _crop_to(draft_cache, ctx - block)
-        if hasattr(drafter, "propose"):
-            drafter.propose(hidden, ids[:, ctx], target.lm_head, 0.0)
+        if hasattr(drafter, "markov_head"):  # DSpark: anchor-first, every position drafts
+            drafter.draft(hidden, ids[:, ctx], target.lm_head)
+        elif hasattr(drafter, "propose"):
+            drafter.propose(hidden[:, 1:], ids[:, ctx], target.lm_head, 0.0)
         else:
-            drafter.compute_logits(hidden, target.lm_head).argmax(-1)
+            drafter.compute_logits(hidden[:, 1:], target.lm_head).argmax(-1)
 
     result = {}
     for label, fn in (("target_verify_ms", target_step), ("draft_ms", draft_step)):
@@ -656,11 +717,11 @@ def time_forwards(drafter, target, block: int, repeats: int = 20) -> dict:
     return result
 
 
-def stage_eval() -> dict:
+def stage_eval(only: str | None = None) -> dict:
     target = load_target()
     prompts = eval_prompts()
     results = {}
-    for name in DRAFTERS:
+    for name in DRAFTERS if only is None else (only,):
         if not (OUT / name / "model.safetensors").exists():
             continue
         drafter = load_drafter(name)
@@ -675,19 +736,23 @@ def stage_eval() -> dict:
 
 def write_reference_tau(results: dict) -> None:
     """What the reference reached, for comparing llama.cpp's acceptance with it (timings left out:
-    they depend on the machine's load)."""
+    they depend on the machine's load). Drafters not evaluated this time keep their entries."""
     keep = ("tau", "per_prompt", "steps", "tokens", "not_lossless")
-    _write_json(OUT / "reference_tau.json", {
-        "about": "reference dflash_generate, temperature 0, target float32, stop at <|endoftext|>, "
-                 "on eval_prompts.json; tau = tokens per target verification incl. the bonus token",
+    path = OUT / "reference_tau.json"
+    drafters = json.loads(path.read_text(encoding="utf-8"))["drafters"] if path.exists() else {}
+    drafters.update({name: {key: r[key] for key in keep} for name, r in results.items()})
+    _write_json(path, {
+        "about": "reference dflash_generate (DSpark: dflash_gguf.runner.dspark_reference.dspark_generate), "
+                 "temperature 0, target float32, stop at <|endoftext|>, on eval_prompts.json; "
+                 "tau = tokens per target verification incl. the bonus token",
         "new_tokens": EVAL_NEW_TOKENS,
-        "drafters": {name: {key: r[key] for key in keep} for name, r in results.items()},
+        "drafters": drafters,
     })
 
 
 # --- command line --------------------------------------------------------------------------
 
-STAGES = ("tokenizer", "target", "distill", "dflash", "dflash2", "greedy", "eval")
+STAGES = ("tokenizer", "target", "distill", *DRAFTERS, "greedy", "eval")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -695,6 +760,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage", choices=("all", *STAGES), default="all")
     parser.add_argument("--steps", type=int, default=None, help="override the stage's step count")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--drafter", choices=DRAFTERS, default=None,
+                        help="eval: only this drafter (its entry of reference_tau.json is rewritten)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
@@ -713,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
         elif stage == "greedy":
             stage_greedy()
         elif stage == "eval":
-            stage_eval()
+            stage_eval(args.drafter)
         log(f"== stage {stage} done in {time.time() - started:.0f} s")
     return 0
 
