@@ -19,7 +19,7 @@ import pytest
 from dflash_gguf.runner.server import LlamaServer
 from tests.fixtures.trained_gguf import TRAINED
 from tests.llama_tools import parse_drafts
-from tests.reference_drafts import reference_draft
+from tests.reference_drafts import _drafter, reference_draft
 from tests.test_patches import F32_CACHES
 
 pytestmark = pytest.mark.integration
@@ -68,6 +68,17 @@ def test_drafts_match_reference(llama_bin, f32_pair, tmp_path):
         assert draft.id_last == text[draft.pos]
         expected = reference_draft(TRAINED / "dspark", TRAINED / "target", text[:draft.pos], draft.id_last, BLOCK)
         assert draft.ids == expected, draft.pos
+
+    # the Markov chain is part of what is compared: without it the reference drafts otherwise
+    w2 = _drafter(str(TRAINED / "dspark")).markov_head.markov_w2.weight
+    saved = w2.detach().clone()
+    try:
+        w2.data.zero_()
+        without = [reference_draft(TRAINED / "dspark", TRAINED / "target", text[:d.pos], d.id_last, BLOCK)
+                   for d in drafts]
+    finally:
+        w2.data.copy_(saved)
+    assert without != [d.ids for d in drafts]
 
 
 P_MIN = 0.9

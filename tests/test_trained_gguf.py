@@ -1,6 +1,7 @@
 """The trained pair through llama.cpp (`make fixtures` files): the target converter's GGUF decodes
-exactly transformers' recorded greedy tokens, and both drafters are lossless in the patched
-llama-server with the acceptance the PyTorch reference measures on the same prompts."""
+exactly transformers' recorded greedy tokens, and the drafters (DFlash, DFlash 2, DSpark) are
+lossless in the patched llama-server with the acceptance the PyTorch reference measures on the same
+prompts (z-lab's `dflash_generate`; DSpark's `dflash_gguf.runner.dspark_reference`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tests.fixtures.trained_gguf import TRAINED, trained_ggufs
 pytestmark = pytest.mark.integration
 
 # DFlash paper's goals for this pair, and the parity llama.cpp must keep with the reference
-TAU_GOAL = {"dflash": 2.5, "dflash2": 3.0}
+TAU_GOAL = {"dflash": 2.5, "dflash2": 3.0, "dspark": 3.0}
 PARITY = 0.05
 
 
@@ -40,7 +41,7 @@ def test_target_gguf_decodes_transformers_greedy_tokens(trained):
         llm.close()
 
 
-@pytest.mark.parametrize("drafter", ["dflash", "dflash2"])
+@pytest.mark.parametrize("drafter", ["dflash", "dflash2", "dspark"])
 def test_lossless_with_reference_acceptance(drafter, trained, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("".join(trained["prompts"].read_text().splitlines(keepends=True)[:4]))
