@@ -81,7 +81,7 @@ def test_drafts_match_reference(llama_bin, f32_pair, tmp_path):
     assert without != [d.ids for d in drafts]
 
 
-P_MIN = 0.9
+P_MIN = 0.7  # measured: drafts of 2, 3, 1, 5, 5, 5, 5, 7, 3, 7 tokens in this run (0.9: mostly empty)
 
 
 def test_confidence_cut_matches_reference(llama_bin, f32_pair, tmp_path):
