@@ -1,6 +1,7 @@
 """The committed trained pair (tests/fixtures/trained, made by `make train-pair`): it loads with
 transformers and the z-lab reference classes, keeps the z-lab layout, reproduces the target's
-recorded greedy tokens, and its drafters are lossless and actually accepted. Nothing here trains."""
+recorded greedy tokens, and its drafters are lossless and actually accepted (the DSpark one with
+the project's own PyTorch DSpark, z-lab having none). Nothing here trains."""
 
 from __future__ import annotations
 
@@ -130,3 +131,36 @@ def test_drafter_is_lossless_and_accepted(name, target, greedy, monkeypatch):
     assert produced[: len(record["greedy_ids"])] == record["greedy_ids"]
     tau = sum(stats.acceptance_lengths) / len(stats.acceptance_lengths)
     assert tau > 1.5, f"{name} drafts are hardly ever accepted (tau {tau:.2f})"
+
+
+def test_dspark_folder_has_the_lineage_layout():
+    """DSpark's DFlash-lineage schema (deepseek-ai/dspark_qwen3_4b_block7): the settings at the top
+    level, no dflash_config; the Markov head and the confidence head beside the DFlash layers."""
+    folder = TRAINED / "dspark"
+    assert {p.name for p in folder.iterdir()} == {"config.json", "model.safetensors"}
+    config = _json(folder / "config.json")
+    target = _json(TRAINED / "target" / "config.json")
+    assert config["architectures"] == ["DSparkDraftModel"] and "dflash_config" not in config
+    assert (config["block_size"], config["markov_head_type"], config["has_confidence_head"]) == (7, "vanilla", True)
+    assert max(config["target_layer_ids"]) < target["num_hidden_layers"] - 1
+    names = _tensor_names(folder)
+    vocab, hidden, rank = target["vocab_size"], target["hidden_size"], config["markov_rank"]
+    assert names["markov_head.markov_w1.weight"][1] == (vocab, rank)
+    assert names["markov_head.markov_w2.weight"][1] == (vocab, rank)
+    assert names["confidence_head.proj.weight"][1] == (1, hidden + rank)
+    assert names["confidence_head.proj.bias"][1] == (1,)
+    assert not any("embed_tokens" in n or "lm_head" in n for n in names)  # full vocabulary: the target's
+
+
+def test_dspark_loads_and_is_lossless_and_accepted(target, greedy):
+    from dflash_gguf.runner.dspark_reference import DSparkDraftModel, dspark_generate
+
+    model, info = DSparkDraftModel.from_pretrained(TRAINED / "dspark", output_loading_info=True)
+    assert not any(info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    drafter = DSparkDraftModel.from_pretrained(TRAINED / "dspark", dtype=torch.float32).eval()
+    record = greedy["records"][0]
+    stats = dspark_generate(drafter, target, torch.tensor([record["prompt_ids"]]), greedy["new_tokens"], None)
+    produced = stats.output_ids[0, len(record["prompt_ids"]):].tolist()
+    assert produced[: len(record["greedy_ids"])] == record["greedy_ids"]
+    tau = sum(stats.acceptance_lengths) / len(stats.acceptance_lengths)
+    assert tau > 1.5, f"dspark drafts are hardly ever accepted (tau {tau:.2f})"
