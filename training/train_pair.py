@@ -479,8 +479,9 @@ def dspark_loss(drafter, target, ids, feats, valid_end, seq, anchors, spec):
     """DSpark's anchor-first loss: the same blocks as DFlash (packed per sequence), but block
     position i predicts the token *after* it (position 0, the anchor, drafts the first token), with
     the Markov bias of the true token at position i (teacher forcing; at run time the chain's own
-    argmax, equal to it while everything before was accepted). The confidence head learns, from
-    detached inputs, whether position i's argmax is right; the loss weights decay as DFlash's."""
+    argmax, equal to it while everything before was accepted). The confidence head learns whether
+    position i's argmax is right, from the detached hidden state and the previous token's
+    markov_w1 row (not detached: its loss trains markov_w1 too); the loss weights decay as DFlash's."""
     block = spec["block_size"]
     tokens, is_label = _block_tokens(ids, valid_end, seq, anchors, block + 1)
     hidden = _block_hidden(drafter, target, feats, seq, anchors, tokens[..., :block])
