@@ -271,7 +271,7 @@ def _quant_pattern(quant: str) -> re.Pattern:
     return re.compile(rf"(?:^|[-._]){re.escape(quant)}(?:[-.]|$)", re.IGNORECASE)
 
 
-def _split_first(name: str) -> bool:
+def split_first(name: str) -> bool:
     m = re.search(r"-(\d{5})-of-\d{5}\.gguf$", name)
     return m is None or m.group(1) == "00001"
 
@@ -285,7 +285,7 @@ def pick_gguf(ref: HubRef, files: list[str]) -> str:
             raise HubError(f"{ref}: no file {ref.path} in {ref.repo}" + (f"@{ref.revision}" if ref.revision else ""))
         return ref.path
     pattern = _quant_pattern(ref.quant)
-    matches = [f for f in ggufs if pattern.search(Path(f).name[:-len(".gguf")] + ".") and _split_first(f)]
+    matches = [f for f in ggufs if pattern.search(Path(f).name[:-len(".gguf")] + ".") and split_first(f)]
     if not matches:
         quants = sorted({q for f in ggufs for q in re.findall(
             r"(?:^|[-._])((?:IQ|Q|TQ)\d[A-Z0-9_]*|BF16|F16|F32|MXFP4[A-Z0-9_]*)(?=[-.]|$)",

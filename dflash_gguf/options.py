@@ -35,6 +35,12 @@ def draft_option(*, required: bool = True, help: str = "The drafter GGUF made fo
     return click.option("--draft", "-d", "draft", required=required, type=GGUF, help=help)
 
 
+def prompts_option(default: str):
+    """--prompts FILE: one prompt per line; `default` says what is used without it."""
+    return click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                        help=rf"One prompt per line (\n for a newline). Default: {default}")
+
+
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")
 force_option = click.option("--force", is_flag=True, help="Replace the output if it exists.")
 

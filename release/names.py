@@ -14,7 +14,7 @@ from ..errors import InputError, ReleaseError
 from ..inputs import load_json
 from . import licenses as lic
 
-_QUANT_SUFFIX = re.compile(r"[-._](F32|F16|BF16|Q\d[A-Z0-9_]*|IQ\d[A-Z0-9_]*|MXFP4[A-Z0-9_]*)$", re.IGNORECASE)
+QUANT_SUFFIX = re.compile(r"[-._](F32|F16|BF16|Q\d[A-Z0-9_]*|IQ\d[A-Z0-9_]*|MXFP4[A-Z0-9_]*)$", re.IGNORECASE)
 
 
 def safe_name(text: str) -> str:
@@ -71,7 +71,7 @@ def target_facts(target: Path | TargetInfo) -> tuple[str, str | None, lic.Licens
         m = re.search(r"huggingface\.co/([\w.-]+/[\w.-]+)", url) or re.fullmatch(r"([\w.-]+/[\w.-]+)", url)
         repo = m.group(1) if m else None
     repo = repo or (source.repo if source else None)
-    return _QUANT_SUFFIX.sub("", path.stem) or path.stem, repo, declared
+    return QUANT_SUFFIX.sub("", path.stem) or path.stem, repo, declared
 
 
 def drafter_repo(draft_dir: Path) -> str | None:

@@ -29,7 +29,7 @@ from ..convert import hub, layout
 from ..errors import ReleaseError
 from . import licenses as lic
 from .card import PROVENANCE_KEY, ReleaseResult
-from .names import _QUANT_SUFFIX, safe_name, variant_file
+from .names import QUANT_SUFFIX, safe_name, variant_file
 from .publish import PublishResult, Upload, check_repo_id, commit_files, plan_upload, require_token
 from .push import planned_sources, same_release
 from .release import parse_types, release
@@ -78,9 +78,9 @@ def default_target(repo: str, revision: str | None, files: list[str]) -> hub.Hub
     for quant in DEFAULT_QUANTS:
         pattern = re.compile(rf"{quant}[.-]", re.IGNORECASE)
         for f in models:
-            if pattern.search(f) and hub._split_first(f):
+            if pattern.search(f) and hub.split_first(f):
                 return hub.HubRef(repo, revision, path=f)
-    first = next((f for f in models if hub._split_first(f)), None)
+    first = next((f for f in models if hub.split_first(f)), None)
     if first is None:
         raise ReleaseError(f"--into {repo}: the repository holds no model GGUF to place a drafter beside")
     return hub.HubRef(repo, revision, path=first)
@@ -167,8 +167,8 @@ def release_into(draft, into: str, types: str, *, target=None, revision: str | N
     target_ref = target if isinstance(target, hub.HubRef) else None
     file_name = posixpath.basename(target_ref.path) if target_ref else Path(target).name
     stem = Path(file_name).stem
-    label = safe_name(name) if name else safe_name(_QUANT_SUFFIX.sub("", stem) or stem)
-    quant = _QUANT_SUFFIX.search(stem)
+    label = safe_name(name) if name else safe_name(QUANT_SUFFIX.sub("", stem) or stem)
+    quant = QUANT_SUFFIX.search(stem)
     compared = _as_sidecar_sources(sources, _target_sha256(into, target_ref.revision, target_ref.path) if target_ref else None)
     cards = [f"{sidecar_card_folder(folder, p, label)}/README.md" for p in sorted(set(layout.FILE_PREFIXES.values()))]
     published = _published_provenance(into, cards, files)

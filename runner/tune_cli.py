@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..options import ServerArgsCommand, build_options, draft_option, json_option, target_option
+from ..options import ServerArgsCommand, build_options, draft_option, json_option, prompts_option, target_option
 from . import tuned
 from .prompts import BUILTIN_PROMPTS, read_prompts
 from .tune import DEFAULT_MIN_SPEEDUP, TuneResult, TuneSettings, tune
@@ -64,8 +64,7 @@ def print_table(result: dict, saved: Path | None) -> None:
 @click.command("tune", cls=ServerArgsCommand)
 @target_option()
 @draft_option()
-@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help=r"One prompt per line (\n for a newline). Default: validate's built-in mix.")
+@prompts_option("validate's built-in mix.")
 @click.option("-n", "--n-predict", "n_predict", type=click.IntRange(1, 4096), default=None,
               help="New tokens per prompt per run. Default: 64 (--quick: 32).")
 @click.option("--rounds", type=click.IntRange(1, 50), default=None,

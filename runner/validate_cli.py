@@ -11,7 +11,8 @@ import click
 from ..convert.model_param import ModelParam
 from ..errors import OptionError
 from ..extras import require
-from ..options import GGUF, ServerArgsCommand, build_options, draft_option, json_option, target_option
+from ..options import (GGUF, ServerArgsCommand, build_options, draft_option, json_option, prompts_option,
+                       target_option)
 from ..outputs import Input, Output, Replace, check_outputs, write_text
 from .compare import DEFAULT_TIE_TOLERANCE
 from .prompts import BUILTIN_PROMPTS, read_prompts
@@ -80,8 +81,7 @@ def _print_distribution(report: dict) -> None:
 @click.command("validate", cls=ServerArgsCommand)
 @target_option()
 @draft_option()
-@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help=r"One prompt per line (\n for a newline). Default: a built-in mix of code, math, prose and chat.")
+@prompts_option("a built-in mix of code, math, prose and chat.")
 @click.option("-n", "--n-predict", "n_predict", type=click.IntRange(1, 4096), default=64, show_default=True,
               help="New tokens per prompt (greedy; --positions with --temperature).")
 @click.option("--parallel", "-np", type=click.IntRange(1, 64), default=None,
