@@ -896,7 +896,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=None, help="raw results (default build/bench/results.json)")
     args = parser.parse_args(argv)
     global BACKEND
-    from dflash_gguf.runner.build import default_backend
+    from dflash_gguf.runner.build import default_backend, find_bin_dir
 
     BACKEND = args.backend or default_backend()
 
@@ -938,7 +938,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         results["regimes"] = regimes.regime_section(
             models, n_predict, 1 if args.quick else 3, WORK / models.kind / "regimes", _row,
-            lambda m: profile_section(m, n_predict, results["settings"]["profile_rounds"]), progress, BACKEND)
+            lambda m: profile_section(m, n_predict, results["settings"]["profile_rounds"]), progress, BACKEND,
+            lambda target, batches: _llama_bench(target, find_bin_dir(BACKEND), batches))
     busy += [b for b in training_running() if b not in busy]
     results["load"] = {"start": load_start, "end": load_average(), "busy": busy}
     results["run_seconds"] = round(time.perf_counter() - _T0, 1)

@@ -62,10 +62,14 @@ def _settings(n_predict: int, backend: str):
 
 
 def regime_section(models, n_predict: int, repeats: int, work: Path, validate_row: Callable[[dict], dict],
-                   profile: Callable, progress: Callable[[str], None], backend: str = "cpu") -> dict:
+                   profile: Callable, progress: Callable[[str], None], backend: str = "cpu",
+                   llama_bench: Callable[[Path, list[int]], dict] | None = None) -> dict:
     """Rows per (regime, type, drafter): target and speculative tok/s, speedup (median of `repeats`
-    runs and their range), tau, efficiency = speedup / tau; the proof that the memory-bound targets
-    keep the original's tokens; and the step decomposition of each regime at F16."""
+    runs and their range), tau, efficiency = speedup / tau, and the ceiling on that efficiency
+    (`llama_bench(target, batches)`: what one verification of the drafter's block costs in target
+    tokens, drafting and overhead left out); the proof that the memory-bound targets keep the
+    original's tokens; and the step decomposition of each regime at F16."""
+    from dflash_gguf.runner.launch import read_draft
     from dflash_gguf.runner.validate import validate
 
     paths = targets(models.target, work, backend)
@@ -79,8 +83,13 @@ def regime_section(models, n_predict: int, repeats: int, work: Path, validate_ro
         proofs.append({"type": qtype, "drafter": drafter, "exact": report["exact"],
                        "divergences": [d["kind"] for d in report["divergences"]],
                        "tokens": report["produced"]})
+    blocks = {drafter: read_draft(draft).block_size for drafter, draft in models.drafters.items()}
     rows = []
     for (regime, qtype), target in paths.items():
+        bench = {}
+        if llama_bench is not None:
+            progress(f"(f) {regime} {qtype}: llama-bench, one token and batches of {sorted(set(blocks.values()))}")
+            bench = llama_bench(target, sorted(set(blocks.values())))
         for drafter, draft in models.drafters.items():
             progress(f"(f) {regime} {qtype} target ({target.stat().st_size / 2**20:.0f} MiB), {drafter}: "
                      f"validate x{repeats}")
@@ -94,7 +103,8 @@ def regime_section(models, n_predict: int, repeats: int, work: Path, validate_ro
                          "divergences": max((r["divergences"] for r in runs), key=len), "tau": median["tau"],
                          "tps_target": median["tps_target"], "tps_speculative": median["tps_speculative"],
                          "speedup": median["speedup"], "speedup_runs": speedups,
-                         "efficiency": round(median["speedup"] / median["tau"], 3) if median["tau"] else None})
+                         "efficiency": round(median["speedup"] / median["tau"], 3) if median["tau"] else None,
+                         **_ceiling(bench, blocks[drafter])})
             r = rows[-1]
             progress(f"(f) -> {r['tps_target']:.1f} -> {r['tps_speculative']:.1f} tok/s, {r['speedup']}x, "
                      f"tau {r['tau']:.2f}, efficiency {r['efficiency']}")
@@ -107,6 +117,19 @@ def regime_section(models, n_predict: int, repeats: int, work: Path, validate_ro
             "server_args": SERVER_ARGS}
 
 
+def _ceiling(bench: dict, block: int) -> dict:
+    """A verification of `block` tokens in units of one decoded token (llama-bench, target alone),
+    and the efficiency it allows: 1 / that, were drafting and every overhead free."""
+    if not bench.get("tg") or not bench.get(block):
+        return {"verify_tokens": None, "ceiling": None}
+    verify = bench[block] / bench["tg"]
+    return {"verify_tokens": round(verify, 2), "ceiling": round(1.0 / verify, 2)}
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def _exactness(divergences: list[str]) -> str:
     if "mismatch" in divergences:
         return "NO"
@@ -115,14 +138,15 @@ def _exactness(divergences: list[str]) -> str:
 
 def regime_table(section: dict, labels: dict[str, str]) -> str:
     header = ["target", "type", "MiB", "drafter", "exact", "tau", "target tok/s", "spec tok/s",
-              "speedup (range)", "efficiency"]
+              "speedup (range)", "efficiency", "verify / token", "ceiling"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in section["rows"]:
         runs = r["speedup_runs"]
         lines.append("| " + " | ".join([
             r["regime"], r["type"], f"{r['target_mib']:.0f}", labels[r["drafter"]], _exactness(r["divergences"]),
             f"{r['tau']:.2f}", f"{r['tps_target']:.1f}", f"{r['tps_speculative']:.1f}",
-            f"{r['speedup']:.2f}x ({runs[0]:.2f}-{runs[-1]:.2f})", f"{r['efficiency']:.2f}"]) + " |")
+            f"{r['speedup']:.2f}x ({runs[0]:.2f}-{runs[-1]:.2f})", f"{r['efficiency']:.2f}",
+            _num(r.get("verify_tokens")), _num(r.get("ceiling"))]) + " |")
     return "\n".join(lines)
 
 
@@ -153,7 +177,9 @@ def markdown(section: dict, labels: dict[str, str]) -> list[str]:
         f"model's does. Both at F16 and Q8_0 (llama-quantize), `validate -np 1`, {section['n_predict']} new tokens "
         f"per prompt, llama-server `{' '.join(section['server_args'])}`, each configuration {section['repeats']} "
         "times (the median speedup and the range). *efficiency* = speedup / tau: 1.0 would mean a verification "
-        "step costs one target token and drafting is free.",
+        "step costs one target token and drafting is free. *verify / token*: llama-bench's time for a batch of "
+        "the drafter's block size over its time per decoded token, on the same target; *ceiling* = 1 / that, the "
+        "efficiency this machine allows even with free drafting and no overhead.",
         "",
         f"The widened targets give the original's tokens, with the drafter, against the original alone "
         f"(`validate --baseline`): {proofs}.",
