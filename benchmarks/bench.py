@@ -22,7 +22,7 @@ Sections (all in one process, one after the other, on the same machine and llama
 
 It writes docs/benchmarks.md (tables, machine, date, llama build, commands to reproduce) and
 docs/benchmarks.png. Every speed figure is a ratio of two things measured in the same run; nothing
-here asserts a time. With the trained pair (tests/fixtures/trained/{target,dflash,dflash2}) present it
+here asserts a time. With the trained pair (tests/fixtures/trained/{target,dflash,dflash2,dspark}) present it
 benchmarks that; without it (or with --quick) it falls back to the tiny random-weight fixtures, whose
 tau means nothing, so that the script itself can be exercised.
 """
@@ -53,7 +53,7 @@ DOCS = REPO / "docs"
 WORK = REPO / "build" / "bench"
 BACKEND = "cpu"  # the llama.cpp build measured: main() sets it from --backend
 
-DRAFTER_LABELS = {"dflash": "DFlash", "dflash2": "DFlash 2"}
+DRAFTER_LABELS = {"dflash": "DFlash", "dflash2": "DFlash 2", "dspark": "DSpark"}
 DECODE_TYPES = ("F16", "Q8_0", "Q4_K_M")
 RECIPE_TYPES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")
 RECIPES = tuple(RECIPE_TABLE)
@@ -581,7 +581,8 @@ def render_chart(results: dict, path: Path) -> None:
 
     decode, recipes, parity = results["decode"], results["recipes"], results["parity"]
     shades = {("dflash", 0): "#1f77b4", ("dflash", 1): "#7fb2dc", ("dflash", 2): "#c6dcef",
-              ("dflash2", 0): "#d62728", ("dflash2", 1): "#e8797a", ("dflash2", 2): "#f4c2c2"}
+              ("dflash2", 0): "#d62728", ("dflash2", 1): "#e8797a", ("dflash2", 2): "#f4c2c2",
+              ("dspark", 0): "#2ca02c", ("dspark", 1): "#7fcc7f", ("dspark", 2): "#c5e8c5"}
     fig, axes = plt.subplots(2, 2, figsize=(15, 9))
 
     def grouped(ax, groups, series, value, width=0.8):

@@ -2,7 +2,9 @@
 
 The trained target (11 MiB) decodes from the CPU caches: one verification of a block costs several
 of its own tokens, so drafting barely pays. `memory_bound.widen_ffn` makes the same function
-stream ~457 MiB per token, the regime of a real model, where a verification costs about one token.
+stream ~457 MiB per token, the regime of a real model, where a token is priced by reading the
+weights and a verification costs far fewer tokens (llama-bench's batch against single-token times
+give the ceiling on efficiency each target allows on this machine).
 Each target is measured at F16 and Q8_0 (quantized by the patched llama-quantize), each drafter
 `repeats` times with `validate` (target alone and speculative side by side in one run), and the
 memory-bound targets are first proven to give the original's tokens (`validate --baseline`).

@@ -219,6 +219,15 @@ def _role(name: str, shape: tuple[int, ...], qtype: str, recipe: Recipe) -> str:
     return "quantized"
 
 
+def _ggml_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape as ggml sees it: outer dimensions of 1 do not count (llama-quantize writes a
+    [1, 288] tensor, DSpark's conf_proj, back with the one dimension ggml_n_dims gives it)."""
+    dims = list(shape)
+    while len(dims) > 1 and dims[0] == 1:
+        dims.pop(0)
+    return tuple(dims)
+
+
 def verify(src: GGUFFile, out: Path, qtype: str, recipe: Recipe) -> list[TensorReport]:
     """Read the written file back: same tensors and shapes, every key kept, and each tensor of the
     type the recipe promises. Raises QuantizeError naming the first tensors that are not."""
@@ -234,7 +243,7 @@ def verify(src: GGUFFile, out: Path, qtype: str, recipe: Recipe) -> list[TensorR
         reports, wrong = [], []
         for name, t in src.tensors.items():
             got = q.tensors[name]
-            if got.shape != t.shape:
+            if _ggml_shape(got.shape) != _ggml_shape(t.shape):
                 wrong.append(f"{name} shape {list(got.shape)} != {list(t.shape)}")
                 continue
             want = expected_type(name, t.shape, t.type, qtype, recipe)

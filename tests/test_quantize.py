@@ -223,3 +223,27 @@ def test_quantized_input_is_refused(drafter_f16, llama_bin, tmp_path):
     proc = _run(q8, tmp_path / "q4.gguf", "--type", "Q4_0", "--llama-bin", llama_bin)
     _refused(proc, "already holds quantized tensors (Q8_0)")
     assert not (tmp_path / "q4.gguf").exists()
+
+
+def test_outer_dimensions_of_one_do_not_count_in_shapes():
+    assert q._ggml_shape((1, 288)) == q._ggml_shape((288,)) == (288,)
+    assert q._ggml_shape((1, 1)) == (1,)
+    assert q._ggml_shape((2, 288)) != q._ggml_shape((288,))
+    assert q._ggml_shape((288, 1)) != q._ggml_shape((288,))  # an inner 1 is a real dimension
+
+
+@pytest.mark.integration
+def test_dspark_drafter_quantizes_and_drafts(trained_pair, llama_bin, tmp_path):
+    """DSpark's conf_proj is [1, 288] in the converted GGUF and comes back from llama-quantize as
+    [288] (ggml drops outer dimensions of 1): the same tensor, not a broken recipe."""
+    from dflash_gguf.runner.server import LlamaServer
+
+    out = tmp_path / "dspark-Q8_0.gguf"
+    proc = _run(trained_pair["dspark"], out, "--type", "Q8_0", "--llama-bin", llama_bin)
+    assert proc.returncode == 0, proc.stderr
+    with GGUFFile(trained_pair["dspark"]) as a, GGUFFile(out) as b:
+        assert a.tensors["conf_proj.weight"].shape == (1, 288) and b.tensors["conf_proj.weight"].shape == (288,)
+    args = ["-md", out, "--spec-type", "draft-dspark", "--parallel", "1", "-c", "512", "-t", "1"]
+    with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / "server.log") as server:
+        answer = server.client.complete("import os\nimport sys\n", 32, ignore_eos=True)
+    assert answer.n_predicted == 32 and answer.draft_n_accepted > 0
