@@ -6,7 +6,7 @@ Sections (all in one process, one after the other, on the same machine and llama
 
   (a) conversion of a 2 GiB bf16 drafter by the pinned upstream converter and by `dflash-gguf
       convert` (benchmarks/bench_convert.py's generator and measurement: wall time, peak RSS);
-  (b) decoding on the patched CPU llama-server: the target alone against DFlash and DFlash 2, each
+  (b) decoding on the patched CPU llama-server: the target alone against each drafter, each
       drafter at F16, Q8_0 and Q4_K_M (default recipe), with 1 and 4 slots: exactness, tau,
       acceptance rate, tokens/s of the target alone and with the drafter (both from the same
       `validate` run), speedup;
@@ -715,7 +715,8 @@ def render_markdown(results: dict, png_name: str) -> str:
     else:
         lines += ["(skipped in this run)", ""]
     lines += [
-        "## (b) Decoding: target alone against DFlash and DFlash 2",
+        "## (b) Decoding: target alone against "
+        + ", ".join(DRAFTER_LABELS[d] for d in dict.fromkeys(r["drafter"] for r in results["decode"])),
         "",
         f"`dflash-gguf validate` for each drafter and type, {s['n_predict']} new tokens per prompt, -np 1 and 4. "
         f"Q8_0 and Q4_K_M are quantized from the F16 conversion with the default recipe (`{DEFAULT_RECIPE}`: "
