@@ -181,7 +181,8 @@ def markdown(section: dict, labels: dict[str, str]) -> list[str]:
         "times (the median speedup and the range). *efficiency* = speedup / tau: 1.0 would mean a verification "
         "step costs one target token and drafting is free. *verify / token*: llama-bench's time for a batch of "
         "the drafter's block size over its time per decoded token, on the same target; *ceiling* = 1 / that, the "
-        "efficiency this machine allows even with free drafting and no overhead.",
+        "efficiency this machine allows even with free drafting and no overhead (llama-bench runs at depth 0: "
+        "at the prompts' depth attention adds more to a batch than to one token, so the real ceiling is lower).",
         "",
         f"The widened targets give the original's tokens, with the drafter, against the original alone "
         f"(`validate --baseline`): {proofs}.",
