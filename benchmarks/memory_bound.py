@@ -7,7 +7,7 @@ silu(0) * 0 = 0 and adds 0 to the output. The function, and so the greedy tokens
 the whole widened FFN from memory: the regime of a real multi-GB model, where reading the
 weights, not the arithmetic, sets the price of a token, so a verification of a block costs far
 fewer of its tokens than on a target that decodes from the CPU caches, and drafting pays. (How few
-depends on the machine's arithmetic: on 2 CPU cores a block of 8 still costs 1.7-2.3 tokens;
+depends on the machine's arithmetic: on 2 CPU cores a block of 8 still costs 1.5-2.3 tokens;
 `make bench` section (f) measures it.)
 
     python -m benchmarks.memory_bound TARGET.gguf OUT.gguf [--n-ff N | --mib M]
