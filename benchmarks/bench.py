@@ -46,6 +46,7 @@ from pathlib import Path
 from benchmarks import regimes
 from dflash_gguf.quantize.quantize import DEFAULT_RECIPE
 from dflash_gguf.quantize.quantize import RECIPES as RECIPE_TABLE
+from dflash_gguf.runner.verdict import batch_cost_verdict, drafting_pays, speed_verdict
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -838,22 +839,19 @@ def observations(results: dict) -> list[str]:
             f"not bit-identical to single-token decoding): {at or 'see results.json'}.")
     prof = {r["drafter"]: r for r in results.get("profile") or []}
     for (d, t, p), r in by.items():
-        if t != "F16" or p != 1 or not r["speedup"] or r["speedup"] >= 1.5 or d not in prof:
+        if t != "F16" or p != 1 or not r["speedup"] or drafting_pays(r["speedup"]) or d not in prof:
             continue
         e = prof[d]
         bench_ratio = (e["bench_batch_ms"] / e["bench_ms_per_token"]
                        if e.get("bench_batch_ms") and e.get("bench_ms_per_token") else None)
         notes.append(
-            f"{DRAFTER_LABELS[d]} F16 speedup is {r['speedup']:.2f}x although tau is {r['tau']:.2f}: in (e) one "
-            f"speculative step costs {e['step_over_token']:.1f} of the target's own decoded tokens "
+            f"{DRAFTER_LABELS[d]} F16: {speed_verdict(r['speedup'], where='')} although tau is {r['tau']:.2f}: in "
+            f"(e) one speculative step costs {e['step_over_token']:.1f} of the target's own decoded tokens "
             f"({e['draft_ms_per_step']:.2f} ms drafting + {e['verify_ms_per_step']:.2f} ms verifying and sampling, "
             f"against {e['target_ms_per_token']:.2f} ms per token alone), so tau / cost = "
             f"{e['tau'] / e['step_over_token']:.2f}."
-            + (f" llama-bench: a batch of {e['block_size']} tokens costs {bench_ratio:.1f}x one decoded token; "
-               f"this target is so small ({results.get('target_mib', '?')} MiB GGUF, it stays in the CPU caches) "
-               "that decoding is compute-bound, not "
-               "memory-bound, so verifying a block is far from free, unlike a multi-GB target whose decode is "
-               "limited by reading the weights." if bench_ratio else ""))
+            + (f" llama-bench on the {results.get('target_mib', '?')} MiB target: "
+               f"{batch_cost_verdict(bench_ratio, e['block_size'])}." if bench_ratio else ""))
     for p in results["parity"]:
         if p["relative_difference"] is not None and abs(p["relative_difference"]) > 0.05:
             notes.append(f"{DRAFTER_LABELS[p['drafter']]}: llama.cpp tau {p['tau_llama']:.3f} is "

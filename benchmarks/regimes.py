@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from benchmarks.memory_bound import n_ff_for_size, widen_ffn
+from dflash_gguf.runner.verdict import batch_cost_verdict, speed_verdict
 
 MEMORY_BOUND_MIB = 457
 TARGET_TYPES = ("F16", "Q8_0")
@@ -106,7 +107,7 @@ def regime_section(models, n_predict: int, repeats: int, work: Path, validate_ro
                          "tps_target": median["tps_target"], "tps_speculative": median["tps_speculative"],
                          "speedup": median["speedup"], "speedup_runs": speedups,
                          "efficiency": round(median["speedup"] / median["tau"], 3) if median["tau"] else None,
-                         **_ceiling(bench, blocks[drafter])})
+                         "block": blocks[drafter], **_ceiling(bench, blocks[drafter])})
             r = rows[-1]
             progress(f"(f) -> {r['tps_target']:.1f} -> {r['tps_speculative']:.1f} tok/s, {r['speedup']}x, "
                      f"tau {r['tau']:.2f}, efficiency {r['efficiency']}")
@@ -164,12 +165,19 @@ def step_table(section: dict, labels: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def _verdict(regime: str, row: dict, labels: dict[str, str]) -> str:
+    """The section's judgement of one regime, computed from its best row."""
+    cost = (f"; {batch_cost_verdict(row['verify_tokens'], row['block'])} (llama-bench)"
+            if row.get("verify_tokens") and row.get("block") else "")
+    return (f"- **{regime} target**: {speed_verdict(row['speedup'], where='')} at best "
+            f"({labels[row['drafter']]} {row['type']}, tau {row['tau']:.2f}){cost}.")
+
+
 def markdown(section: dict, labels: dict[str, str]) -> list[str]:
     proofs = "; ".join(f"{p['type']}: {_exactness(p['divergences'])} over {p['tokens']} tokens"
                        for p in section["proofs"])
     best = {regime: max((r for r in section["rows"] if r["regime"] == regime), key=lambda r: r["speedup"] or 0)
             for regime in REGIMES}
-    mb, cb = best["memory-bound"], best["compute-bound"]
     return [
         "## (f) Where drafting pays: a compute-bound and a memory-bound target",
         "",
@@ -189,10 +197,7 @@ def markdown(section: dict, labels: dict[str, str]) -> list[str]:
         "",
         regime_table(section, labels),
         "",
-        f"**Drafting pays where decoding is memory-bound**: best {mb['speedup']:.2f}x there "
-        f"({labels[mb['drafter']]} {mb['type']}, tau {mb['tau']:.2f}), against {cb['speedup']:.2f}x on the "
-        f"compute-bound target ({labels[cb['drafter']]} {cb['type']}), where verifying a block costs several "
-        "target tokens.",
+        *[_verdict(regime, best[regime], labels) for regime in REGIMES],
         "",
         "Where a speculative step's time goes, in each regime at F16 (as in (e); *x / target token*: in units of "
         "the target's own single-token decode):",

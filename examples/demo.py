@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from dflash_gguf.runner.validate_cli import exactness
+from dflash_gguf.runner.verdict import speed_verdict
 from tests.fixtures.trained_gguf import TRAINED, trained_ggufs
 
 OUT = Path("build/demo")
@@ -30,6 +31,13 @@ def step(title: str, *args, expect: int = 0, show: bool = True, show_progress: b
     if proc.returncode != expect:
         sys.exit(f"demo step failed (exit {proc.returncode}, expected {expect})")
     return proc
+
+
+def verdict_lines(reports: dict[str, dict]) -> list[str]:
+    """The demo's closing judgement, one line per drafter, computed from its validate report."""
+    return [f"{name}: {speed_verdict(r['speedup'])} (tau {r['mean_acceptance_length']:.2f})"
+            for name, r in reports.items()] + [
+        "Why drafting pays where it does, and how `tune` finds the fastest setting: docs/speed.md."]
 
 
 def main() -> None:
@@ -72,8 +80,7 @@ def main() -> None:
         exact = exactness(r).split(" (")[0]
         print(f"{name:<9} {exact:<28} {r['mean_acceptance_length']:>6.2f} "
               f"{r['acceptance_rate']:>7.2f} {tps['target']:>13.1f} {tps['speculative']:>11.1f} {r['speedup']:>7.2f}x")
-    print("\nThis 11 MiB target decodes compute-bound from the CPU caches, so verifying a block is not free and\n"
-          "the drafters do not speed it up despite tau 6-9: see README.md, 'The trained pair', for the profile.")
+    print("\n" + "\n".join(verdict_lines(reports)))
     print("\nOn your own model:\n"
           "  dflash-gguf convert path/to/Qwen3-8B-DFlash-b16 --target Qwen3-8B-Q4_K_M.gguf -o dflash-Qwen3-8B-F16.gguf\n"
           "  dflash-gguf validate --target Qwen3-8B-Q4_K_M.gguf --draft dflash-Qwen3-8B-F16.gguf\n"

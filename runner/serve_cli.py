@@ -67,14 +67,7 @@ def _tuned(target: Path, draft: Path, build: str, draft_max: int | None,
     if record is None:
         return None
     applied = tuned.apply(record, draft_max, server_args)
-    taken = " ".join(applied.taken) or "nothing (your arguments set it all)"
-    if applied.drafting:
-        click.echo(f"tuned: {taken} from {key.path()}: {tuned.describe_record(record)}; "
-                   "--no-tuned ignores it", err=True)
-    else:
-        click.echo(f"tuned: drafting does not pay here: {tuned.describe_record(record)}, below "
-                   f"{record['settings']['min_speedup']}x ({key.path()}). Serving {target.name} WITHOUT the "
-                   f"drafter, {taken}; --no-tuned drafts anyway", err=True)
+    click.echo(tuned.announce(record, applied, key.path(), target.name), err=True)
     return applied
 
 
@@ -106,8 +99,8 @@ def serve(target: Path, draft: Path, backend: str | None, llama_bin: Path | None
     When `dflash-gguf tune` has measured this target, drafter and llama.cpp build, serve
     uses its result (and says so on stderr): the tuned -t, --spec-draft-n-max and
     --spec-draft-p-min, each unless you give your own (--draft-max, or after `--`). When
-    the tuning found that no drafting setting beats the target alone, serve runs the
-    target WITHOUT the drafter rather than slower. --no-tuned ignores the tuning.
+    no drafting setting reached tune's --min-speedup, serve runs the target WITHOUT the
+    drafter rather than slower. --no-tuned ignores the tuning.
 
     \b
     Examples:

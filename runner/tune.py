@@ -49,6 +49,7 @@ from .client import Completion, LlamaClient
 from .launch import launch_recipe, parse_server_args, read_draft
 from .server import LlamaServer
 from .validate import Progress, ServerRun, build_info, measuring_launch, tokenize_prompts
+from .verdict import DEFAULT_MIN_SPEEDUP, drafting_pays
 
 THREADS = ("-t", "--threads")
 P_MIN = ("--spec-draft-p-min", "--draft-p-min")
@@ -62,7 +63,6 @@ ABANDON_AFTER, ABANDON_BELOW = 4, 0.33
 # ... and one request taking this many times the reference's (at least SLOW_MIN_SECONDS) is not waited for
 SLOW_FACTOR, SLOW_MIN_SECONDS = 6, 5.0
 PROBE_REQUESTS = 2          # per thread count, to pick the first reference
-DEFAULT_MIN_SPEEDUP = 1.05  # below this, timing noise could make drafting the slower choice
 
 
 @dataclass(frozen=True)
@@ -221,10 +221,6 @@ def faster_alone(candidates: Sequence[Candidate]) -> Candidate | None:
     one beat it in full (no request hung); else None (the first reference stays)."""
     ok = [c for c in candidates if not c.setting.drafting and c.ratios and not c.stalled and c.speedup > 1.0]
     return max(ok, key=lambda c: (c.speedup, -(c.setting.threads or 0)), default=None)
-
-
-def drafting_pays(speedup: float | None, min_speedup: float) -> bool:
-    return speedup is not None and speedup >= min_speedup
 
 
 # ---------------------------------------------------------------------------------------------

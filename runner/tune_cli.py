@@ -10,7 +10,8 @@ import click
 from ..options import ServerArgsCommand, build_options, draft_option, json_option, prompts_option, target_option
 from . import tuned
 from .prompts import BUILTIN_PROMPTS, read_prompts
-from .tune import DEFAULT_MIN_SPEEDUP, TuneResult, TuneSettings, tune
+from .tune import TuneResult, TuneSettings, tune
+from .verdict import DEFAULT_MIN_SPEEDUP, speed_verdict
 
 QUICK = {"n_predict": 32, "rounds": 1, "confirm_rounds": 3, "prompts": 6}
 
@@ -52,9 +53,7 @@ def print_table(result: dict, saved: Path | None) -> None:
                    f"{spec['runs']} passes; quartiles {_range(spec['speedup_quartiles'])})")
     else:
         click.echo("confirmed speedup       none: no request of the confirmation was answered in time")
-    relation = ">=" if result["drafting_pays"] else "<"
-    click.echo(f"drafting pays           {'yes' if result['drafting_pays'] else 'no'} "
-               f"({result['speedup']}x {relation} --min-speedup {s['min_speedup']:g})")
+    click.echo(f"verdict                 {speed_verdict(result['speedup'], s['min_speedup'])}")
     click.echo(f"serve will run          {result['chosen_label']}")
     click.echo(f"llama.cpp               {result['llama']['backend']} build {result['llama']['build']}")
     if saved is not None:

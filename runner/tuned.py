@@ -11,8 +11,8 @@ target is not read whole at every `serve`. The build is the key of the patched b
 
 Applying a result to serve's launch, the user's choices win: `--draft-max`, and `-t`,
 `--spec-draft-n-max`, `--spec-draft-p-min` after `--`, are kept and only what the user left open
-is taken from the tuning. When the tuning found that no drafting setting beats the target alone,
-serve runs the target alone (at the tuned thread count).
+is taken from the tuning. When no drafting setting reached tune's minimum speedup, serve runs the
+target alone (at the tuned thread count).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from ..outputs import write_text
 from ..paths import tuned_dir
 from .launch import parse_server_args
 from .tune import P_MIN, THREADS, Setting
+from .verdict import speed_verdict
 
 FORMAT = "dflash-gguf tuned setting"
 VERSION = 1
@@ -90,6 +91,9 @@ def load(key: TuneKey) -> dict | None:
             raise KeyError("key")
         Setting.from_dict(record["chosen"])
         bool(record["drafting_pays"])
+        if record["speedup"] is not None and not isinstance(record["speedup"], (int, float)):
+            raise ValueError("speedup")
+        float(record["settings"]["min_speedup"])
     except (KeyError, TypeError, ValueError) as err:
         raise UnreadableTuning(f"{path}: field {err} is missing or not what `dflash-gguf tune` writes") from None
     return record
@@ -122,10 +126,20 @@ def apply(record: dict, draft_max: int | None, server_args: Sequence[str]) -> Tu
 
 
 def describe_record(record: dict) -> str:
-    """One line on what was measured: speedup, tau, runs, date."""
+    """What the tuning measured, besides the speedup: the best drafting setting, tau, runs, date."""
     best = record.get("best_drafting") or {}
     tau = best.get("tau")
-    return (f"{record.get('speedup')}x the target alone at best ({best.get('label', '?')}"
-            + (f", tau {tau}" if tau is not None else "") + f"; median of {best.get('pairs', '?')} request pairs, "
-            f"tuned {record.get('finished_at', '?')})")
+    return (f"at best {best.get('label', '?')}" + (f", tau {tau}" if tau is not None else "")
+            + f"; median of {best.get('pairs', '?')} request pairs, tuned {record.get('finished_at', '?')}")
+
+
+def announce(record: dict, applied: TunedServe, path: Path, target_name: str) -> str:
+    """serve's line on stderr about a tuned record: what it takes from it, and the verdict, computed
+    from the record's speedup and minimum, never from which setting was chosen."""
+    verdict = speed_verdict(record["speedup"], record["settings"]["min_speedup"])
+    taken = " ".join(applied.taken) or "nothing (your arguments set it all)"
+    if applied.drafting:
+        return f"tuned: {taken} from {path}: {verdict} ({describe_record(record)}); --no-tuned ignores it"
+    return (f"tuned: {verdict} ({describe_record(record)}; {path}). Serving {target_name} WITHOUT the "
+            f"drafter, {taken}; --no-tuned drafts anyway")
 
