@@ -1,5 +1,6 @@
 """The docs hold what they promise: README.md is a five-minute read, every link lands on a file and a
-section that exist, and every command, option and make target the README shows is one the tools have.
+section that exist, and every command, option and make target the README and docs/ show (the README's
+walk-through and command table above all) is one the tools have.
 
 No llama.cpp needed: the command line is inspected in-process (click's own command objects and
 their `--help`)."""
@@ -115,8 +116,8 @@ def unknown_options(line: str) -> list[str]:
     command, path, rest = _command(words[1:])
     if isinstance(command, click.Group):
         return [f"`dflash-gguf {' '.join(path + rest[:1])}`: no such command"]
-    if "--" in rest:
-        rest = rest[:rest.index("--")]
+    ends = [i for i, word in enumerate(rest) if word in ("--", "[--", "(--")]
+    rest = rest[:ends[0]] if ends else rest
     declared, shown = _declared(command), _help(command, path)
     problems = []
     for word in rest:
@@ -134,13 +135,18 @@ def _section(text: str, title: str) -> str:
     return m.group(1)
 
 
-def walk_through_commands(text: str) -> list[str]:
-    """The dflash-gguf commands of the README's walk-through, continuation lines joined, comments cut."""
-    blocks = _fenced_blocks(_section(text, WALK_THROUGH))
-    assert blocks, f"README.md's '{WALK_THROUGH}' shows no commands"
-    joined = "\n".join(blocks).replace("\\\n", " ")
+def shown_commands(text: str) -> list[str]:
+    """The dflash-gguf commands of the text's code blocks, continuation lines joined, comments cut."""
+    joined = "\n".join(_fenced_blocks(text)).replace("\\\n", " ")
     return [" ".join(shlex.split(line, comments=True)) for line in joined.splitlines()
             if line.strip().startswith("dflash-gguf")]
+
+
+def walk_through_commands(text: str) -> list[str]:
+    """The dflash-gguf commands of the README's walk-through."""
+    commands = shown_commands(_section(text, WALK_THROUGH))
+    assert commands, f"README.md's '{WALK_THROUGH}' shows no commands"
+    return commands
 
 
 def table_commands(text: str) -> list[str]:
@@ -192,6 +198,11 @@ def test_every_synopsis_in_the_command_table_exists():
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_command_a_page_shows_exists(page):
+    assert [p for c in shown_commands(page.read_text(encoding="utf-8")) for p in unknown_options(c)] == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_make_target_shown_exists(page):
     assert make_targets_shown(page.read_text(encoding="utf-8")) - _makefile_targets() == set()
 
@@ -212,6 +223,7 @@ def test_a_missing_file_or_section_is_a_broken_link(tmp_path):
 
 def test_an_option_or_command_the_cli_lacks_is_found():
     assert unknown_options("dflash-gguf tune -t t.gguf -d d.gguf --quick --json -- --no-such-server-flag") == []
+    assert unknown_options("dflash-gguf tune -t t.gguf -d d.gguf [--quick] [-- -ngl 99]") == []
     assert unknown_options("dflash-gguf llama build --backend cuda --cuda-arch 90") == []
     assert unknown_options("dflash-gguf tune -t t.gguf --no-such-option") == [
         "`dflash-gguf tune` has no option --no-such-option"]
