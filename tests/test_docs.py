@@ -18,7 +18,8 @@ from dflash_gguf.cli import main as cli
 from tests.conftest import REPO
 
 README = REPO / "README.md"
-PAGES = [README, *sorted((REPO / "docs").glob("*.md")), REPO / "training" / "README.md", REPO / "benchmarks" / "README.md"]
+PAGES = [README, *sorted((REPO / "docs").glob("*.md")),
+         REPO / "training" / "README.md", REPO / "benchmarks" / "README.md"]
 MAX_README_LINES = 200
 WALK_THROUGH = "Five commands on a real model"
 
