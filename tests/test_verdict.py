@@ -58,7 +58,8 @@ def test_the_cost_of_a_batch_is_judged_by_what_it_costs(cost, words):
 def _tune_result(speedup: float, min_speedup: float = 1.05) -> dict:
     spec = {"label": "drafter -t 1 n_max 4", "tau": 3.65, "pairs": 18, "runs": 3, "tokens_per_second": 200.0,
             "speedup_quartiles": [1.6, 2.3]}
-    return {"candidates": [], "best_drafting": spec, "target_alone": {"label": "target -t 1", "tokens_per_second": 100.0},
+    alone = {"label": "target -t 1", "tokens_per_second": 100.0}
+    return {"candidates": [], "best_drafting": spec, "target_alone": alone,
             "settings": {"prompts": 6, "n_predict": 32, "min_speedup": min_speedup}, "speedup": speedup,
             "drafting_pays": speedup >= min_speedup, "chosen_label": "x", "llama": {"backend": "cpu", "build": "b"}}
 
