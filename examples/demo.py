@@ -35,7 +35,7 @@ def step(title: str, *args, expect: int = 0, show: bool = True, show_progress: b
 
 def verdict_lines(reports: dict[str, dict]) -> list[str]:
     """The demo's closing judgement, one line per drafter, computed from its validate report."""
-    return [f"{name}: {speed_verdict(r['speedup'])} (tau {r['mean_acceptance_length']:.2f})"
+    return [f"{name}: {speed_verdict(r['speedup'])}; tau {r['mean_acceptance_length']:.2f}"
             for name, r in reports.items()] + [
         "Why drafting pays where it does, and how `tune` finds the fastest setting: docs/speed.md."]
 

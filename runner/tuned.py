@@ -139,7 +139,7 @@ def announce(record: dict, applied: TunedServe, path: Path, target_name: str) ->
     verdict = speed_verdict(record["speedup"], record["settings"]["min_speedup"])
     taken = " ".join(applied.taken) or "nothing (your arguments set it all)"
     if applied.drafting:
-        return f"tuned: {taken} from {path}: {verdict} ({describe_record(record)}); --no-tuned ignores it"
-    return (f"tuned: {verdict} ({describe_record(record)}; {path}). Serving {target_name} WITHOUT the "
+        return f"tuned: {taken} from {path}: {verdict}; {describe_record(record)}; --no-tuned ignores it"
+    return (f"tuned: {verdict}; {describe_record(record)} ({path}). Serving {target_name} WITHOUT the "
             f"drafter, {taken}; --no-tuned drafts anyway")
 

@@ -104,7 +104,7 @@ def test_the_demo_closes_with_each_drafters_verdict():
                "dflash2": {"speedup": 1.41, "mean_acceptance_length": 4.2},
                "dspark": {"speedup": 0.81, "mean_acceptance_length": 6.2}}
     lines = verdict_lines(reports)
-    assert lines[0] == "dflash: " + PAYS + ": 1.08x the target alone (at least 1.05x) (tau 3.10)"
+    assert lines[0] == "dflash: " + PAYS + ": 1.08x the target alone (at least 1.05x); tau 3.10"
     assert lines[1].startswith("dflash2: " + PAYS + ": 1.41x")
     assert lines[2].startswith("dspark: " + DOES_NOT_PAY + ": 0.81x")
 
