@@ -28,13 +28,16 @@ def speed_verdict(speedup: float | None, min_speedup: float = DEFAULT_MIN_SPEEDU
     alone (at least 1.05x)"; `where` says for what it holds ("" to leave it out)."""
     if speedup is None:
         return " ".join(w for w in ("no speedup was measured", where) if w)
-    subject = " ".join(w for w in ("drafting {}", where) if w)
     shown = _times(speedup, min_speedup, 1.0)
     if drafting_pays(speedup, min_speedup):
-        return subject.format("pays") + f": {shown} the target alone (at least {min_speedup:g}x)"
+        return f"{_drafting('pays', where)}: {shown} the target alone (at least {min_speedup:g}x)"
     if speedup >= 1.0:
-        return subject.format("does not pay") + f": {shown} the target alone, under the {min_speedup:g}x it must reach"
-    return subject.format("does not pay") + f": {shown} the target alone, slower than without it"
+        return f"{_drafting('does not pay', where)}: {shown} the target alone, under the {min_speedup:g}x it must reach"
+    return f"{_drafting('does not pay', where)}: {shown} the target alone, slower than without it"
+
+
+def _drafting(verb: str, where: str) -> str:
+    return " ".join(w for w in ("drafting", verb, where) if w)
 
 
 def batch_cost_verdict(batch_over_token: float, batch: int) -> str:
