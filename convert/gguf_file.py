@@ -9,6 +9,7 @@ chunks, so memory stays bounded by one chunk.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 import os
@@ -24,7 +25,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWrit
 from ..errors import GGUFFormatError, InputError
 from .keys import General
 from ..inputs import open_regular
-from ..outputs import named_for, partial_name
+from ..outputs import guard, named_for, partial_name
 
 MAGIC = b"GGUF"
 VERSION = 3
@@ -44,11 +45,14 @@ _SCALAR = {
 
 @dataclass(frozen=True)
 class FileSpan:
-    """Bytes to copy verbatim from a file: the writer hands these to the kernel (copy_file_range)."""
+    """Bytes to copy verbatim from a file: the writer hands these to the kernel (copy_file_range).
+    `source`: the file as it was opened and checked (confine.Opened); the bytes come from it, never
+    from whatever `path` names by the time they are copied."""
 
     path: Path
     offset: int
     nbytes: int
+    source: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -357,8 +361,10 @@ def write_gguf(plan: GGUFPlan, out: Path, progress=None) -> None:
     out = Path(out)
     tmp = partial_name(out)
     try:
+        guard(out)
         with open(tmp, "wb") as fh:
             _GGUFStreamWriter(fh).write(plan, progress)
+        guard(out)
         os.replace(tmp, out)
     except OSError as err:
         tmp.unlink(missing_ok=True)
@@ -429,7 +435,7 @@ class _GGUFStreamWriter:
         """Copy file bytes in the kernel where it can (copy_file_range), else through a buffer."""
         self.fh.flush()
         out_fd = self.fh.fileno()
-        with open(span.path, "rb") as src:
+        with contextlib.nullcontext(span.source.fh) if span.source is not None else open(span.path, "rb") as src:
             offset, left = span.offset, span.nbytes
             while left:
                 try:

@@ -10,6 +10,8 @@ import click
 
 from . import __version__
 from .errors import DflashError
+from .inputs import reading
+from .secrets import ScrubbingStream, filter_log_handlers
 from .signals import exit_status, raise_on_terminate, signal_name
 
 
@@ -19,7 +21,16 @@ def _one_line(text: str) -> str:
 
 class _Group(click.Group):
     def main(self, args=None, prog_name=None, **kwargs):
-        """Every error is one line on stderr, click's usage errors too (exit 2)."""
+        """Every error is one line on stderr, click's usage errors too (exit 2); whatever is written
+        on stderr passes the secret filter (secrets.py)."""
+        stderr = sys.stderr
+        sys.stderr = ScrubbingStream(stderr)
+        try:
+            self._main(args, prog_name, **kwargs)
+        finally:
+            sys.stderr = stderr
+
+    def _main(self, args=None, prog_name=None, **kwargs):
         try:
             code = super().main(args, prog_name or "dflash-gguf", standalone_mode=False, **kwargs)
         except click.exceptions.NoArgsIsHelpError as err:  # a bare group: its help, as click shows it
@@ -39,7 +50,7 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            with raise_on_terminate():
+            with raise_on_terminate(), reading():
                 return super().invoke(ctx)
         except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP: cleaned up on the way out
             status = exit_status(stop)
@@ -73,6 +84,7 @@ def main(verbose: bool) -> None:
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    filter_log_handlers()
 
 
 def _register() -> None:

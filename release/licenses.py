@@ -236,14 +236,18 @@ def read_card(folder: Path) -> dict:
     readme = file_in(folder, "README.md", "model card")
     if readme is None:
         return {}
-    return split_front_matter(read_text(readme), str(readme))[0]
+    return split_front_matter(read_text(readme), str(readme.path))[0]
 
 
 _CARD_MAX_BYTES = 8 << 20
 
 
-def read_text(path: Path, limit: int = _CARD_MAX_BYTES) -> str:
-    with open_regular(path, "model card or license file") as fh:
+def read_text(source, limit: int = _CARD_MAX_BYTES) -> str:
+    """The text of a card or license file (at most `limit` bytes), from the file the confined reader
+    opened (confine.Opened) or, for a file named on the command line, its path."""
+    if hasattr(source, "pread"):
+        return source.pread(limit, 0).decode("utf-8", errors="replace")
+    with open_regular(source, "model card or license file") as fh:
         return fh.read(limit).decode("utf-8", errors="replace")
 
 
@@ -280,7 +284,7 @@ def licenses_in_texts(folder: Path) -> list[License]:
         match = _ND_TEXT.search(read_text(path, 1 << 20))
         if match:
             nc = "noncommercial" in match.group(0).lower() or "-nc-" in match.group(0).lower()
-            found.append(License("cc-by-nc-nd" if nc else "cc-by-nd", f"{path} (its text)", folder=Path(folder)))
+            found.append(License("cc-by-nc-nd" if nc else "cc-by-nd", f"{path.path} (its text)", folder=Path(folder)))
     return found
 
 
@@ -456,8 +460,8 @@ def publish_problems(folder: Path, ggufs: list[Path] = ()) -> list[str]:
     readme = file_in(folder, "README.md", "model card")
     if readme is None:
         return [f"{folder / 'README.md'}: missing; a release needs its model card (license, base_model) in the same commit"]
-    meta, _ = split_front_matter(read_text(readme), str(readme))
-    card = license_from_card(meta, str(readme), folder)
+    meta, _ = split_front_matter(read_text(readme), str(readme.path))
+    card = license_from_card(meta, str(readme.path), folder)
     found = [card, *licenses_in_texts(folder), *(license_from_gguf(g) for g in ggufs)]
     lic = strictest(found)
     problems = []
@@ -467,10 +471,11 @@ def publish_problems(folder: Path, ggufs: list[Path] = ()) -> list[str]:
         problems.append(f"{lic.source}: license {lic.label!r} cannot be published as it is (give a Hub license id, "
                         "or other + license_name + license_link, in the front matter)")
     elif lic is not card and STRICTNESS[lic.kind] > STRICTNESS[card.kind]:
-        problems.append(f"{lic.source}: license {lic.label} is stricter than the card's {card.label} ({readme}); "
+        problems.append(f"{lic.source}: license {lic.label} is stricter than the card's {card.label} ({readme.path}); "
                         "the card must state the terms that apply")
-    if card.id == "other" and card.link and "://" not in card.link and file_in(folder, card.link) is None:
-        problems.append(f"{readme}: license_link {card.link!r} names a file this folder lacks")
+    if card.id == "other" and card.link and "://" not in card.link \
+            and file_in(folder, card.link.removeprefix("./"), "license_link file") is None:
+        problems.append(f"{readme.path}: license_link {card.link!r} names a file this folder lacks")
     mentions_llama = any(x.kind is Kind.LLAMA or (x.id == "other" and "llama" in (x.name or "")) for x in found)
     if mentions_llama and file_in(folder, "NOTICE") is None:
         problems.append(f"{folder}: the Llama license requires a NOTICE file beside the model card")
