@@ -17,9 +17,10 @@ from . import config_values as cv
 from . import layout
 from .config_values import MAX_BLOCK_SIZE, MAX_SIZE, MAX_VOCAB  # noqa: F401 - named here by other modules
 from .quantized import FP8Weight, dequantized
-from .safetensors_file import StoredTensor, read_header
+from .safetensors_file import MAX_TENSORS, StoredTensor, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
+MAX_SHARDS = 1024
 MASK_EMBEDDING_NAME = "mask_embedding.pt"  # MiMo drafters' own mask embedding (mask_embedding.py)
 
 
@@ -127,8 +128,12 @@ class Checkpoint:
             weight_map = data.get("weight_map") if isinstance(data, dict) else None
             if not isinstance(weight_map, dict) or not weight_map:
                 raise CheckpointError(f"{shown(index.path)}: 'weight_map' is missing or empty")
+            names = list(dict.fromkeys(weight_map.values()))
+            if len(names) > MAX_SHARDS:
+                raise CheckpointError(f"{shown(index.path)}: weight_map names {len(names)} shards, more than the "
+                                      f"{MAX_SHARDS} a checkpoint is split into; fix the index")
             files = []
-            for name in dict.fromkeys(weight_map.values()):
+            for name in names:
                 try:
                     safe_name(name, index.path, "weight_map shard")
                 except InputError as err:
@@ -165,7 +170,11 @@ class Checkpoint:
         """Every stored tensor by its table name, as stored; headers validated."""
         out: dict[str, StoredTensor] = {}
         for shard in self.shards:
-            for raw_name, t in read_header(shard).items():
+            found = read_header(shard)
+            if len(out) + len(found) > MAX_TENSORS:  # the work is bounded by what the files hold, first
+                raise CheckpointError(f"{shown(shard.path)}: the checkpoint holds more than {MAX_TENSORS} tensors; "
+                                      "not a drafter or target checkpoint")
+            for raw_name, t in found.items():
                 name = self.tensor_name(raw_name)
                 if name in out:
                     raise CheckpointError(f"{shown(shard.path)}: tensor {raw_name!r} also appears in "

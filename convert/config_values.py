@@ -22,6 +22,7 @@ MAX_SIZE = 1 << 20          # hidden, ffn, head counts
 MAX_VOCAB = 1 << 24
 MAX_BLOCK_SIZE = 1024       # block_size 0 or 1 drafts nothing; 10^9 made llama-server answer bad_alloc
 MAX_CONTEXT = 1 << 31
+MAX_LAYERS = 1 << 12        # a drafter has a few layers, a target a few hundred at most
 
 
 def _fields(*fields: Field) -> dict[str, Field]:
@@ -30,17 +31,17 @@ def _fields(*fields: Field) -> dict[str, Field]:
 
 FIELDS = _fields(
     # sizes
-    Field("hidden_size", "int", 1, MAX_SIZE), Field("num_hidden_layers", "int", 1, MAX_SIZE),
+    Field("hidden_size", "int", 1, MAX_SIZE), Field("num_hidden_layers", "int", 1, MAX_LAYERS),
     Field("vocab_size", "int", 1, MAX_VOCAB), Field("num_attention_heads", "int", 1, MAX_SIZE),
     Field("intermediate_size", "int", 1, MAX_SIZE), Field("head_dim", "int", 1, MAX_SIZE),
-    Field("num_key_value_heads", "int", 1, MAX_SIZE), Field("num_target_layers", "int", 1, MAX_SIZE),
+    Field("num_key_value_heads", "int", 1, MAX_SIZE), Field("num_target_layers", "int", 1, MAX_LAYERS),
     Field("max_position_embeddings", "int", 1, MAX_CONTEXT),
     Field("original_max_position_embeddings", "int", 1, MAX_CONTEXT),
     Field("num_local_experts", "int", 1, MAX_SIZE), Field("num_experts_per_tok", "int", 1, MAX_SIZE),
     # the DFlash block and its layers
     Field("block_size", "int", 2, MAX_BLOCK_SIZE), Field("mask_token_id", "int", 0, MAX_VOCAB),
-    Field("target_layer_ids", "int-list", 0, MAX_SIZE - 1),
-    Field("aux_hidden_state_layer_ids", "int-list", 1, MAX_SIZE),
+    Field("target_layer_ids", "int-list", 0, MAX_LAYERS - 1),
+    Field("aux_hidden_state_layer_ids", "int-list", 1, MAX_LAYERS),
     Field("conv_kernel_size", "int", 1, MAX_SIZE), Field("conv_group_size", "int", 1, MAX_SIZE),
     Field("selector_rank", "int", 1, MAX_SIZE), Field("selector_top_k", "int", 1, MAX_SIZE),
     # floats (all written as f32)

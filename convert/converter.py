@@ -18,7 +18,7 @@ from gguf import LlamaFileType as FT
 
 from ..errors import CheckpointError
 from ..hashing import hash_files
-from ..release.licenses import License, license_from_folder, with_override
+from ..licenses import License, license_from_folder, with_override
 from . import config_values as cv
 from . import hub, layout
 from .checkpoint import Checkpoint, DrafterCheckpoint
@@ -130,6 +130,7 @@ def _neox_permutation(head_dim: int, n_rows: int) -> np.ndarray:
     return (np.arange(0, n_rows, head_dim)[:, None] + per_head[None, :]).reshape(-1)
 
 
+WEIGHT_DTYPES = ("BF16", "F16", "F32", "F64", FP8)  # what a weight may be stored as (BOOL/I64 masks are not)
 _IDENTITY = {("BF16", QT.BF16), ("F16", QT.F16), ("F32", QT.F32)}
 
 
@@ -252,6 +253,9 @@ def match_tensors(ckpt: Checkpoint, variant: str, table: tuple[layout.TensorRule
     out = []
     for rule, bid in expected:
         t = stored[rule.hf_name(bid)]
+        if t.dtype not in WEIGHT_DTYPES:
+            raise CheckpointError(f"{t.file}: tensor {t.name!r} has dtype {t.dtype}; a weight is a float tensor "
+                                  f"({', '.join(WEIGHT_DTYPES)}): the checkpoint is corrupt or not a drafter")
         shape = rule.shape(geometry)
         if t.shape != shape:
             raise CheckpointError(

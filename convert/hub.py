@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from ..confine import open_in, safe_name
 from ..errors import DflashError, HubError
-from ..release.licenses import LICENSE_FILE_NAMES
+from ..licenses import LICENSE_FILE_NAMES
 from .checkpoint import INDEX_NAME, MASK_EMBEDDING_NAME
 
 log = logging.getLogger(__name__)

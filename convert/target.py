@@ -85,6 +85,7 @@ def load_target(target: str | Path | hub.HubRef, vocab_size_hint: int | None = N
 
 
 def _from_gguf(gguf: GGUFFile, path: Path) -> TargetInfo:
+    general = gguf.general()  # typed: text keys are valid, control-free strings
     arch = gguf.architecture
     if not arch:
         raise TargetError(f"{path}: no {General.ARCHITECTURE} key; is this a model GGUF?")
@@ -112,11 +113,11 @@ def _from_gguf(gguf: GGUFFile, path: Path) -> TargetInfo:
         n_vocab=int(n_vocab),
         tokenizer_kv=[kv for key, kv in gguf.kv.items() if key.startswith(Tokenizer.PREFIX)],
         uses_mrope=per_arch(Model.ROPE_DIMENSION_SECTIONS, arch) in gguf.kv,
-        name=gguf.get(General.NAME),
-        repo=gguf.get(General.REPO_URL),
-        license=gguf.get(General.LICENSE),
+        name=general.get(General.NAME),
+        repo=general.get(General.REPO_URL),
+        license=general.get(General.LICENSE),
         source=hub.cache_source(path),
-        general={k: kv.value for k, kv in gguf.kv.items() if k.startswith("general.")},
+        general=general,
         files=read_files(path),
     )
 

@@ -12,6 +12,7 @@ from . import __version__
 from .errors import DflashError
 from .inputs import reading
 from .secrets import ScrubbingStream, filter_log_handlers
+from .terminal import shown
 from .signals import exit_status, raise_on_terminate, signal_name
 
 
@@ -38,10 +39,10 @@ class _Group(click.Group):
             sys.exit(err.exit_code)
         except click.UsageError as err:
             where = err.ctx.command_path if err.ctx is not None else "dflash-gguf"
-            click.echo(f"error: {_one_line(err.format_message())} (see `{where} --help`)", err=True)
+            click.echo(f"error: {shown(_one_line(err.format_message()))} (see `{where} --help`)", err=True)
             sys.exit(err.exit_code)
         except click.ClickException as err:
-            click.echo(f"error: {_one_line(err.format_message())}", err=True)
+            click.echo(f"error: {shown(_one_line(err.format_message()))}", err=True)
             sys.exit(err.exit_code)
         except (KeyboardInterrupt, click.Abort):
             click.echo("error: interrupted", err=True)
@@ -57,14 +58,14 @@ class _Group(click.Group):
             click.echo(f"interrupted ({signal_name(status)})", err=True)
             sys.exit(status)
         except DflashError as err:
-            click.echo(f"error: {err}", err=True)
+            click.echo(f"error: {shown(_one_line(str(err)))}", err=True)
             sys.exit(err.exit_code)
         except BrokenPipeError:  # `dflash-gguf inspect --json x | head`: the reader left, as click treats it
             sys.stdout = open(os.devnull, "w")
             sys.exit(1)
         except OSError as err:  # an unwritable output folder, a full disk: the user's to fix
             where = f"{err.filename}: " if err.filename else ""
-            click.echo(f"error: {where}{err.strerror or err}", err=True)
+            click.echo(f"error: {shown(_one_line(f'{where}{err.strerror or err}'))}", err=True)
             sys.exit(2)
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import re
 
-# C0 controls but tab, DEL, C1 controls, and the Unicode bidi embeddings / overrides / isolates
-_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# C0 controls but tab, DEL, C1 controls, the Unicode bidi embeddings / overrides / isolates, and lone
+# surrogates (bytes of a non-UTF-8 file name or value, which no terminal encoding can write)
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def _escape(match: re.Match) -> str:
