@@ -9,28 +9,36 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from ..confine import Opened, find_in, open_in, safe_name
 from ..errors import CheckpointError, InputError
-from ..inputs import load_json
+from ..inputs import parse_json
+from ..terminal import shown
 from . import config_values as cv
 from . import layout
+from .config_values import MAX_BLOCK_SIZE, MAX_SIZE, MAX_VOCAB  # noqa: F401 - named here by other modules
 from .quantized import FP8Weight, dequantized
-from .safetensors_file import StoredTensor, read_header
+from .safetensors_file import MAX_TENSORS, StoredTensor, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
+MAX_SHARDS = 1024
 MASK_EMBEDDING_NAME = "mask_embedding.pt"  # MiMo drafters' own mask embedding (mask_embedding.py)
 
 
-def _load_json(path: Path) -> Any:
+def _load_json(opened: Opened, what: str = "config file") -> Any:
     try:
-        return load_json(path, "config file")
+        return parse_json(opened.read(what=what), opened.path)
     except InputError as err:
         raise CheckpointError(str(err)) from None
 
 
-# Bounds no real drafter reaches; beyond them llama.cpp fails (bad_alloc) or the numbers are garbage.
-MAX_SIZE = 1 << 20          # hidden, ffn, head counts
-MAX_VOCAB = 1 << 24
-MAX_BLOCK_SIZE = 1024       # block_size 0 or 1 drafts nothing; 10^9 made llama-server answer bad_alloc
+def _confined(folder: Path, name: str, what: str, required: bool = True) -> Opened | None:
+    """folder/name through the confined reader, its refusals as CheckpointError."""
+    try:
+        return open_in(folder, name, what) if required else find_in(folder, name, what)
+    except InputError as err:
+        raise CheckpointError(str(err)) from None
+
+
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -48,24 +56,30 @@ class Checkpoint:
     def __post_init__(self) -> None:
         self.folder = Path(self.folder)
         if not self.folder.is_dir():
-            raise CheckpointError(f"{self.folder}: not a folder (expected a checkpoint with config.json)")
+            raise CheckpointError(f"{shown(self.folder)}: not a folder (expected a checkpoint with config.json)")
         self.config_path = self.folder / "config.json"
-        self.config: dict = _load_json(self.config_path)
+        self.config_file = _confined(self.folder, "config.json", "config file")
+        self.config: dict = _load_json(self.config_file)
         if not isinstance(self.config, dict):
-            raise CheckpointError(f"{self.config_path}: expected a JSON object")
+            raise CheckpointError(f"{shown(self.config_path)}: expected a JSON object")
 
     def setting(self, name: str, default: Any = None) -> Any:
         return self.config.get(name, default)
 
-    def required(self, name: str, hi: int = MAX_SIZE) -> int:
-        """A positive integer setting that must be present."""
+    def required(self, name: str) -> Any:
+        """A declared setting (config_values.FIELDS) that must be present."""
         value = self.setting(name)
         if value is None:
-            raise CheckpointError(f"{self.config_path}: field {name!r} is missing; add it to config.json")
-        return cv.integer(self.config_path, name, value, 1, hi)
+            raise CheckpointError(f"{shown(self.config_path)}: field {name!r} is missing; add it to config.json")
+        return cv.read(self.config_path, name, value)
 
-    def optional(self, name: str, hi: int = MAX_SIZE) -> int | None:
-        return cv.optional_integer(self.config_path, name, self.setting(name), 1, hi)
+    def optional(self, name: str, default: Any = None) -> Any:
+        """A declared setting (config_values.FIELDS); `default` when absent."""
+        return cv.read(self.config_path, name, self.setting(name), default)
+
+    def top(self, name: str, default: Any = None) -> Any:
+        """A declared top-level field of config.json (not looked up in dflash_config)."""
+        return cv.read(self.config_path, name, self.config.get(name), default)
 
     @cached_property
     def hidden_size(self) -> int:
@@ -82,7 +96,7 @@ class Checkpoint:
 
     @cached_property
     def vocab_size(self) -> int:
-        return self.required("vocab_size", MAX_VOCAB)
+        return self.required("vocab_size")
 
     @cached_property
     def head_dim(self) -> int:
@@ -100,40 +114,71 @@ class Checkpoint:
         """The name the HF->GGUF table uses for a stored tensor."""
         return stored_name
 
-    def _shard_files(self) -> list[Path]:
-        index = self.folder / INDEX_NAME
-        if index.is_file():
-            weight_map = _load_json(index).get("weight_map")
+    @cached_property
+    def index_file(self) -> Opened | None:
+        return _confined(self.folder, INDEX_NAME, "index file", required=False)
+
+    @cached_property
+    def shards(self) -> list[Opened]:
+        """The safetensors files the weights are read from, opened: the index's shards (each a name
+        inside the folder), else every *.safetensors at the folder's root."""
+        index = self.index_file
+        if index is not None:
+            data = _load_json(index, "index file")
+            weight_map = data.get("weight_map") if isinstance(data, dict) else None
             if not isinstance(weight_map, dict) or not weight_map:
-                raise CheckpointError(f"{index}: 'weight_map' is missing or empty")
+                raise CheckpointError(f"{shown(index.path)}: 'weight_map' is missing or empty")
+            names = list(dict.fromkeys(weight_map.values()))
+            if len(names) > MAX_SHARDS:
+                raise CheckpointError(f"{shown(index.path)}: weight_map names {len(names)} shards, more than the "
+                                      f"{MAX_SHARDS} a checkpoint is split into; fix the index")
             files = []
-            for name in dict.fromkeys(weight_map.values()):
-                path = self.folder / name
-                if not path.is_file():
-                    raise CheckpointError(f"{index}: shard {name!r} listed in weight_map is not in {self.folder}")
-                files.append(path)
+            for name in names:
+                try:
+                    safe_name(name, index.path, "weight_map shard")
+                except InputError as err:
+                    raise CheckpointError(str(err)) from None
+                if not name.endswith(".safetensors"):
+                    raise CheckpointError(f"{shown(index.path)}: weight_map shard {shown(repr(name)[:80])} is not a "
+                                          ".safetensors file; the index names the checkpoint's own shards")
+                opened = _confined(self.folder, name, "shard", required=False)
+                if opened is None:
+                    raise CheckpointError(f"{shown(index.path)}: shard {shown(repr(name))} listed in weight_map is "
+                                          f"not in {shown(self.folder)}")
+                files.append(opened)
             return files
-        files = sorted(self.folder.glob("*.safetensors"))
-        if not files:
-            raise CheckpointError(f"{self.folder}: no .safetensors file (and no {INDEX_NAME})")
-        return files
+        names = sorted(p.name for p in self.folder.glob("*.safetensors"))
+        if not names:
+            raise CheckpointError(f"{shown(self.folder)}: no .safetensors file (and no {INDEX_NAME})")
+        return [_confined(self.folder, name, "safetensors file") for name in names]
+
+    @cached_property
+    def mask_file(self) -> Opened | None:
+        return _confined(self.folder, MASK_EMBEDDING_NAME, "mask embedding", required=False)
+
+    def sources(self) -> list[Opened]:
+        """Every file the checkpoint is read from, as opened: config.json, the index if any, the
+        weights, the own mask embedding if any (what provenance hashes)."""
+        return [self.config_file, *([self.index_file] if self.index_file else []), *self.shards,
+                *([self.mask_file] if self.mask_file else [])]
 
     def source_files(self) -> list[Path]:
-        """Every file the checkpoint is read from: config.json, the index if any, the weights, the own
-        mask embedding if any."""
-        index, mask = self.folder / INDEX_NAME, self.folder / MASK_EMBEDDING_NAME
-        return [self.config_path, *([index] if index.is_file() else []), *self._shard_files(),
-                *([mask] if mask.is_file() else [])]
+        return [opened.path for opened in self.sources()]
 
     @cached_property
     def stored_tensors(self) -> dict[str, StoredTensor]:
         """Every stored tensor by its table name, as stored; headers validated."""
         out: dict[str, StoredTensor] = {}
-        for path in self._shard_files():
-            for raw_name, t in read_header(path).items():
+        for shard in self.shards:
+            found = read_header(shard)
+            if len(out) + len(found) > MAX_TENSORS:  # the work is bounded by what the files hold, first
+                raise CheckpointError(f"{shown(shard.path)}: the checkpoint holds more than {MAX_TENSORS} tensors; "
+                                      "not a drafter or target checkpoint")
+            for raw_name, t in found.items():
                 name = self.tensor_name(raw_name)
                 if name in out:
-                    raise CheckpointError(f"{path}: tensor {raw_name!r} also appears in {out[name].file.name}")
+                    raise CheckpointError(f"{shown(shard.path)}: tensor {raw_name!r} also appears in "
+                                          f"{shown(out[name].file.name)}")
                 out[name] = t
         return out
 
@@ -163,9 +208,9 @@ class DrafterCheckpoint(Checkpoint):
         super().__post_init__()
         # EAGLE3-style exports (DSpark speculators) keep the layer settings in transformer_layer_config
         self.eagle3_style = "transformer_layer_config" in self.config or "aux_hidden_state_layer_ids" in self.config
-        layer_config = cv.mapping(self.config_path, "transformer_layer_config", self.config.get("transformer_layer_config"))
+        layer_config = cv.read(self.config_path, "transformer_layer_config", self.config.get("transformer_layer_config"), {})
         self.config = {**self.config, **layer_config}
-        self.dflash_config: dict = cv.mapping(self.config_path, "dflash_config", self.config.get("dflash_config"))
+        self.dflash_config: dict = cv.read(self.config_path, "dflash_config", self.config.get("dflash_config"), {})
 
     def setting(self, name: str, default: Any = None) -> Any:
         """A DFlash setting: `dflash_config[name]`, else the top-level field (the reference's rule)."""
@@ -179,9 +224,10 @@ class DrafterCheckpoint(Checkpoint):
         archs = self.config.get("architectures") or []
         arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
         if arch not in layout.ARCHITECTURES:
+            archs = shown(repr(archs)[:80])
             known = ", ".join(layout.ARCHITECTURES)
             raise CheckpointError(
-                f"{self.config_path}: architectures = {archs!r} is not a DFlash drafter (expected one of {known})")
+                f"{shown(self.config_path)}: architectures = {archs} is not a DFlash drafter (expected one of {known})")
         return arch
 
     @cached_property
@@ -190,31 +236,25 @@ class DrafterCheckpoint(Checkpoint):
 
     @cached_property
     def block_size(self) -> int:
-        return cv.integer(self.config_path, "block_size", self.setting("block_size", 16), 2, MAX_BLOCK_SIZE)
+        return self.optional("block_size", 16)
 
     @cached_property
     def mask_token_id(self) -> int | None:
-        return cv.optional_integer(self.config_path, "mask_token_id", self.setting("mask_token_id"), 0, MAX_VOCAB)
+        return self.optional("mask_token_id")
 
     @cached_property
     def target_layer_ids(self) -> list[int]:
         ids = self.setting("target_layer_ids")
-        aux = self.config.get("aux_hidden_state_layer_ids")
+        aux = self.top("aux_hidden_state_layer_ids")
         if "dflash_config" not in self.config and aux is not None:
-            # EAGLE3 numbering: hidden_states indices, i.e. target_layer_ids + 1
-            if not isinstance(aux, list) or not aux or not all(isinstance(i, int) and i > 0 for i in aux):
-                raise CheckpointError(f"{self.config_path}: 'aux_hidden_state_layer_ids' must be a non-empty list of positive integers")
-            return [i - 1 for i in aux]
+            return [i - 1 for i in aux]  # EAGLE3 numbering: hidden_states indices, i.e. target_layer_ids + 1
         if ids is None:
             if self.setting("num_target_layers") is None:
                 raise CheckpointError(
                     f"{self.config_path}: neither 'target_layer_ids' nor 'num_target_layers' is set; "
                     "add the target layer ids the drafter was trained on")
             return build_target_layer_ids(self.required("num_target_layers"), self.n_layers)
-        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool)
-                                                           and 0 <= i < MAX_SIZE for i in ids):
-            raise CheckpointError(f"{self.config_path}: 'target_layer_ids' must be a non-empty list of layer "
-                                  f"numbers (integers from 0), not {str(ids)[:60]}")
+        ids = self.optional("target_layer_ids")
         if len(set(ids)) != len(ids):
             raise CheckpointError(f"{self.config_path}: 'target_layer_ids' {ids} names a layer twice")
         return ids
@@ -226,7 +266,7 @@ class DrafterCheckpoint(Checkpoint):
             given, missing = (first, second) if a is not None else (second, first)
             raise CheckpointError(
                 f"{self.config_path}: {given!r} is set but {missing!r} is not; DFlash 2 needs both (or neither)")
-        return None if a is None else (cv.integer(self.config_path, first, a), cv.integer(self.config_path, second, b))
+        return None if a is None else (cv.read(self.config_path, first, a), cv.read(self.config_path, second, b))
 
     @cached_property
     def conv(self) -> tuple[int, int] | None:
@@ -240,7 +280,7 @@ class DrafterCheckpoint(Checkpoint):
     @cached_property
     def draft_vocab_size(self) -> int:
         """Rows of a DSpark drafter's own vocabulary (its lm_head and markov_w2), d2t mapping them."""
-        n = int(self.config.get("draft_vocab_size") or self.vocab_size)
+        n = self.top("draft_vocab_size", self.vocab_size)
         if n > self.vocab_size:
             raise CheckpointError(
                 f"{self.config_path}: draft_vocab_size {n} exceeds vocab_size {self.vocab_size}; fix draft_vocab_size")
@@ -254,7 +294,7 @@ class DrafterCheckpoint(Checkpoint):
     @property
     def sample_from_anchor(self) -> bool:
         """DFlash-lineage DSpark samples from the anchor; EAGLE3-style exports use a bonus anchor slot."""
-        return bool(self.config.get("sample_from_anchor", not self.eagle3_style))
+        return self.top("sample_from_anchor", not self.eagle3_style)
 
     @cached_property
     def table_tensors(self):

@@ -12,6 +12,7 @@ import click
 from ..errors import GGUFFormatError, OptionError
 from ..options import force_option, json_option, target_option
 from ..outputs import Input, Output, check_outputs
+from ..terminal import shown
 from . import hub
 from .converter import OUTTYPES, convert as convert_checkpoint
 from .describe import describe
@@ -53,7 +54,7 @@ def _default_out(src: Path | hub.HubRef, outtype: str) -> Path:
 
 @click.command()
 @click.argument("src", type=ModelParam(hub_gguf_ok=False))
-@target_option(required=False, folder_ok=True, hub=True,
+@target_option(required=False, kind=ModelParam(folder_ok=True),
                help="The target model: its GGUF (tokenizer copied verbatim) or its Hugging Face folder "
                     f"(config.json + tokenizer files; no weights needed); {HELP_FORMS}, or for a GGUF "
                     f"{HELP_GGUF_FORMS} (only its metadata is read, by range requests). Optional for a "
@@ -119,41 +120,47 @@ def convert(src: Path | hub.HubRef, target: Path | hub.HubRef | None, out: Path 
         bar.close()
     summary.update(bytes=out.stat().st_size, seconds=round(time.perf_counter() - started, 3), warnings=warnings)
     for message in warnings:
-        click.echo(f"warning: {message}", err=True)
+        click.echo(f"warning: {shown(message)}", err=True)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
         click.echo(f"wrote {out} ({summary['bytes'] / 2**20:.1f} MiB) in {summary['seconds']:.1f} s")
 
 
+def _say(line: str) -> None:
+    """A line of human output: values from the file shown escaped (no control characters act on the
+    terminal: a name cannot fake "problems none found"); --json stays exact."""
+    click.echo(shown(line))
+
+
 def _print_report(r: dict, list_tensors: bool) -> None:
-    click.echo(f"{r['file']}")
-    click.echo(f"  variant         {r['variant']} (general.architecture = {r['architecture']})")
+    _say(f"{r['file']}")
+    _say(f"  variant         {r['variant']} (general.architecture = {r['architecture']})")
     default = "" if r["block_size_in_file"] else ", llama.cpp's default: the file sets none"
     spec = f", --spec-type {r['spec_type']}" if r["spec_type"] else ""
-    click.echo(f"  block size      {r['block_size']}  (draft length {r['draft_length']}{spec}{default})")
+    _say(f"  block size      {r['block_size']}  (draft length {r['draft_length']}{spec}{default})")
     tl = r["target_layers"]
-    click.echo(f"  target layers   HF {tl['hf']}  ->  llama.cpp {tl['llama_cpp']}")
-    click.echo(f"  mask token      {r['mask_token_id']}   vocabulary {r['vocab_size']}")
+    _say(f"  target layers   HF {tl['hf']}  ->  llama.cpp {tl['llama_cpp']}")
+    _say(f"  mask token      {r['mask_token_id']}   vocabulary {r['vocab_size']}")
     if r["sliding_window"] is not None or r["sliding_window_pattern"] is not None:
-        click.echo(f"  sliding window  {r['sliding_window']}  pattern {r['sliding_window_pattern']}")
+        _say(f"  sliding window  {r['sliding_window']}  pattern {r['sliding_window_pattern']}")
     if r["causal"] is not None:
-        click.echo(f"  causal          {r['causal']}")
+        _say(f"  causal          {r['causal']}")
     if r["license"]:
-        click.echo(f"  license         {r['license']}")
+        _say(f"  license         {r['license']}")
     for role, src in r["sources"].items():
         at = f" @ {src['revision']}" if src.get("revision") else ""
-        click.echo(f"  {role + ' from':<15} {src.get('repo_url', '(no repository recorded)')}{at}")
+        _say(f"  {role + ' from':<15} {src.get('repo_url', '(no repository recorded)')}{at}")
     sizes = ", ".join(f"{t} {b / 2**20:.2f} MiB" for t, b in sorted(r["bytes_by_type"].items()))
-    click.echo(f"  tensors         {r['tensor_count']}: {sizes}")
+    _say(f"  tensors         {r['tensor_count']}: {sizes}")
     for t in r["tensors"] if list_tensors else []:
-        click.echo(f"    {t['name']:<36} {t['type']:<6} {str(t['shape']):<18} {t['bytes']:>12,}")
+        _say(f"    {t['name']:<36} {t['type']:<6} {str(t['shape']):<18} {t['bytes']:>12,}")
     if r["problems"]:
-        click.echo("  problems:")
+        _say("  problems:")
         for p in r["problems"]:
-            click.echo(f"    - {p}")
+            _say(f"    - {p}")
     else:
-        click.echo("  problems        none found")
+        _say("  problems        none found")
 
 
 @click.command()

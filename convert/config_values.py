@@ -1,47 +1,105 @@
-"""Type and range checks for values read from a config.json: every field is checked where it is read,
-so a wrong type or an absurd value ends in one line naming the file and the field, never a traceback
-nor a GGUF that llama.cpp then mishandles (a float size truncated, "no" taken as true, NaN epsilons)."""
+"""Every config.json field the converter reads, declared once with its type and range (the typed
+reader, dflash_gguf/values.py, applies the rules): a wrong type or an absurd value ends in one line
+naming the file and the field, exit 2, never a traceback nor a GGUF that llama.cpp then mishandles.
+
+    read(source, "rope_theta", value)     the declared field, CheckpointError when the value is off
+
+Ranges are what llama.cpp and the GGUF field hold (u32 counts, f32 floats), tightened where a
+larger value is no drafter (MAX_SIZE, MAX_VOCAB, MAX_BLOCK_SIZE): beyond them llama.cpp fails
+(bad_alloc) or the numbers are garbage. The primitives (`integer`, `number`, ...) serve a value
+whose range depends on another field.
+"""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from .. import values as v
 from ..errors import CheckpointError, DflashError
+from ..values import Field
+
+MAX_SIZE = 1 << 20          # hidden, ffn, head counts
+MAX_VOCAB = 1 << 24
+MAX_BLOCK_SIZE = 1024       # block_size 0 or 1 drafts nothing; 10^9 made llama-server answer bad_alloc
+MAX_CONTEXT = 1 << 31
+MAX_LAYERS = 1 << 12        # a drafter has a few layers, a target a few hundred at most
 
 
-def _fail(source: object, name: str, value: Any, want: str, error: type[DflashError]) -> DflashError:
-    shown = repr(value)
-    shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    return error(f"{source}: field {name!r} = {shown} is not {want}; fix it in the config")
+def _fields(*fields: Field) -> dict[str, Field]:
+    return {f.name: f for f in fields}
 
 
-def integer(source: object, name: str, value: Any, lo: int | None = 1, hi: int | None = None,
+FIELDS = _fields(
+    # sizes
+    Field("hidden_size", "int", 1, MAX_SIZE), Field("num_hidden_layers", "int", 1, MAX_LAYERS),
+    Field("vocab_size", "int", 1, MAX_VOCAB), Field("num_attention_heads", "int", 1, MAX_SIZE),
+    Field("intermediate_size", "int", 1, MAX_SIZE), Field("head_dim", "int", 1, MAX_SIZE),
+    Field("num_key_value_heads", "int", 1, MAX_SIZE), Field("num_target_layers", "int", 1, MAX_LAYERS),
+    Field("max_position_embeddings", "int", 1, MAX_CONTEXT),
+    Field("original_max_position_embeddings", "int", 1, MAX_CONTEXT),
+    Field("num_local_experts", "int", 1, MAX_SIZE), Field("num_experts_per_tok", "int", 1, MAX_SIZE),
+    # the DFlash block and its layers
+    Field("block_size", "int", 2, MAX_BLOCK_SIZE), Field("mask_token_id", "int", 0, MAX_VOCAB),
+    Field("target_layer_ids", "int-list", 0, MAX_LAYERS - 1),
+    Field("aux_hidden_state_layer_ids", "int-list", 1, MAX_LAYERS),
+    Field("conv_kernel_size", "int", 1, MAX_SIZE), Field("conv_group_size", "int", 1, MAX_SIZE),
+    Field("selector_rank", "int", 1, MAX_SIZE), Field("selector_top_k", "int", 1, MAX_SIZE),
+    # floats (all written as f32)
+    Field("rope_theta", "float", positive=True), Field("rms_norm_eps", "float", positive=True, hi=1.0),
+    Field("partial_rotary_factor", "float", positive=True, hi=1.0),
+    Field("rope_scaling.factor", "float", positive=True),
+    Field("rope_scaling.extrapolation_factor", "float"), Field("rope_scaling.attention_factor", "float"),
+    Field("rope_scaling.beta_fast", "float"), Field("rope_scaling.beta_slow", "float"),
+    Field("attention_value_scale", "float"), Field("output_multiplier", "float"),
+    Field("final_logit_softcapping", "float"), Field("input_embedding_scale", "float"),
+    # switches
+    Field("is_causal", "bool"), Field("dflash_config.causal", "bool"), Field("dflash_config.use_swa", "bool"),
+    Field("use_sliding_window", "bool"), Field("attention_bias", "bool"), Field("rope_is_neox_style", "bool"),
+    Field("tie_word_embeddings", "bool"),
+    # sliding window
+    Field("dflash_config.swa_window_size", "int", 1, MAX_CONTEXT), Field("sliding_window", "int", 1, MAX_CONTEXT),
+    Field("layer_types", "str-list"),
+    # names and nested objects
+    Field("architectures", "str-list"), Field("rope_scaling.rope_type", "str", hi=64),
+    Field("_name_or_path", "str", hi=1024),
+    Field("dflash_config", "object"), Field("transformer_layer_config", "object"), Field("text_config", "object"),
+    Field("rope_scaling", "object"), Field("rope_parameters", "object"), Field("quantization_config", "object"),
+    # DSpark
+    Field("draft_vocab_size", "int", 1, MAX_VOCAB), Field("sample_from_anchor", "bool"),
+    Field("markov_head_type", "str", hi=64),
+    # quantization_config (FP8 exports)
+    Field("quantization_config.quant_method", "str", hi=64), Field("quantization_config.fmt", "str", hi=64),
+    Field("quantization_config.format", "str", hi=64),
+    Field("quantization_config.weight_block_size", "int-list", 1, MAX_SIZE),
+    Field("quantization_config.config_groups", "object"),
+    Field("quantization_config.config_groups.weights", "object"),
+    Field("quantization_config.config_groups.weights.type", "str", hi=64),
+    Field("quantization_config.config_groups.weights.num_bits", "int", 1, 64),
+    Field("quantization_config.config_groups.weights.block_structure", "int-list", 1, MAX_SIZE),
+    Field("quantization_config.config_groups.weights.group_size", "int", 1, MAX_SIZE),
+)
+
+
+def read(source: object, name: str, value: Any, default: Any = None,
+         error: type[DflashError] = CheckpointError) -> Any:
+    """The declared field `name` (see FIELDS) checked; `default` when the value is absent (None)."""
+    return FIELDS[name].read(source, value, error, default)
+
+
+# -- the primitives, failing with CheckpointError unless told otherwise --------------------------------------
+
+def integer(source: object, name: str, value: Any, lo: int | None = 1, hi: int | None = v.U32_MAX,
             error: type[DflashError] = CheckpointError) -> int:
-    """A JSON integer (never a bool, never a float such as 256.9) within [lo, hi]."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(source, name, value, "an integer", error)
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        span = f"from {lo}" if hi is None else f"from {lo} to {hi}" if lo is not None else f"at most {hi}"
-        raise _fail(source, name, value, f"an integer {span}", error)
-    return value
+    return v.integer(source, name, value, lo, hi, error)
 
 
-def optional_integer(source: object, name: str, value: Any, lo: int | None = 1, hi: int | None = None,
+def optional_integer(source: object, name: str, value: Any, lo: int | None = 1, hi: int | None = v.U32_MAX,
                      error: type[DflashError] = CheckpointError) -> int | None:
-    return None if value is None else integer(source, name, value, lo, hi, error)
+    return None if value is None else v.integer(source, name, value, lo, hi, error)
 
 
-def number(source: object, name: str, value: Any, *, positive: bool = False, lo: float | None = None,
-           hi: float | None = None, error: type[DflashError] = CheckpointError) -> float:
-    """A finite JSON number (not a bool, not NaN or infinite), > 0 when `positive`, within [lo, hi]."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _fail(source, name, value, "a finite number", error)
-    if positive and value <= 0:
-        raise _fail(source, name, value, "a number above 0", error)
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise _fail(source, name, value, f"a number from {lo} to {hi}", error)
-    return float(value)
+def number(source: object, name: str, value: Any, *, error: type[DflashError] = CheckpointError, **bounds) -> float:
+    return v.number(source, name, value, error=error, **bounds)
 
 
 def optional_number(source: object, name: str, value: Any, **kwargs) -> float | None:
@@ -49,28 +107,16 @@ def optional_number(source: object, name: str, value: Any, **kwargs) -> float | 
 
 
 def boolean(source: object, name: str, value: Any, error: type[DflashError] = CheckpointError) -> bool:
-    """A JSON true/false: the string "no" is not false."""
-    if not isinstance(value, bool):
-        raise _fail(source, name, value, "true or false", error)
-    return value
+    return v.boolean(source, name, value, error)
 
 
 def optional_boolean(source: object, name: str, value: Any, error: type[DflashError] = CheckpointError) -> bool | None:
-    return None if value is None else boolean(source, name, value, error)
+    return None if value is None else v.boolean(source, name, value, error)
 
 
 def mapping(source: object, name: str, value: Any, error: type[DflashError] = CheckpointError) -> dict:
-    """A JSON object; null or absent gives {}."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise _fail(source, name, value, "a JSON object", error)
-    return value
+    return v.mapping(source, name, value, error)
 
 
 def string_list(source: object, name: str, value: Any, error: type[DflashError] = CheckpointError) -> list[str]:
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _fail(source, name, value, "a list of strings", error)
-    return value
+    return v.string_list(source, name, value, error)

@@ -17,7 +17,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf import LlamaFileType as FT
 
 from ..errors import CheckpointError
-from ..release.licenses import License, license_from_folder, with_override
+from ..hashing import hash_files
+from ..licenses import License, license_from_folder, with_override
 from . import config_values as cv
 from . import hub, layout
 from .checkpoint import Checkpoint, DrafterCheckpoint
@@ -38,14 +39,6 @@ _TENSOR_TYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0}
 Progress = Callable[[int, int, str], None]
 
 
-def hash_files(folder: Path, paths: list[Path]) -> dict[str, str]:
-    """Each file's sha256, by its path relative to `folder`."""
-    from ..runner.sdist import sha256_file
-
-    return {(p.relative_to(folder).as_posix() if p.is_relative_to(folder) else p.name): sha256_file(p)
-            for p in paths}
-
-
 @dataclass
 class ConversionPlan:
     plan: GGUFPlan
@@ -53,7 +46,7 @@ class ConversionPlan:
     outtype: str
     warnings: list[str] = field(default_factory=list)
     drafter: Path | None = None        # the checkpoint folder read (a cache snapshot for a repo id)
-    drafter_files: list[Path] = field(default_factory=list)
+    drafter_files: list = field(default_factory=list)  # confine.Opened: what was read, as it was read
     target: TargetInfo | None = None
 
     def provenance(self, hashes: bool = False) -> dict:
@@ -137,6 +130,7 @@ def _neox_permutation(head_dim: int, n_rows: int) -> np.ndarray:
     return (np.arange(0, n_rows, head_dim)[:, None] + per_head[None, :]).reshape(-1)
 
 
+WEIGHT_DTYPES = ("BF16", "F16", "F32", "F64", FP8)  # what a weight may be stored as (BOOL/I64 masks are not)
 _IDENTITY = {("BF16", QT.BF16), ("F16", QT.F16), ("F32", QT.F32)}
 
 
@@ -193,7 +187,7 @@ def _check_variant_settings(ckpt: DrafterCheckpoint) -> None:
 
 
 def _check_dspark(ckpt: DrafterCheckpoint) -> None:
-    if (head := ckpt.config.get("markov_head_type", "vanilla")) != "vanilla":
+    if (head := ckpt.top("markov_head_type", "vanilla")) != "vanilla":
         raise CheckpointError(
             f"{ckpt.config_path}: markov_head_type {head!r}: llama.cpp runs only the 'vanilla' DSpark Markov head")
     if ckpt.draft_vocab_size < ckpt.vocab_size and "d2t" not in ckpt.tensors:
@@ -225,12 +219,12 @@ def _check_attention_bias(ckpt: DrafterCheckpoint) -> None:
     """q/k/v/o biases exactly when config.json says attention_bias (the reference builds them then)."""
     names = [rule.hf_name(i) for i in range(ckpt.n_layers) for rule in layout.ATTENTION_BIASES]
     present = [n for n in names if n in ckpt.tensors]
-    if ckpt.config.get("attention_bias", False) and len(present) != len(names):
+    if ckpt.top("attention_bias", False) and len(present) != len(names):
         missing = [n for n in names if n not in ckpt.tensors]
         raise CheckpointError(
             f"{ckpt.folder}: config.json sets attention_bias but tensor(s) {', '.join(missing[:4])} are missing; "
             "the checkpoint is incomplete")
-    if present and not ckpt.config.get("attention_bias", False):
+    if present and not ckpt.top("attention_bias", False):
         raise CheckpointError(
             f"{ckpt.config_path}: the checkpoint has attention biases ({present[0]}, ...) but attention_bias is "
             "not true; set \"attention_bias\": true as the drafter was trained")
@@ -259,6 +253,9 @@ def match_tensors(ckpt: Checkpoint, variant: str, table: tuple[layout.TensorRule
     out = []
     for rule, bid in expected:
         t = stored[rule.hf_name(bid)]
+        if t.dtype not in WEIGHT_DTYPES:
+            raise CheckpointError(f"{t.file}: tensor {t.name!r} has dtype {t.dtype}; a weight is a float tensor "
+                                  f"({', '.join(WEIGHT_DTYPES)}): the checkpoint is corrupt or not a drafter")
         shape = rule.shape(geometry)
         if t.shape != shape:
             raise CheckpointError(
@@ -275,52 +272,53 @@ def qwen3_hparams(ckpt: Checkpoint, arch: str, file_type: FT) -> tuple[gguf.GGUF
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(hub.folder_name(ckpt.folder))
     w.add_block_count(ckpt.n_layers)
-    if (n_ctx := cv.optional_integer(src, "max_position_embeddings", cfg.get("max_position_embeddings"),
-                                     hi=1 << 31)) is not None:
+    if (n_ctx := ckpt.top("max_position_embeddings")) is not None:
         w.add_context_length(n_ctx)
     w.add_embedding_length(ckpt.hidden_size)
     w.add_feed_forward_length(ckpt.required("intermediate_size"))
     w.add_head_count(ckpt.required("num_attention_heads"))
-    if (n_kv := cv.optional_integer(src, "num_key_value_heads", cfg.get("num_key_value_heads"))) is not None:
+    if (n_kv := ckpt.top("num_key_value_heads")) is not None:
         w.add_head_count_kv(n_kv)
     rope_key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
-    rope = dict(cv.mapping(src, rope_key, cfg.get(rope_key)))
-    if rope.get("factor") is not None:
-        cv.number(src, f"{rope_key}.factor", rope["factor"], positive=True)
-    rope_type = rope.get("rope_type") or rope.get("type")
+    rope = dict(cv.read(src, rope_key, cfg.get(rope_key), {}))
+
+    def scaling(name: str, value=None):
+        return cv.read(src, f"rope_scaling.{name}", rope.get(name) if value is None else value)
+
+    scaling("factor")
+    rope_type = scaling("rope_type", rope.get("rope_type") or rope.get("type"))
     if rope_type == "linear" and rope.get("factor") is not None:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rope["factor"])
     elif rope_type == "yarn" and rope.get("factor") is not None:
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
-        orig = cv.optional_integer(src, "original_max_position_embeddings", rope.get(
-            "original_max_position_embeddings", cfg.get("original_max_position_embeddings")), hi=1 << 31)
+        orig = cv.read(src, "original_max_position_embeddings", rope.get(
+            "original_max_position_embeddings", cfg.get("original_max_position_embeddings")))
         if orig is None:
             raise CheckpointError(f"{ckpt.config_path}: yarn rope scaling needs original_max_position_embeddings")
         w.add_rope_scaling_orig_ctx_len(orig)
-        if (ext := rope.get("extrapolation_factor")) is not None:
+        if (ext := scaling("extrapolation_factor")) is not None:
             w.add_rope_scaling_yarn_ext_factor(ext)
-        if (attn := rope.get("attention_factor", rope.get("attn_factor"))) is not None:
+        if (attn := scaling("attention_factor", rope.get("attention_factor", rope.get("attn_factor")))) is not None:
             w.add_rope_scaling_yarn_attn_factor(attn)
-        if (beta_fast := rope.get("beta_fast")) is not None:
+        if (beta_fast := scaling("beta_fast")) is not None:
             w.add_rope_scaling_yarn_beta_fast(beta_fast)
-        if (beta_slow := rope.get("beta_slow")) is not None:
+        if (beta_slow := scaling("beta_slow")) is not None:
             w.add_rope_scaling_yarn_beta_slow(beta_slow)
     elif rope_type not in (None, "default"):
         raise CheckpointError(f"{ckpt.config_path}: rope type {rope_type!r} is not supported for DFlash drafters")
     # MoE-derived drafter configs (gpt-oss) keep the target's expert counts; upstream writes them
-    if (n_expert := cv.optional_integer(src, "num_local_experts", cfg.get("num_local_experts", cfg.get("num_experts")))) is not None:
+    if (n_expert := cv.read(src, "num_local_experts", cfg.get("num_local_experts", cfg.get("num_experts")))) is not None:
         w.add_expert_count(n_expert)
-    if (n_used := cv.optional_integer(src, "num_experts_per_tok",
-                                      cfg.get("num_experts_per_tok", cfg.get("num_experts_per_token")))) is not None:
+    if (n_used := cv.read(src, "num_experts_per_tok",
+                          cfg.get("num_experts_per_tok", cfg.get("num_experts_per_token")))) is not None:
         w.add_expert_used_count(n_used)
-    if (rope_theta := cv.optional_number(src, "rope_theta", rope.get("rope_theta", cfg.get("rope_theta")),
-                                         positive=True)) is not None:
+    if (rope_theta := cv.read(src, "rope_theta", rope.get("rope_theta", cfg.get("rope_theta")))) is not None:
         w.add_rope_freq_base(rope_theta)
-    if (eps := cv.optional_number(src, "rms_norm_eps", cfg.get("rms_norm_eps"), positive=True, hi=1.0)) is not None:
+    if (eps := ckpt.top("rms_norm_eps")) is not None:
         w.add_layer_norm_rms_eps(eps)
-    if (head_dim := cv.optional_integer(src, "head_dim", cfg.get("head_dim"))) is not None:
+    if (head_dim := ckpt.top("head_dim")) is not None:
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_file_type(file_type)
@@ -341,8 +339,8 @@ def _dflash_metadata(ckpt: DrafterCheckpoint, target: TargetInfo, file_type: FT,
     _provenance(w, hub.cache_source(ckpt.folder), target)
 
     # DFlash-specific keys from the key table (PyPI gguf has no constants for them), mirroring upstream.
-    partial = cv.optional_number(ckpt.config_path, "partial_rotary_factor",
-                                 rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor")), positive=True, hi=1.0)
+    partial = cv.read(ckpt.config_path, "partial_rotary_factor",
+                      rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor")))
     if partial is not None:
         w.add_uint32(DFlash.ROPE_DIMENSION_COUNT, int(ckpt.head_dim * partial))
     if (value_scale := _finite(ckpt, "attention_value_scale", ckpt.dflash_config.get("attention_value_scale"))) is not None:
@@ -362,9 +360,9 @@ def _dflash_metadata(ckpt: DrafterCheckpoint, target: TargetInfo, file_type: FT,
         w.add_float32(DFlash.EMBEDDING_SCALE, float(embedding_scale))
     w.add_array(DFlash.TARGET_LAYERS, [i + 1 for i in ckpt.target_layer_ids])
     _sliding_window_metadata(ckpt, w)
-    causal = cv.optional_boolean(ckpt.config_path, "is_causal", cfg.get("is_causal"))
+    causal = ckpt.top("is_causal")
     if causal is None:
-        causal = cv.optional_boolean(ckpt.config_path, "dflash_config.causal", ckpt.dflash_config.get("causal"))
+        causal = cv.read(ckpt.config_path, "dflash_config.causal", ckpt.dflash_config.get("causal"))
     if causal is not None:
         w.add_bool(DFlash.CAUSAL, bool(causal))
     if target.uses_mrope:
@@ -397,19 +395,18 @@ def _provenance(w: gguf.GGUFWriter, drafter: hub.HubSource | None, target: Targe
 
 
 def _finite(ckpt: DrafterCheckpoint, name: str, value) -> float | None:
-    return cv.optional_number(ckpt.config_path, name, value)
+    return cv.read(ckpt.config_path, name, value)
 
 
 def sliding_window(ckpt: DrafterCheckpoint) -> tuple[int, list[bool]] | None:
     """The checkpoint's attention window and which layers use it; None without sliding-window layers."""
     cfg, src = ckpt.config, ckpt.config_path
-    use_swa_everywhere = cv.boolean(src, "dflash_config.use_swa", ckpt.dflash_config.get("use_swa", False))
-    window = (cv.optional_integer(src, "dflash_config.swa_window_size", ckpt.dflash_config.get("swa_window_size"))
-              or cv.optional_integer(src, "sliding_window", cfg.get("sliding_window"), hi=1 << 31))
-    if not ((cv.optional_boolean(src, "use_sliding_window", cfg.get("use_sliding_window")) or use_swa_everywhere)
-            and window):
+    use_swa_everywhere = cv.read(src, "dflash_config.use_swa", ckpt.dflash_config.get("use_swa"), False)
+    window = (cv.read(src, "dflash_config.swa_window_size", ckpt.dflash_config.get("swa_window_size"))
+              or ckpt.top("sliding_window"))
+    if not ((ckpt.top("use_sliding_window") or use_swa_everywhere) and window):
         return None
-    layer_types = cv.string_list(src, "layer_types", cfg.get("layer_types"))
+    layer_types = ckpt.top("layer_types", [])
     if use_swa_everywhere:
         return int(window), [True] * ckpt.n_layers
     if len(layer_types) != ckpt.n_layers:
@@ -454,13 +451,13 @@ def plan_conversion(src: str | Path, target: str | Path | TargetInfo, outtype: s
 
     add_tensors(plan, tensors, outtype, ckpt)
     plan.tensors.extend(_d2t_chunks(ckpt))
-    return ConversionPlan(plan, ckpt.variant, outtype, warnings, ckpt.folder, ckpt.source_files(), target_info)
+    return ConversionPlan(plan, ckpt.variant, outtype, warnings, ckpt.folder, ckpt.sources(), target_info)
 
 
 def add_tensors(plan: GGUFPlan, tensors: list[tuple[str, StoredTensor, tuple[int, ...]]], outtype: str,
                 ckpt: Checkpoint) -> None:
     """Plan each matched tensor with the type upstream gives it and a producer of its bytes."""
-    permute = not cv.boolean(ckpt.config_path, "rope_is_neox_style", ckpt.config.get("rope_is_neox_style", True))
+    permute = not ckpt.top("rope_is_neox_style", True)
     rope_rows = ("attn_q.weight", "attn_k.weight", "attn_q_norm.weight", "attn_k_norm.weight")
     for gguf_name, stored, shape in tensors:
         qtype = tensor_type(gguf_name, shape, outtype)

@@ -9,6 +9,7 @@ chunks, so memory stays bounded by one chunk.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 import os
@@ -24,7 +25,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWrit
 from ..errors import GGUFFormatError, InputError
 from .keys import General
 from ..inputs import open_regular
-from ..outputs import named_for, partial_name
+from ..outputs import guard, named_for, partial_name
 
 MAGIC = b"GGUF"
 VERSION = 3
@@ -44,11 +45,14 @@ _SCALAR = {
 
 @dataclass(frozen=True)
 class FileSpan:
-    """Bytes to copy verbatim from a file: the writer hands these to the kernel (copy_file_range)."""
+    """Bytes to copy verbatim from a file: the writer hands these to the kernel (copy_file_range).
+    `source`: the file as it was opened and checked (confine.Opened); the bytes come from it, never
+    from whatever `path` names by the time they are copied."""
 
     path: Path
     offset: int
     nbytes: int
+    source: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -97,6 +101,33 @@ def _pack_value(value: Any, vtype: GGUFValueType, sub_type: GGUFValueType | None
         items = b"".join(_pack_value(v, sub_type, None) for v in value)
         return struct.pack("<IQ", sub_type, len(value)) + items
     raise ValueError(f"unsupported GGUF value type {vtype!r}")
+
+
+# general.* keys read as text (names, licenses, links): declared STRING, valid UTF-8, no control characters
+GENERAL_STRINGS = (General.ARCHITECTURE, General.NAME, General.LICENSE, General.LICENSE_NAME, General.LICENSE_LINK,
+                   General.REPO_URL, General.SOURCE_REPO_URL, General.SOURCE_REVISION, "general.basename",
+                   "general.organization", "general.base_model.0.name", "general.base_model.0.repo_url",
+                   "general.base_model.0.revision")
+
+
+def general_metadata(kv: dict[str, KV], path: object) -> dict[str, Any]:
+    """A GGUF's general.* values, each text value checked by the typed reader (dflash_gguf/values.py):
+    a declared text key (GENERAL_STRINGS) of another type or holding control characters, or any text
+    that is not valid UTF-8, is refused in one line naming the file and the key."""
+    from .. import values
+
+    out = {}
+    for key, entry in kv.items():
+        if not key.startswith("general."):
+            continue
+        if key in GENERAL_STRINGS and entry.type != GGUFValueType.STRING:
+            raise GGUFFormatError(f"{path}: {key} is {entry.type.name}, not a STRING; the file is not a model GGUF "
+                                  "this tool reads (fix or re-convert it)")
+        if entry.type == GGUFValueType.STRING:  # free text (a description) may hold newlines, never bad UTF-8
+            values.string(path, key, entry.value, 1 << 20, control_ok=key not in GENERAL_STRINGS,
+                          error=GGUFFormatError)
+        out[key] = entry.value
+    return out
 
 
 def kv_from_writer(writer: GGUFWriter) -> list[KV]:
@@ -297,6 +328,15 @@ class GGUFFile:
         kv = self.kv.get(key)
         return kv.value if kv is not None else default
 
+    @property
+    def opened_file(self) -> BinaryIO | None:
+        """The file as it was opened and checked (None for a remote file): what its bytes are copied from."""
+        return self._fh
+
+    def general(self) -> dict[str, Any]:
+        """The general.* metadata, typed (general_metadata): what targets and licenses are read from."""
+        return general_metadata(self.kv, self.path)
+
     def tensor_bytes(self, name: str) -> memoryview:
         if self._stream is not None:
             raise GGUFFormatError(f"{self.path}: read for its metadata only; tensor data was not fetched")
@@ -357,8 +397,10 @@ def write_gguf(plan: GGUFPlan, out: Path, progress=None) -> None:
     out = Path(out)
     tmp = partial_name(out)
     try:
+        guard(out)
         with open(tmp, "wb") as fh:
             _GGUFStreamWriter(fh).write(plan, progress)
+        guard(out)
         os.replace(tmp, out)
     except OSError as err:
         tmp.unlink(missing_ok=True)
@@ -429,7 +471,8 @@ class _GGUFStreamWriter:
         """Copy file bytes in the kernel where it can (copy_file_range), else through a buffer."""
         self.fh.flush()
         out_fd = self.fh.fileno()
-        with open(span.path, "rb") as src:
+        held = getattr(span.source, "fh", span.source)  # a confine.Opened, or an open file
+        with contextlib.nullcontext(held) if held is not None else open(span.path, "rb") as src:
             offset, left = span.offset, span.nbytes
             while left:
                 try:

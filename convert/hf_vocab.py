@@ -11,12 +11,15 @@ normalizer would need more of the pinned rules are refused (convert against the 
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import gguf
 
+from ..confine import find_in
 from ..errors import InputError, TargetError
-from ..inputs import load_json
+from ..inputs import parse_json
+from ..terminal import shown
 from .gguf_file import KV, kv_from_writer
 from .keys import ARCH, Tokenizer
 
@@ -29,6 +32,27 @@ KNOWN_PRE_TOKENIZERS = {
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+":
         "llama-bpe",
 }
+
+
+MAX_PADDING, MAX_PADDING_FACTOR = 1 << 16, 2  # unused ids a vocabulary may be padded with beyond its tokens
+
+
+def _token_id(path: Path, field: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 24:
+        raise TargetError(f"{shown(path)}: field {field!r} holds {shown(repr(value)[:40])}, not a token id "
+                          "(an integer from 0 to 2^24); fix tokenizer.json")
+    return value
+
+
+def _token_text(path: Path, field: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise TargetError(f"{shown(path)}: field {field!r} holds {shown(repr(value)[:40])}, not a token string")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TargetError(f"{shown(path)}: field {field!r} holds {shown(ascii(value)[:40])}, which is not valid "
+                          "UTF-8 (a lone surrogate); fix tokenizer.json") from None
+    return value
 
 
 def _looks_special(token: str) -> bool:
@@ -73,25 +97,47 @@ def _check_post_processing(path: Path, spec: dict) -> bool:
     return "ByteLevel" in kinds
 
 
-def tokenizer_metadata(folder: Path, vocab_size: int) -> list[KV]:
+# What gguf-py's SpecialVocab reads from a folder: given to it as private copies of the files the
+# confined reader opened, so it never opens a name of the user's folder itself.
+SPECIAL_VOCAB_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json",
+                       "generation_config.json", "chat_template.json", "chat_template.jinja", "merges.txt")
+
+
+def tokenizer_metadata(folder: Path, vocab_size: int, opened: dict | None = None) -> list[KV]:
     """The tokenizer.* metadata of a target folder. tokenizer.json (and gguf-py's reading of
     tokenizer_config.json) is a deep external format: any value of the wrong shape in it ends in one
-    line naming the folder, not a traceback."""
+    line naming the folder, not a traceback. `opened`: the folder's files already opened by the
+    confined reader, by name (others are opened here the same way)."""
+    opened = dict(opened or {})
     try:
-        return _tokenizer_metadata(folder, vocab_size)
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as err:
-        raise TargetError(f"{folder}: tokenizer files are malformed ({type(err).__name__}: {str(err)[:80]}); "
-                          "fix them or pass the target's GGUF as --target") from None
-
-
-def _tokenizer_metadata(folder: Path, vocab_size: int) -> list[KV]:
-    path = folder / "tokenizer.json"
-    if not path.exists():
-        raise TargetError(f"{path}: not found; the target folder needs tokenizer.json (or pass the target GGUF)")
-    try:
-        spec = load_json(path, "tokenizer")
+        for name in SPECIAL_VOCAB_FILES:
+            if name not in opened and (found := find_in(folder, name, "tokenizer file")) is not None:
+                opened[name] = found
     except InputError as err:
         raise TargetError(str(err)) from None
+    try:
+        return _tokenizer_metadata(folder, vocab_size, opened)
+    except InputError as err:
+        raise TargetError(str(err)) from None
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError) as err:
+        raise TargetError(f"{shown(folder)}: tokenizer files are malformed ({type(err).__name__}: "
+                          f"{shown(str(err)[:80])}); fix them or pass the target's GGUF as --target") from None
+
+
+def _special_vocab(opened: dict, load_merges: bool = True) -> gguf.SpecialVocab:
+    """gguf-py's SpecialVocab over private copies of the opened files (nothing else is there to read)."""
+    with tempfile.TemporaryDirectory(prefix="dflash-gguf-tokenizer-") as private:
+        for name in SPECIAL_VOCAB_FILES:
+            if name in opened:
+                opened[name].copy_to(Path(private) / name)
+        return gguf.SpecialVocab(Path(private), load_merges=load_merges)
+
+
+def _tokenizer_metadata(folder: Path, vocab_size: int, opened: dict) -> list[KV]:
+    path = folder / "tokenizer.json"
+    if "tokenizer.json" not in opened:
+        raise TargetError(f"{shown(path)}: not found; the target folder needs tokenizer.json (or pass the target GGUF)")
+    spec = parse_json(opened["tokenizer.json"].read(what="tokenizer"), path)
     if not isinstance(spec, dict):
         raise TargetError(f"{path}: not a tokenizer.json (expected a JSON object)")
     model = spec.get("model") or {}
@@ -102,12 +148,22 @@ def _tokenizer_metadata(folder: Path, vocab_size: int) -> list[KV]:
     pre = _pre_tokenizer_name(path, spec.get("pre_tokenizer"))
     byte_level_post = _check_post_processing(path, spec)
 
-    by_id: dict[int, str] = {i: tok for tok, i in model["vocab"].items()}
-    added = {t["id"]: t for t in spec.get("added_tokens") or []}
+    by_id: dict[int, str] = {_token_id(path, "model.vocab", i): _token_text(path, "model.vocab", tok)
+                             for tok, i in model["vocab"].items()}
+    added_list = spec.get("added_tokens") or []
+    if not isinstance(added_list, list) or not all(isinstance(t, dict) for t in added_list):
+        raise TargetError(f"{shown(path)}: field 'added_tokens' is not a list of objects; fix tokenizer.json")
+    added = {_token_id(path, "added_tokens.id", t.get("id")): t for t in added_list}
     for i, t in added.items():
-        by_id[i] = t["content"]
-    if by_id and max(by_id) >= vocab_size:
+        by_id[i] = _token_text(path, "added_tokens.content", t.get("content"))
+    if not by_id:
+        raise TargetError(f"{shown(path)}: the vocabulary is empty; fix tokenizer.json or pass the target's GGUF")
+    if max(by_id) >= vocab_size:
         raise TargetError(f"{path}: token id {max(by_id)} is beyond the vocabulary size {vocab_size} in config.json")
+    if vocab_size > MAX_PADDING_FACTOR * (max(by_id) + 1) + MAX_PADDING:
+        # bounded before the work: every id up to vocab_size becomes a token entry
+        raise TargetError(f"{shown(path)}: vocabulary size {vocab_size} is far beyond the {max(by_id) + 1} ids the "
+                          "tokenizer defines; fix vocab_size in config.json or pass the target's GGUF")
 
     tokens: list[str] = []
     types: list[int] = []
@@ -132,7 +188,7 @@ def _tokenizer_metadata(folder: Path, vocab_size: int) -> list[KV]:
     writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    special = gguf.SpecialVocab(folder, load_merges=True)
+    special = _special_vocab(opened)
     if byte_level_post:
         special.add_special_token.update(bos=False, eos=False)
     special.add_to_gguf(writer, quiet=True)

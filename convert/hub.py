@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..confine import open_in, safe_name
 from ..errors import DflashError, HubError
-from ..release.licenses import LICENSE_FILE_NAMES
+from ..licenses import LICENSE_FILE_NAMES
 from .checkpoint import INDEX_NAME, MASK_EMBEDDING_NAME
 
 log = logging.getLogger(__name__)
@@ -207,13 +208,12 @@ def _quiet_progress():
 
 def _weight_files(folder: Path, ref: HubRef, revision: str) -> list[str]:
     """The safetensors files a checkpoint is read from: the index's shards, else those at the root."""
-    index = folder / INDEX_NAME
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map") or {}
-        except (OSError, json.JSONDecodeError, AttributeError):
+    if os.path.lexists(folder / INDEX_NAME):
+        try:  # the confined reader, as the checkpoint reads it; only plain names are fetched
+            weight_map = json.loads(open_in(folder, INDEX_NAME, "index file").read()).get("weight_map") or {}
+            return [safe_name(v, INDEX_NAME, "weight_map shard") for v in dict.fromkeys(weight_map.values())]
+        except (DflashError, ValueError, AttributeError, TypeError, RecursionError):
             return []  # the checkpoint reader names what is wrong with it
-        return list(dict.fromkeys(str(v) for v in weight_map.values()))
     from huggingface_hub import get_cached_repo_tree
 
     return [f.path for f in get_cached_repo_tree(ref.repo, revision=revision)
@@ -402,7 +402,8 @@ def _cached_snapshot(repo: str, revision: str | None) -> Path | None:
     sha = rev if _COMMIT.match(rev) else None
     ref_file = storage / "refs" / rev
     if sha is None and ref_file.is_file():
-        sha = ref_file.read_text().strip()
+        sha = ref_file.read_text(errors="replace")[:64].strip()
+        sha = sha if _COMMIT.match(sha) else None
     folder = storage / "snapshots" / sha if sha else None
     return folder if folder is not None and folder.is_dir() else None
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 import gguf
 
+from .. import values
 from ..errors import GGUFFormatError
+from .config_values import MAX_BLOCK_SIZE
 from . import layout
 from .compat import DrafterFacts, check_fits_target
 from .describe import describe
@@ -33,7 +35,7 @@ def legacy_facts(src: GGUFFile) -> DrafterFacts:
 
 def _copy(src: GGUFFile, name: str):
     info = src.tensors[name]
-    return lambda: [FileSpan(src.path, src.data_offset + info.offset, info.nbytes)]
+    return lambda: [FileSpan(src.path, src.data_offset + info.offset, info.nbytes, src.opened_file)]
 
 
 def plan_migration(src: GGUFFile, target: TargetInfo | None = None) -> tuple[GGUFPlan, list[str]]:
@@ -50,7 +52,8 @@ def plan_migration(src: GGUFFile, target: TargetInfo | None = None) -> tuple[GGU
 
     new = gguf.GGUFWriter(path=None, arch=ARCH)
     if (block_size := src.get(Legacy.BLOCK_SIZE)) is not None:
-        new.add_uint32(DFlash.BLOCK_SIZE, int(block_size))
+        new.add_uint32(DFlash.BLOCK_SIZE, values.integer(src.path, Legacy.BLOCK_SIZE, block_size, 2, MAX_BLOCK_SIZE,
+                                                         GGUFFormatError))
     new.add_array(DFlash.TARGET_LAYERS, [i + 1 for i in facts.target_layer_ids])
     if facts.mask_token_id is not None:
         new.add_mask_token_id(int(facts.mask_token_id))
@@ -64,8 +67,13 @@ def plan_migration(src: GGUFFile, target: TargetInfo | None = None) -> tuple[GGU
         plan.add_kv([kv])
     plan.kv.insert(0, kv_from_writer(new)[0])  # general.architecture first, as in every GGUF
     plan.add_kv(kv_from_writer(new)[1:])
+    renamed: dict[str, str] = {}
     for name, info in src.tensors.items():
         new_name = layout.LEGACY_TENSOR_RENAMES.get(name, name)
+        if new_name in renamed:
+            raise GGUFFormatError(f"{src.path}: tensors {renamed[new_name]!r} and {name!r} both become {new_name!r} "
+                                  "in the mainline layout; the legacy file holds the tensor twice: it cannot be migrated")
+        renamed[new_name] = name
         plan.tensors.append(PlannedTensor(TensorInfo(new_name, info.shape, info.type), _copy(src, name)))
     return plan, warnings
 

@@ -20,6 +20,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from ..errors import CheckpointError, TargetError
+from . import config_values as cv
 from .checkpoint import MASK_EMBEDDING_NAME, Checkpoint, DrafterCheckpoint
 from .gguf_file import GGUFFile
 from .safetensors_file import StoredTensor, iter_row_chunks, to_float32
@@ -136,13 +137,19 @@ def _in_dtype(vector: TorchTensor, dtype: str) -> np.ndarray:
 
 def read_mask_embedding(ckpt: DrafterCheckpoint) -> tuple[int, TorchTensor] | None:
     """(mask token id, vector) from the drafter's mask_embedding.pt, checked as upstream checks it."""
-    path = ckpt.folder / FILE_NAME
-    if not path.is_file():
+    opened = ckpt.mask_file
+    if opened is None:
         return None
-    data = load_torch_file(path)
-    if not isinstance(data, dict) or not isinstance(data.get("embedding"), TorchTensor):
+    path = opened.path
+    data = load_torch_file(opened)
+    if not isinstance(data, dict) or not isinstance(data.get("embedding"), TorchTensor) \
+            or not isinstance(data["embedding"].values, np.ndarray):
         raise CheckpointError(f"{path}: expected a dict with 'mask_token_id' and an 'embedding' tensor")
-    if ckpt.mask_token_id is None or data.get("mask_token_id") != ckpt.mask_token_id:
+    given = data.get("mask_token_id")
+    if not isinstance(given, int) or isinstance(given, bool):
+        raise CheckpointError(f"{path}: field 'mask_token_id' = {str(given)[:40]!r} is not an integer; "
+                              "torch.save the mask token id as an int")
+    if ckpt.mask_token_id is None or given != ckpt.mask_token_id:
         raise CheckpointError(
             f"{path}: mask_token_id {data.get('mask_token_id')!r} does not match config.json's "
             f"mask_token_id {ckpt.mask_token_id!r}; the two must name the same token")
@@ -167,9 +174,10 @@ def _target_sources(target: Path) -> tuple[Rows, Rows]:
         return embd, GGUFRows(target, head.name, head.shape, head.type)
     folder = Checkpoint(target)
     stored = folder.stored_tensors if any(folder.folder.glob("*.safetensors")) else {}
-    config = {**folder.config, **(folder.config.get("text_config") or {})}
+    config = {**folder.config, **folder.top("text_config", {})}
     embd_name = "model.embed_tokens.weight"
-    head_name = embd_name if config.get("tie_word_embeddings", False) else "lm_head.weight"
+    tied = cv.read(folder.config_path, "tie_word_embeddings", config.get("tie_word_embeddings"), False, TargetError)
+    head_name = embd_name if tied else "lm_head.weight"
     for name in (embd_name, head_name):
         if name not in stored:
             raise TargetError(

@@ -21,6 +21,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import CheckpointError
+from . import config_values as cv
 from .safetensors_file import StoredTensor, iter_row_chunks, to_float32
 
 FP8 = "F8_E4M3"
@@ -95,29 +96,46 @@ class FP8Scheme:
 
 
 def fp8_scheme(config: dict, config_path: Path) -> FP8Scheme | None:
-    """None for an unquantized checkpoint; the FP8 scheme; or a one-line refusal for the rest."""
+    """None for an unquantized checkpoint; the FP8 scheme; or a one-line refusal for the rest. Every
+    field is read as config_values declares it (a wrong type is refused, never guessed)."""
     qc = config.get("quantization_config")
     if qc is None:
         return None
-    if not isinstance(qc, dict):
-        raise CheckpointError(f"{config_path}: quantization_config is not a JSON object")
-    method = qc.get("quant_method")
-    if method == "fp8" and qc.get("fmt", "e4m3") == "e4m3":
-        block = qc.get("weight_block_size")
+    qc = cv.read(config_path, "quantization_config", qc)
+
+    def field(name: str, value, default=None):
+        return cv.read(config_path, f"quantization_config.{name}", value, default)
+
+    method = field("quant_method", qc.get("quant_method"))
+    if method == "fp8" and field("fmt", qc.get("fmt"), "e4m3") == "e4m3":
+        block = field("weight_block_size", qc.get("weight_block_size"))
+        if block is not None and len(block) != 2:
+            raise CheckpointError(f"{config_path}: field 'quantization_config.weight_block_size' = {block} is not "
+                                  "[rows, columns]; fix it in the config")
         return FP8Scheme("_scale_inv", (tuple(block),) if block else ())
-    if method == "compressed-tensors" and qc.get("format") == "float-quantized":
-        groups = [g.get("weights") or {} for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict)]
-        if groups and all(w.get("type") == "float" and w.get("num_bits") == 8 for w in groups):
+    fmt = field("format", qc.get("format"))
+    if method == "compressed-tensors" and fmt == "float-quantized":
+        groups = []
+        for group in field("config_groups", qc.get("config_groups"), {}).values():
+            group = field("config_groups", group, {})  # each group an object too
+            groups.append(field("config_groups.weights", group.get("weights"), {}))
+        if groups and all(field("config_groups.weights.type", w.get("type")) == "float"
+                          and field("config_groups.weights.num_bits", w.get("num_bits")) == 8 for w in groups):
             blocks = []
             for w in groups:
-                if w.get("block_structure"):
-                    blocks.append(tuple(w["block_structure"]))
-                elif w.get("group_size"):
-                    blocks.append((1, int(w["group_size"])))
+                structure = field("config_groups.weights.block_structure", w.get("block_structure") or None)
+                group = field("config_groups.weights.group_size", w.get("group_size") or None)
+                if structure is not None:
+                    if len(structure) != 2:
+                        raise CheckpointError(f"{config_path}: a block_structure in quantization_config is not "
+                                              "[rows, columns]; fix it in the config")
+                    blocks.append(tuple(structure))
+                elif group is not None:
+                    blocks.append((1, group))
             return FP8Scheme("_scale", tuple(blocks))
     what = repr(method)
-    if method == "compressed-tensors" and qc.get("format"):
-        what += f" (format {qc['format']!r})"
+    if method == "compressed-tensors" and fmt:
+        what += f" (format {fmt!r})"
     raise CheckpointError(
         f"{config_path}: quantization_config.quant_method = {what}: a quantized export this converter "
         "cannot dequantize (only FP8 float8_e4m3fn exports are); convert the unquantized (bf16/fp16) checkpoint")
@@ -160,6 +178,8 @@ def dequantized(tensors: dict[str, StoredTensor], config: dict, config_path: Pat
         if scale is None:
             raise CheckpointError(
                 f"{weight.file}: FP8 tensor {name!r} has no {scale_name!r}; the export is incomplete")
+        if scale.dtype not in ("F32", "BF16", "F16"):
+            raise CheckpointError(f"{scale.file}: scale {scale_name!r} has dtype {scale.dtype}; FP8 scales are floats")
         block = _block(weight, scale, scheme)
         if block is None:
             raise CheckpointError(

@@ -7,14 +7,16 @@ import math
 import mmap
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from ..confine import Opened
 from ..errors import CheckpointError, InputError
-from ..inputs import open_regular, parse_json
+from ..inputs import parse_json
+from ..terminal import shown
 from .gguf_file import FileSpan
 
 # safetensors dtype -> (numpy dtype used to read it, bytes per element)
@@ -30,6 +32,8 @@ DTYPES = {
 }
 
 MAX_HEADER = 100 * 1024 * 1024
+MAX_TENSORS = 1 << 16  # tensors in one file: a drafter has a few hundred; each costs work before it is refused
+MAX_NAME = 512         # characters of a tensor name
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class StoredTensor:
     shape: tuple[int, ...]
     start: int  # absolute byte offset in the file
     nbytes: int
+    source: Any = field(default=None, compare=False, repr=False)  # the file as opened (confine.Opened)
 
     @property
     def row_bytes(self) -> int:
@@ -47,34 +52,38 @@ class StoredTensor:
         return (self.shape[-1] if self.shape else 1) * DTYPES[self.dtype][1]
 
 
-def read_header(path: Path) -> dict[str, StoredTensor]:
-    """Parse and validate one safetensors file's header. Raises CheckpointError on anything off."""
+def read_header(source: Opened) -> dict[str, StoredTensor]:
+    """Parse and validate one safetensors file's header, from the file as it was opened. Raises
+    CheckpointError on anything off."""
+    path, size = source.path, source.size
     try:
-        with open_regular(path, "safetensors file") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            head = fh.read(8)
-            if len(head) < 8:
-                raise CheckpointError(f"{path}: {size} bytes is too short for safetensors (truncated?)")
-            (n,) = struct.unpack("<Q", head)
-            if n > MAX_HEADER or 8 + n > size:
-                raise CheckpointError(
-                    f"{path}: header length {n} does not fit in the file ({size} bytes): truncated or corrupt")
-            raw = fh.read(n)
+        head = source.pread(8, 0)
+        if len(head) < 8:
+            raise CheckpointError(f"{shown(path)}: {size} bytes is too short for safetensors (truncated?)")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER or 8 + n > size:
+            raise CheckpointError(
+                f"{shown(path)}: header length {n} does not fit in the file ({size} bytes): truncated or corrupt")
+        raw = source.pread(n, 8)
     except OSError as err:
-        raise CheckpointError(f"{path}: cannot read ({err.strerror})") from None
-    except InputError as err:
-        raise CheckpointError(str(err)) from None
+        raise CheckpointError(f"{shown(path)}: cannot read ({err.strerror})") from None
     try:
         header = parse_json(raw, f"{path}: safetensors header")
     except InputError as err:
         raise CheckpointError(f"{err}: corrupt file") from None
     if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: safetensors header is not a JSON object: corrupt file")
+        raise CheckpointError(f"{shown(path)}: safetensors header is not a JSON object: corrupt file")
+    if len(header) > MAX_TENSORS + 1:
+        raise CheckpointError(f"{shown(path)}: {len(header)} tensors in one file, more than the {MAX_TENSORS} a "
+                              "drafter checkpoint could hold: corrupt or not a drafter")
     data_start = 8 + n
     tensors: dict[str, StoredTensor] = {}
     for name, meta in header.items():
         if name == "__metadata__":
             continue
+        if len(name) > MAX_NAME or not name.isprintable():
+            raise CheckpointError(f"{shown(path)}: tensor name {shown(repr(name)[:80])} is not a tensor name "
+                                  "(too long or with control characters): corrupt file")
         try:
             dtype, shape, (begin, end) = meta["dtype"], tuple(meta["shape"]), meta["data_offsets"]
         except (KeyError, TypeError, ValueError):
@@ -93,7 +102,9 @@ def read_header(path: Path) -> dict[str, StoredTensor]:
             raise CheckpointError(
                 f"{path}: tensor {name!r} ends at byte {data_start + end} but the file has {size} bytes: "
                 "truncated download? fetch the file again")
-        tensors[name] = StoredTensor(path, name, dtype, shape, data_start + begin, expected)
+        if len(shape) > 8:
+            raise CheckpointError(f"{shown(path)}: tensor {name!r} has {len(shape)} dimensions: corrupt file")
+        tensors[name] = StoredTensor(path, name, dtype, shape, data_start + begin, expected, source)
     spans = sorted((t.start, t.start + t.nbytes, t.name) for t in tensors.values() if t.nbytes)
     for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
         if start < end:
@@ -118,17 +129,14 @@ def iter_row_chunks(t: StoredTensor, max_bytes: int = 16 << 20) -> Iterator[np.n
     row = t.row_bytes
     n_rows = t.nbytes // row if row else 0
     rows_per_chunk = max(1, max_bytes // max(row, 1))
-    fd = os.open(t.file, os.O_RDONLY)
-    try:
-        for first in range(0, n_rows, rows_per_chunk):
-            count = min(rows_per_chunk, n_rows - first)
-            want = count * row
-            buf = os.pread(fd, want, t.start + first * row)
-            if len(buf) != want:
-                raise CheckpointError(f"{t.file}: tensor {t.name!r} is cut short: truncated file")
-            yield np.frombuffer(buf, dtype=np_dtype).reshape(count, row // width)
-    finally:
-        os.close(fd)
+    fd = t.source.fileno()
+    for first in range(0, n_rows, rows_per_chunk):
+        count = min(rows_per_chunk, n_rows - first)
+        want = count * row
+        buf = os.pread(fd, want, t.start + first * row)
+        if len(buf) != want:
+            raise CheckpointError(f"{shown(t.file)}: tensor {t.name!r} is cut short: truncated file")
+        yield np.frombuffer(buf, dtype=np_dtype).reshape(count, row // width)
 
 
 def iter_spans(t: StoredTensor, rewrite: Callable[[np.ndarray], bool] | None = None,
@@ -140,20 +148,20 @@ def iter_spans(t: StoredTensor, rewrite: Callable[[np.ndarray], bool] | None = N
     row = max(t.row_bytes, 1)
     step = max(1, max_bytes // row) * row
     page = mmap.ALLOCATIONGRANULARITY
-    with open(t.file, "rb") as fh:
-        for start in range(0, t.nbytes, step):
-            length = min(step, t.nbytes - start)
-            offset = t.start + start
-            if rewrite is None:
-                yield FileSpan(t.file, offset, length)
-                continue
-            base = offset - offset % page
-            try:
-                mapped = mmap.mmap(fh.fileno(), length + offset - base, access=mmap.ACCESS_READ, offset=base)
-            except ValueError:
-                raise CheckpointError(f"{t.file}: tensor {t.name!r} is cut short: truncated file") from None
-            values = np.frombuffer(mapped, dtype=np_dtype, count=length // width, offset=offset - base)
-            chunk = values.copy() if rewrite(values) else FileSpan(t.file, offset, length)
-            del values
-            mapped.close()
-            yield chunk
+    fd = t.source.fileno()  # the file as opened and checked (confine.Opened), never reopened by name
+    for start in range(0, t.nbytes, step):
+        length = min(step, t.nbytes - start)
+        offset = t.start + start
+        if rewrite is None:
+            yield FileSpan(t.file, offset, length, t.source)
+            continue
+        base = offset - offset % page
+        try:
+            mapped = mmap.mmap(fd, length + offset - base, access=mmap.ACCESS_READ, offset=base)
+        except ValueError:
+            raise CheckpointError(f"{t.file}: tensor {t.name!r} is cut short: truncated file") from None
+        values = np.frombuffer(mapped, dtype=np_dtype, count=length // width, offset=offset - base)
+        chunk = values.copy() if rewrite(values) else FileSpan(t.file, offset, length, t.source)
+        del values
+        mapped.close()
+        yield chunk

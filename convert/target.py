@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..confine import find_in
 from ..errors import InputError, TargetError
-from ..inputs import load_json
+from ..inputs import parse_json
+from ..terminal import shown
 from . import config_values as cv
 from . import hub
 from .gguf_file import KV, GGUFFile
@@ -32,7 +34,7 @@ class TargetInfo:
     source: hub.HubSource | None = None  # the Hub repository and commit it was read from
     general: dict[str, Any] = field(default_factory=dict)  # a GGUF's general.* metadata
     fetched: dict | None = None  # for a GGUF read in place: bytes fetched, requests, metadata size
-    files: list[Path] = field(default_factory=list)  # the local files it was read from
+    files: list = field(default_factory=list)  # the local files it was read from (confine.Opened for a folder)
 
     @property
     def local_gguf(self) -> Path | None:
@@ -47,10 +49,15 @@ class TargetInfo:
         return None
 
 
-def read_files(path: Path) -> list[Path]:
-    """The local files a target is read from: its GGUF, or its folder's config and tokenizer files."""
+def read_files(path: Path) -> list:
+    """The local files a target is read from: its GGUF, or its folder's config and tokenizer files
+    (opened by the confined reader: links out of the folder are refused)."""
     if path.is_dir():
-        return [path / n for n in hub.TARGET_READ_FILES if (path / n).is_file()]
+        try:
+            found = [find_in(path, n, "target file") for n in hub.TARGET_READ_FILES]
+        except InputError as err:
+            raise TargetError(str(err)) from None
+        return [f for f in found if f is not None]
     return [path] if path.is_file() else []
 
 
@@ -78,6 +85,7 @@ def load_target(target: str | Path | hub.HubRef, vocab_size_hint: int | None = N
 
 
 def _from_gguf(gguf: GGUFFile, path: Path) -> TargetInfo:
+    general = gguf.general()  # typed: text keys are valid, control-free strings
     arch = gguf.architecture
     if not arch:
         raise TargetError(f"{path}: no {General.ARCHITECTURE} key; is this a model GGUF?")
@@ -105,40 +113,43 @@ def _from_gguf(gguf: GGUFFile, path: Path) -> TargetInfo:
         n_vocab=int(n_vocab),
         tokenizer_kv=[kv for key, kv in gguf.kv.items() if key.startswith(Tokenizer.PREFIX)],
         uses_mrope=per_arch(Model.ROPE_DIMENSION_SECTIONS, arch) in gguf.kv,
-        name=gguf.get(General.NAME),
-        repo=gguf.get(General.REPO_URL),
-        license=gguf.get(General.LICENSE),
+        name=general.get(General.NAME),
+        repo=general.get(General.REPO_URL),
+        license=general.get(General.LICENSE),
         source=hub.cache_source(path),
-        general={k: kv.value for k, kv in gguf.kv.items() if k.startswith("general.")},
+        general=general,
         files=read_files(path),
     )
 
 
 def _text_config(config: object, source: Path) -> dict:
     config = cv.mapping(source, "(the whole file)", config, TargetError)
-    return {**config, **cv.mapping(source, "text_config", config.get("text_config"), TargetError)}
+    return {**config, **cv.read(source, "text_config", config.get("text_config"), {}, TargetError)}
 
 
 def _from_hf_folder(path: Path, vocab_size_hint: int | None) -> TargetInfo:
     from .hf_vocab import tokenizer_metadata
 
     config_path = path / "config.json"
-    if not config_path.exists():
-        raise TargetError(f"{config_path}: not found; the target folder needs its config.json")
+    files = read_files(path)  # every file read from the folder, opened once
+    opened = {f.name: f for f in files}
+    if "config.json" not in opened:
+        raise TargetError(f"{shown(config_path)}: not found; the target folder needs its config.json")
     try:
-        config = _text_config(load_json(config_path, "target config"), config_path)
+        config = _text_config(parse_json(opened["config.json"].read(what="target config"), config_path), config_path)
     except InputError as err:
         raise TargetError(str(err)) from None
 
     def need(key: str) -> int:
         if key not in config:
             raise TargetError(f"{config_path}: field {key!r} is missing")
-        return cv.integer(config_path, key, config[key], 1, None, TargetError)
+        return cv.read(config_path, key, config[key], error=TargetError)
 
     n_vocab, n_embd, n_layer = need("vocab_size"), need("hidden_size"), need("num_hidden_layers")
     rope_key = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
-    rope = cv.mapping(config_path, rope_key, config.get(rope_key), TargetError)
-    tokenizer_kv = tokenizer_metadata(path, vocab_size_hint or n_vocab)  # the slow part, last
+    rope = cv.read(config_path, rope_key, config.get(rope_key), {}, TargetError)
+    name_or_path = cv.read(config_path, "_name_or_path", config.get("_name_or_path"), "", TargetError)
+    tokenizer_kv = tokenizer_metadata(path, vocab_size_hint or n_vocab, opened)  # the slow part, last
     return TargetInfo(
         path=path,
         n_embd=n_embd,
@@ -146,8 +157,8 @@ def _from_hf_folder(path: Path, vocab_size_hint: int | None) -> TargetInfo:
         n_vocab=n_vocab,
         tokenizer_kv=tokenizer_kv,
         uses_mrope="mrope_section" in rope,
-        name=str(config.get("_name_or_path") or hub.folder_name(path)),
-        repo=str(config["_name_or_path"]) if "/" in str(config.get("_name_or_path", "")) else None,
+        name=name_or_path or hub.folder_name(path),
+        repo=name_or_path if "/" in name_or_path else None,
         source=hub.cache_source(path),
-        files=read_files(path),
+        files=files,
     )

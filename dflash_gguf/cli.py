@@ -10,6 +10,9 @@ import click
 
 from . import __version__
 from .errors import DflashError
+from .inputs import reading
+from .secrets import ScrubbingStream, filter_log_handlers
+from .terminal import shown
 from .signals import exit_status, raise_on_terminate, signal_name
 
 
@@ -19,7 +22,16 @@ def _one_line(text: str) -> str:
 
 class _Group(click.Group):
     def main(self, args=None, prog_name=None, **kwargs):
-        """Every error is one line on stderr, click's usage errors too (exit 2)."""
+        """Every error is one line on stderr, click's usage errors too (exit 2); whatever is written
+        on stderr passes the secret filter (secrets.py)."""
+        stderr = sys.stderr
+        sys.stderr = ScrubbingStream(stderr)
+        try:
+            self._main(args, prog_name, **kwargs)
+        finally:
+            sys.stderr = stderr
+
+    def _main(self, args=None, prog_name=None, **kwargs):
         try:
             code = super().main(args, prog_name or "dflash-gguf", standalone_mode=False, **kwargs)
         except click.exceptions.NoArgsIsHelpError as err:  # a bare group: its help, as click shows it
@@ -27,10 +39,10 @@ class _Group(click.Group):
             sys.exit(err.exit_code)
         except click.UsageError as err:
             where = err.ctx.command_path if err.ctx is not None else "dflash-gguf"
-            click.echo(f"error: {_one_line(err.format_message())} (see `{where} --help`)", err=True)
+            click.echo(f"error: {shown(_one_line(err.format_message()))} (see `{where} --help`)", err=True)
             sys.exit(err.exit_code)
         except click.ClickException as err:
-            click.echo(f"error: {_one_line(err.format_message())}", err=True)
+            click.echo(f"error: {shown(_one_line(err.format_message()))}", err=True)
             sys.exit(err.exit_code)
         except (KeyboardInterrupt, click.Abort):
             click.echo("error: interrupted", err=True)
@@ -39,21 +51,21 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            with raise_on_terminate():
+            with raise_on_terminate(), reading():
                 return super().invoke(ctx)
         except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP: cleaned up on the way out
             status = exit_status(stop)
             click.echo(f"interrupted ({signal_name(status)})", err=True)
             sys.exit(status)
         except DflashError as err:
-            click.echo(f"error: {err}", err=True)
+            click.echo(f"error: {shown(_one_line(str(err)))}", err=True)
             sys.exit(err.exit_code)
         except BrokenPipeError:  # `dflash-gguf inspect --json x | head`: the reader left, as click treats it
             sys.stdout = open(os.devnull, "w")
             sys.exit(1)
         except OSError as err:  # an unwritable output folder, a full disk: the user's to fix
             where = f"{err.filename}: " if err.filename else ""
-            click.echo(f"error: {where}{err.strerror or err}", err=True)
+            click.echo(f"error: {shown(_one_line(f'{where}{err.strerror or err}'))}", err=True)
             sys.exit(2)
 
 
@@ -73,6 +85,7 @@ def main(verbose: bool) -> None:
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    filter_log_handlers()
 
 
 def _register() -> None:

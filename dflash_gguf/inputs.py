@@ -1,20 +1,76 @@
-"""Opening input files: regular files only, read with a bound.
+"""Opening input files: regular files only, read with a bound, and every file read remembered.
 
 A FIFO, a socket or a device given as a model, config or prompts file would block the reader
 forever or never end; they are refused with one line before anything is read. Text inputs
-(config.json, cards, prompts) are read up to a size no real one reaches.
+(config.json, cards, prompts) are read up to a size no real one reaches, and refused before a
+byte is read when larger (a 6 GiB sparse tokenizer.json costs nothing to refuse).
+
+Every file opened here or by the confined reader (confine.py) is recorded for the command that
+runs (`reading()`, which the command line enters), so that outputs.py can refuse an output that
+is a file read, by path after resolving links or by device and inode, wherever it was found.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import stat
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Iterator
 
 from .errors import InputError
+from .terminal import shown
+
+__all__ = ["TEXT_LIMIT", "open_regular", "read_bytes", "read_text", "parse_json", "load_json", "record",
+           "read_by", "read_paths_under", "reading", "shown"]
 
 TEXT_LIMIT = 64 << 20  # bytes: far above any config.json, tokenizer.json or model card
+MAX_INT_DIGITS = 40    # digits of a JSON integer: far beyond any u64 or i64 a model file holds
+
+# (device, inode) -> the resolved path, and resolved path -> the same, of every file read
+_read_ids: dict[tuple[int, int], str] = {}
+_read_paths: set[str] = set()
+_held: list[object] = []  # confined files opened during the command, closed when it ends
+
+
+def record(real: Path | str, ident: tuple[int, int], held: object | None = None) -> None:
+    _read_ids[ident] = str(real)
+    _read_paths.add(str(real))
+    if held is not None:
+        _held.append(held)
+
+
+def read_by(path: Path | str) -> str | None:
+    """The input file `path` would replace (resolved path or same device and inode), or None."""
+    real = os.path.realpath(path)
+    if real in _read_paths:
+        return real
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _read_ids.get((st.st_dev, st.st_ino))
+
+
+def read_paths_under(folder: Path | str) -> list[str]:
+    """The files read that lie inside `folder` (after resolving links)."""
+    root = os.path.realpath(folder)
+    return sorted(p for p in _read_paths if p.startswith(root.rstrip("/") + "/"))
+
+
+@contextlib.contextmanager
+def reading() -> Iterator[None]:
+    """A command's span: the record of files read starts empty and the files it held are closed."""
+    _read_ids.clear()
+    _read_paths.clear()
+    try:
+        yield
+    finally:
+        for held in _held:
+            with contextlib.suppress(Exception):
+                held.close()
+        _held.clear()
 
 
 def open_regular(path: Path | str, what: str = "file") -> BinaryIO:
@@ -22,24 +78,28 @@ def open_regular(path: Path | str, what: str = "file") -> BinaryIO:
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise InputError(f"{path}: no such {what}") from None
+        raise InputError(f"{shown(path)}: no such {what}") from None
     except OSError as err:
-        raise InputError(f"{path}: cannot open this {what} ({err.strerror})") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+        raise InputError(f"{shown(path)}: cannot open this {what} ({err.strerror})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, socket or device)"
-        raise InputError(f"{path}: this {what} is {kind}; give a regular file")
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO, socket or device)"
+        raise InputError(f"{shown(path)}: this {what} is {kind}; give a regular file")
     if hasattr(os, "set_blocking"):
         os.set_blocking(fd, True)
+    record(os.path.realpath(path), (st.st_dev, st.st_ino))
     return os.fdopen(fd, "rb")
 
 
 def read_bytes(path: Path | str, what: str = "file", limit: int = TEXT_LIMIT) -> bytes:
     with open_regular(path, what) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > limit:
+            raise InputError(f"{shown(path)}: this {what} is {size} bytes, over {limit >> 20} MiB; that is not one")
         data = fh.read(limit + 1)
     if len(data) > limit:
-        raise InputError(f"{path}: this {what} is over {limit >> 20} MiB; that is not one")
+        raise InputError(f"{shown(path)}: this {what} is over {limit >> 20} MiB; that is not one")
     return data
 
 
@@ -47,19 +107,26 @@ def read_text(path: Path | str, what: str = "file", limit: int = TEXT_LIMIT) -> 
     try:
         return read_bytes(path, what, limit).decode("utf-8")
     except UnicodeDecodeError as err:
-        raise InputError(f"{path}: this {what} is not UTF-8 text (byte {err.start})") from None
+        raise InputError(f"{shown(path)}: this {what} is not UTF-8 text (byte {err.start})") from None
 
 
-def parse_json(data: bytes | str, source: str):
-    """JSON text as Python values; InputError (naming `source`) when it is not JSON or nests too deeply."""
-    import json
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits")
+    return int(text)
 
+
+def parse_json(data: bytes | str, source: object):
+    """JSON text as Python values; InputError (naming `source`) when it is not JSON, nests too
+    deeply, or holds an integer of more than MAX_INT_DIGITS digits (parsed before it is built)."""
     try:
-        return json.loads(data)
+        return json.loads(data, parse_int=_bounded_int)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise InputError(f"{source}: not valid JSON ({err})") from None
+        raise InputError(f"{shown(source)}: not valid JSON ({err})") from None
+    except ValueError as err:
+        raise InputError(f"{shown(source)}: not valid JSON for a model file ({err}); fix the file") from None
     except RecursionError:
-        raise InputError(f"{source}: JSON nested too deeply to be a model file") from None
+        raise InputError(f"{shown(source)}: JSON nested too deeply to be a model file") from None
 
 
 def load_json(path: Path | str, what: str = "file"):

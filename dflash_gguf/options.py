@@ -12,22 +12,19 @@ from pathlib import Path
 
 import click
 
-from .runner.build import BACKENDS
-from .runner.server import STARTUP_TIMEOUT
+# Facts the options state, owned here so that the base needs nothing above it (runner/ imports them)
+BACKENDS = ("cpu", "cuda", "metal")  # the patched llama.cpp builds runner/build.py makes
+STARTUP_TIMEOUT = 300.0               # seconds for the model(s) to load before /health must say ok
 
 GGUF = click.Path(exists=True, dir_okay=False, path_type=Path)
 SERVER_ARGS_METAVAR = "[-- LLAMA_SERVER_ARGS...]"
 
 
-def target_option(*, required: bool = True, folder_ok: bool = False, hub: bool = False,
+def target_option(*, required: bool = True, folder_ok: bool = False, kind: click.ParamType | None = None,
                   help: str = "The target model GGUF."):
-    """`hub`: a Hub repo id is taken too (convert/model_param.py; the command resolves it)."""
-    if hub:
-        from .convert.model_param import ModelParam
-
-        kind = ModelParam(folder_ok=folder_ok)
-    else:
-        kind = click.Path(exists=True, dir_okay=folder_ok, path_type=Path)
+    """`kind`: another parameter type, e.g. convert/model_param.py's ModelParam, which takes a Hub repo
+    id too (the command resolves it); default: an existing GGUF file (or folder, with `folder_ok`)."""
+    kind = kind or click.Path(exists=True, dir_okay=folder_ok, path_type=Path)
     return click.option("--target", "-t", "target", required=required, help=help, type=kind)
 
 

@@ -12,6 +12,9 @@ The rules, the same for every command:
 - an output folder is never an input folder, nor a folder holding an input;
 - an existing output that is not a regular file (a folder where a file is wanted, a FIFO, a
   device) is refused;
+- an output is never a file the command has read (inputs.py records each one, by resolved path and
+  by device and inode), wherever it was found: a shard an index named, a tokenizer file, a card;
+  checked before work starts and again just before the output is put in place (`guard`);
 - an existing file is replaced only with --force (`Replace.FORCE`), or, for reports and logs
   (`Replace.OWNED`), only when it is empty or one this command wrote earlier (`owned(path)` says
   so): a report never silently replaces a file that is not a report.
@@ -27,6 +30,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from .errors import OutputError
+from .inputs import read_by, read_paths_under
+from .secrets import scrub
+from .terminal import shown
 
 # How deep, and how many entries, an input folder is walked for the files it holds (a checkpoint keeps
 # its config in a subfolder at most); a folder beyond that is still protected as a whole.
@@ -136,6 +142,7 @@ def check_outputs(outputs: Iterable[Output], inputs: Iterable[Input], *, force: 
     outputs = list(outputs)
     for out in outputs:
         path = Path(out.path)
+        guard(path, out.option, folder=out.folder)
         why = _clash(out, inputs)
         if why:
             raise OutputError(f"{out.option} {path}: {why}; an output never replaces an input, "
@@ -171,6 +178,17 @@ def check_outputs(outputs: Iterable[Output], inputs: Iterable[Input], *, force: 
         seen[real] = out.option
 
 
+def guard(out: Path | str, option: str = "output", folder: bool = False) -> None:
+    """Refuse to put `out` in place when it is a file this command read (or, for a folder, holds one)."""
+    held = read_by(out)
+    if held is None and folder:
+        held = next(iter(read_paths_under(out)), None)
+    if held is not None:
+        what = "holds" if folder and os.path.realpath(out) != held else "is"
+        raise OutputError(f"{option} {shown(out)}: {what} {shown(held)}, a file this command reads; an output never "
+                          "replaces an input, --force or not: write it elsewhere")
+
+
 def head(path: Path, n: int = 4096) -> bytes:
     """The first bytes of a regular file (b"" for anything else): what `owned` predicates look at."""
     try:
@@ -197,11 +215,13 @@ def partial_name(out: Path | str) -> Path:
 
 
 def write_text(out: Path | str, text: str) -> None:
-    """Write a small text output (a report) whole or not at all: a temporary file renamed into place."""
+    """Write a small text output (a report) whole or not at all: a temporary file renamed into place;
+    no token in it (secrets.scrub)."""
     out = Path(out)
     tmp = partial_name(out)
     try:
-        tmp.write_text(text, encoding="utf-8")
+        guard(out)
+        tmp.write_text(scrub(text), encoding="utf-8")
         os.replace(tmp, out)
     except OSError as err:
         tmp.unlink(missing_ok=True)

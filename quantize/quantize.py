@@ -29,7 +29,9 @@ from ..convert.gguf_file import GGUFFile
 from ..errors import QuantizeError
 from ..outputs import Input, Output, check_outputs, named_for, partial_name
 from ..runner.build import find_bin_dir, runtime_env
-from ..release.licenses import Kind, LicenseError, license_from_gguf
+from ..convert.gguf_license import license_from_gguf
+from ..errors import LicenseError
+from ..licenses import Kind
 
 log = logging.getLogger(__name__)
 

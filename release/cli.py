@@ -17,7 +17,7 @@ from ..quantize.quantize import ALL_TYPES
 
 @click.command(cls=ServerArgsCommand)
 @click.argument("draft_dir", metavar="DRAFT_DIR", type=ModelParam(file_ok=False, hub_gguf_ok=False))
-@target_option(folder_ok=True, hub=True, required=False,
+@target_option(kind=ModelParam(folder_ok=True), required=False,
                help="The target model: its GGUF or its Hugging Face folder (config.json, tokenizer, README.md); "
                     f"{HELP_FORMS}, or for a GGUF {HELP_GGUF_FORMS}. Variants are validated beside a GGUF target "
                     "only, and one named on the Hub only when it is in the Hugging Face cache (else only its "

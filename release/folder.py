@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..convert import layout
 from ..errors import ReleaseError
-from ..outputs import named_for, partial_name
+from ..outputs import guard, named_for, partial_name
 from . import licenses as lic
 from .license_files import target_name
 
@@ -66,6 +66,7 @@ def built_beside(out_dir: Path) -> Iterator[Path]:
         raise named_for(err, out_dir) from None
     try:
         yield tmp
+        guard(out_dir, "-o", folder=True)
         _move_into_place(tmp, out_dir)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -3,23 +3,22 @@ license fields its card states."""
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..confine import check_inside, file_in
+from ..confine import Opened, file_in, find_in
 from . import licenses as lic
 
 
 @dataclass
 class LicensePlan:
     card: dict                                             # license fields for the front matter
-    copies: dict[str, Path] = field(default_factory=dict)  # release file name -> source file
+    copies: dict[str, Opened] = field(default_factory=dict)  # release file name -> source file, as opened
     notice: str | None = None                              # NOTICE text to write, when needed
     combined: str | None = None                            # LICENSES.md text, when needed
 
 
-def _license_files(folder: Path | None) -> list[Path]:
+def _license_files(folder: Path | None) -> list[Opened]:
     if folder is None or not Path(folder).is_dir():
         return []
     found = (file_in(folder, n, "license file") for n in lic.LICENSE_FILE_NAMES)
@@ -48,8 +47,8 @@ def plan_license_files(terms: lic.Terms) -> LicensePlan:
         role = "drafter" if owner is terms.drafter else "target"
         if Path(link).is_absolute() or ".." in Path(link).parts:
             raise lic.LicenseError(f"{owner.source}: license_link {link!r} points outside the model folder")
-        src = check_inside(owner.folder / link, owner.folder, "license_link file") if owner.folder else None
-        if src is not None and src.is_file():
+        src = find_in(owner.folder, link.removeprefix("./"), "license_link file") if owner.folder else None
+        if src is not None:
             base = Path(link).name  # a release is flat: the file goes to the root
             name = renamed.get((role, link)) or (base if base not in plan.copies else target_name(base))
             plan.copies.setdefault(name, src)
@@ -60,8 +59,7 @@ def plan_license_files(terms: lic.Terms) -> LicensePlan:
             raise lic.LicenseError(f"{owner.source}: license_link {link!r} is neither a URL nor a file of the "
                                    "model folder; give its URL in the model card")
     if terms.notice:
-        parts = [p.read_text(encoding="utf-8", errors="replace").rstrip("\n")
-                 for n, p in plan.copies.items() if n == "NOTICE"]
+        parts = [lic.read_text(p).rstrip("\n") for n, p in plan.copies.items() if n == "NOTICE"]
         extra = [line for line in terms.notice.splitlines() if not any(line in p for p in parts)]
         plan.notice = "\n\n".join(parts + ["\n".join(extra)] if extra else parts) + "\n"
         plan.copies.pop("NOTICE", None)
@@ -81,7 +79,7 @@ def _combined_text(terms: lic.Terms) -> str:
 
 def write_license_files(plan: LicensePlan, folder: Path) -> None:
     for rel, src in plan.copies.items():
-        shutil.copyfile(src, folder / rel)
+        src.copy_to(folder / rel)  # the bytes of the file as it was opened and checked
     if plan.notice:
         (folder / "NOTICE").write_text(plan.notice, encoding="utf-8")
     if plan.combined:

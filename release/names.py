@@ -10,8 +10,10 @@ from ..convert import hub, layout
 from ..convert.gguf_file import GGUFFile
 from ..convert.keys import General
 from ..convert.target import TargetInfo, load_target
+from ..confine import find_in
+from ..convert import config_values as cv
 from ..errors import InputError, ReleaseError
-from ..inputs import load_json
+from ..inputs import parse_json
 from . import licenses as lic
 
 QUANT_SUFFIX = re.compile(r"[-._](F32|F16|BF16|Q\d[A-Z0-9_]*|IQ\d[A-Z0-9_]*|MXFP4[A-Z0-9_]*)$", re.IGNORECASE)
@@ -35,12 +37,15 @@ def _hub_cache_repo(path: Path) -> str | None:
     return source.repo if source else None
 
 
-def _read_json(path: Path) -> dict:
+def _name_or_path(folder: Path) -> str:
+    """config.json's `_name_or_path` (read through the confined reader, typed), "" when there is none."""
     try:
-        data = load_json(path, "config file")
+        opened = find_in(folder, "config.json", "config file")
+        data = parse_json(opened.read(what="config file"), opened.path) if opened is not None else {}
     except InputError:
-        return {}
-    return data if isinstance(data, dict) else {}
+        return ""
+    value = data.get("_name_or_path") if isinstance(data, dict) else None
+    return cv.read(folder / "config.json", "_name_or_path", value, "", ReleaseError)
 
 
 def target_facts(target: Path | TargetInfo) -> tuple[str, str | None, lic.License]:
@@ -49,7 +54,7 @@ def target_facts(target: Path | TargetInfo) -> tuple[str, str | None, lic.Licens
     its repository's card and license files declare counts too)."""
     if isinstance(target, Path) and target.is_dir():
         repo = _hub_cache_repo(target)
-        name_or_path = str(_read_json(target / "config.json").get("_name_or_path") or "")
+        name_or_path = _name_or_path(target)
         if repo is None and re.fullmatch(r"[\w.-]+/[\w.-]+", name_or_path):
             repo = name_or_path
         declared = lic.license_from_folder(target, repo)
@@ -59,7 +64,7 @@ def target_facts(target: Path | TargetInfo) -> tuple[str, str | None, lic.Licens
     else:
         path, source = target, hub.cache_source(target)
         with GGUFFile(target) as f:
-            general = {k: kv.value for k, kv in f.kv.items() if k.startswith("general.")}
+            general = f.general()
     url = general.get(General.REPO_URL) or general.get(General.SOURCE_REPO_URL)
     declared = lic.license_from_gguf(path, general)
     if source is not None and isinstance(target, TargetInfo):
@@ -79,7 +84,7 @@ def drafter_repo(draft_dir: Path) -> str | None:
     repo = _hub_cache_repo(draft_dir)
     if repo:
         return repo
-    name_or_path = str(_read_json(Path(draft_dir) / "config.json").get("_name_or_path") or "")
+    name_or_path = _name_or_path(Path(draft_dir))
     return name_or_path if re.fullmatch(r"[\w.-]+/[\w.-]+", name_or_path) else None
 
 

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .. import __version__
-from ..confine import check_inside, file_in
+from ..confine import check_inside, file_in, find_in
 from ..convert import layout
 from ..errors import DflashError, PublishError
+from ..secrets import known_secrets, scrub
 from . import licenses as lic
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,12 @@ class Upload:
     path: str    # path in the repository (POSIX)
     bytes: int
     local: str
+    # the file as opened and checked (confine.Opened): the commit sends its bytes, never what `local`
+    # names by the time the upload starts (a file swapped for a link after the listing is not followed)
+    opened: Any = field(default=None, compare=False, repr=False)
+
+    def content(self):
+        return self.opened.rewound() if self.opened is not None else self.local
 
 
 def check_repo_id(repo: str) -> str:
@@ -62,7 +70,7 @@ def plan_upload(folder: str | Path) -> tuple[list[Upload], list[str]]:
     if readme is None:
         raise PublishError(f"{folder / 'README.md'}: missing; a release needs its model card (license, base_model) "
                            "in the same commit")
-    meta, body = lic.split_front_matter(lic.read_text(readme), str(readme))
+    meta, body = lic.split_front_matter(lic.read_text(readme), str(readme.path))
     listed = release_listing(meta, body)
     uploads, ggufs, extra, skipped = [], [], [], []
     for path in sorted(folder.iterdir()):
@@ -85,16 +93,19 @@ def plan_upload(folder: str | Path) -> tuple[list[Upload], list[str]]:
         if name not in listed:
             extra.append(name)
             continue
+        opened = find_in(folder, name, "release file")  # opened once: what is checked is what is sent
+        if opened is None:
+            raise PublishError(f"{path}: vanished while the folder was read")
         if path.suffix == ".gguf":
             ggufs.append(path)
-        uploads.append(Upload(name, path.stat().st_size, str(path)))
+        uploads.append(Upload(name, opened.size, str(path), opened))
     if extra:
         more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
         raise PublishError(f"{folder}: {', '.join(extra[:5])}{more} not part of the release (its README.md does not "
                            "list them); a release holds only what its card lists: move them out of the folder")
     missing = sorted(listed - {u.path for u in uploads})
     if missing:
-        raise PublishError(f"{readme}: lists {', '.join(missing[:5])}, which the folder lacks")
+        raise PublishError(f"{readme.path}: lists {', '.join(missing[:5])}, which the folder lacks")
     if not ggufs:
         raise PublishError(f"{folder}: no dflash-*.gguf or dspark-*.gguf file to publish")
     problems = lic.publish_problems(folder, ggufs)
@@ -113,13 +124,6 @@ def _one_line(err: Exception) -> str:
     else:
         text = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
     return " ".join(text.split())
-
-
-def _scrub(text: str, secrets: list[str]) -> str:
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
 
 
 def require_token() -> str:
@@ -173,7 +177,7 @@ def commit_files(uploads: list[Upload], repo: str, *, private: bool = False, api
     api = api or HfApi()
     token = api.token if getattr(api, "token", None) else require_token()
     secrets = [token] if isinstance(token, str) else []
-    operations = [CommitOperationAdd(path_in_repo=u.path, path_or_fileobj=u.local) for u in uploads]
+    operations = [CommitOperationAdd(path_in_repo=u.path, path_or_fileobj=u.content()) for u in uploads]
     operations += [CommitOperationDelete(path_in_repo=path) for path in delete]
     summary = message or f"Upload {len(uploads)} files with dflash-gguf {__version__}"
     description = "\n".join([f"- {u.path} ({u.bytes} bytes)" for u in uploads] + [f"- removed {p}" for p in delete])
@@ -186,7 +190,7 @@ def commit_files(uploads: list[Upload], repo: str, *, private: bool = False, api
     except DflashError:
         raise
     except Exception as err:  # noqa: BLE001 - the network boundary: one line, never the token
-        raise PublishError(_scrub(f"publishing to {repo} failed: {_one_line(err)}", secrets)) from None
+        raise PublishError(scrub(f"publishing to {repo} failed: {_one_line(err)}", secrets + known_secrets())) from None
     result.commit_url = str(info.commit_url)
     result.commit_oid = str(info.oid)
     return result

@@ -19,9 +19,9 @@ from pathlib import Path
 from .. import __version__
 from ..convert import hub
 from ..convert.checkpoint import Checkpoint
-from ..convert.converter import hash_files
 from ..convert.target import read_files
 from ..errors import ReleaseError
+from ..hashing import hash_files
 from . import licenses as lic
 from .publish import PublishResult, check_repo_id, publish, require_token
 from .card import PROVENANCE_KEY, ReleaseResult
@@ -54,7 +54,7 @@ def planned_sources(draft, target) -> tuple[dict, object, object]:
         if not model.exists():
             raise ReleaseError(f"{model}: no such {role} (give a local path or a Hub repo id)")
         if role == "drafter":
-            out[role] = {"files": hash_files(model, Checkpoint(model).source_files())}
+            out[role] = {"files": hash_files(model, Checkpoint(model).sources())}
         else:
             out[role] = {"files": hash_files(model if model.is_dir() else model.parent, read_files(model))}
         pinned.append(model)

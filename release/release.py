@@ -34,7 +34,7 @@ from ..outputs import Input, Output, check_outputs
 from ..quantize.quantize import (DEFAULT_RECIPE, FLOAT_TYPES, Recipe, find_llama_quantize, get_recipe, parse_type,
                                  quantize)
 from ..runner.launch import parse_server_args, speculative_args
-from ..runner.sdist import sha256_file
+from ..hashing import sha256_file
 from . import licenses as lic
 from .card import NOT_VALIDATED, ReleaseResult, VariantResult, example_variant, render_card
 from .folder import built_beside, check_destination

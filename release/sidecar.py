@@ -187,14 +187,14 @@ def release_into(draft, into: str, types: str, *, target=None, revision: str | N
         placed = []
         for u in uploads:
             if u.path.endswith(".gguf"):
-                placed.append(Upload(posixpath.join(folder, u.path) if folder else u.path, u.bytes, u.local))
+                placed.append(Upload(posixpath.join(folder, u.path) if folder else u.path, u.bytes, u.local, u.opened))
                 continue
-            local = u.local
             if u.path == "README.md":
                 card = scratch / "README.md"
-                card.write_text(_sidecar_card(Path(u.local).read_text(encoding="utf-8")), encoding="utf-8")
-                local = str(card)
-            placed.append(Upload(f"{card_dir}/{u.path}", Path(local).stat().st_size, local))
+                card.write_text(_sidecar_card(u.opened.text(what="model card")), encoding="utf-8")
+                placed.append(Upload(f"{card_dir}/{u.path}", card.stat().st_size, str(card)))
+                continue
+            placed.append(Upload(f"{card_dir}/{u.path}", u.bytes, u.local, u.opened))
         message = f"dflash-gguf {__version__}: {built.file_prefix}-{label} drafter beside the quants " \
                   f"({', '.join(wanted)})"
         stale = _stale_variants(published, built, label, folder, files, {u.path for u in placed})

@@ -41,12 +41,12 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import LlamaBuildError
+from ..options import BACKENDS  # noqa: F401 - the option owns it; named here as before
 from ..paths import cache_dir
 from . import cuda_libs, sdist
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("cpu", "cuda", "metal")
 TARGETS = ("llama-server", "llama-cli", "llama-quantize", "llama-speculative-simple", "llama-bench")
 LIBRARY_TARGETS = ("llama", "ggml")  # built anyway as dependencies; named so a lib-only change relinks
 KEY_LENGTH = 16

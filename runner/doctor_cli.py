@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ..terminal import shown
 from ..options import GGUF, ServerArgsCommand, build_options, draft_option, json_option, target_option
 from .doctor import diagnose
 from .prompts import BUILTIN_PROMPTS, read_prompts
@@ -47,7 +48,7 @@ def doctor_command(target, draft, checkpoint, prompts_file, n_predict, no_run, b
         click.echo(json.dumps(report, indent=2))
     else:
         for f in report["findings"]:
-            click.echo(f"{f['check']:<16} {f['message']}")
+            click.echo(shown(f"{f['check']:<16} {f['message']}"))  # values from files, escaped
         m = report["measured"]
         if m is not None:
             per_position = " ".join(f"{x:.2f}" for x in m["acceptance_per_position"])

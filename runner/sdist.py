@@ -22,6 +22,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from ..hashing import sha256_file  # noqa: F401 - sdist.sha256_file, as callers name it
 from ..errors import LlamaBuildError
 from ..paths import cache_dir
 
@@ -33,14 +34,6 @@ SDIST_NAME = f"llama_cpp_python-{VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 DEFAULT_INDEX = "https://pypi.org/simple"
 TIMEOUT_S = 60
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _pip_config(name: str) -> str | None:

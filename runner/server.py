@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import LlamaBuildError, ServerError, ServerStartError
+from ..options import STARTUP_TIMEOUT  # noqa: F401 - the option owns it; named here as before
 from ..signals import raise_on_terminate
 from . import build as _build, server_log
 from .client import LlamaClient
@@ -37,7 +38,6 @@ from .client import LlamaClient
 log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
-STARTUP_TIMEOUT = 300.0   # seconds for the model(s) to load before /health must say ok
 STOP_GRACE = 10.0         # seconds between SIGTERM and SIGKILL
 
 # llama.cpp logs this while it measures memory; it is not an error

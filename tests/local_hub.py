@@ -96,6 +96,10 @@ class LocalHub(ThreadingHTTPServer):
         self.commits: dict[str, list[list[dict]]] = {}  # repo -> commit payloads received, in order
         self.fail_commit: tuple[int, dict] | None = None
         self.ignore_ranges = False  # answer range requests with the whole file, as some servers do
+        # a careless server: every error echoes the request's Authorization header, in its message
+        # and as its request id (what the secret filter must keep out of every output)
+        self.echo_authorization = False
+        self.fail_all: int | None = None  # every GET and HEAD answers this HTTP status (an error)
         # what the next range requests get instead of their bytes: an HTTP status, or "drop" (the
         # connection closed without an answer), one per request, in order
         self.fail_ranges: list[int | str] = []
@@ -227,6 +231,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(status, json.dumps(payload).encode(), headers)
 
     def _error(self, status: int, code: str | None, message: str) -> None:
+        if self.hub.echo_authorization:
+            auth = self.headers.get("Authorization", "")
+            message = f"{message} (request was sent with Authorization: {auth})"
+            headers = {"X-Request-Id": f"req-{auth}", "X-Error-Message": message}
+            if code:
+                headers["X-Error-Code"] = code
+            return self._json(status, {"error": message}, headers)
         headers = {"X-Error-Message": message}
         if code:
             headers["X-Error-Code"] = code
@@ -257,6 +268,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._route_post(self._call["path"], body)
 
     def _route_get(self) -> None:
+        if self.hub.fail_all:
+            return self._error(self.hub.fail_all, None, "the server failed this request")
         path = self._call["path"]
         parts = path.strip("/").split("/")
         if parts[0] == "_lfs" and len(parts) == 2:

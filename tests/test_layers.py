@@ -1,0 +1,101 @@
+"""Layers import one way (issue 22): dflash_gguf <- convert <- quantize/runner <- release.
+
+Every module of the package is parsed (ast, nothing is imported) and each import it makes, at the
+top or inside a function, is resolved to the layer it reaches; an import of a higher layer fails
+this test, naming the file, the line and the layer. The base (dflash_gguf/: errors, inputs, the
+confined and typed readers, the secret filter, licenses, hashing, options) imports nothing above
+it; only the command line's entry point (dflash_gguf/cli.py), which gathers every command, sits on
+top. quantize/ may use runner/ (the llama-quantize binary comes from the build), not the reverse.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = "dflash_gguf"
+# rank of each layer: a module may import its own layer and those of lower rank
+LAYERS = {"base": 0, "convert": 1, "runner": 2, "quantize": 3, "validation": 3, "release": 4, "ggml_patches": 0,
+          "entry": 9}
+ENTRY = {"dflash_gguf/cli.py"}
+
+
+def _package_dirs() -> dict[str, Path]:
+    """dflash_gguf.<sub> -> its folder, as pyproject maps them."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    mapped = config["tool"]["setuptools"].get("package-dir", {})
+    return {name: REPO / folder for name, folder in mapped.items()}
+
+
+def _layer_of_module(module: str) -> str | None:
+    """The layer of an absolute module name inside the package (None for anything outside it)."""
+    parts = module.split(".")
+    if parts[0] != PACKAGE:
+        return None
+    if len(parts) == 1:
+        return "base"
+    sub = parts[1]
+    return sub if f"{PACKAGE}.{sub}" in _package_dirs() else "base"
+
+
+def _modules() -> list[tuple[Path, str, str]]:
+    """(file, its module name, its layer) for every module of the package."""
+    out = []
+    for path in sorted((REPO / PACKAGE).glob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        out.append((path, f"{PACKAGE}.{path.stem}", "entry" if rel in ENTRY else "base"))
+    for name, folder in _package_dirs().items():
+        for path in sorted(folder.rglob("*.py")):
+            sub = ".".join(path.relative_to(folder).with_suffix("").parts)
+            out.append((path, f"{name}.{sub}", name.split(".")[1]))
+    return out
+
+
+def _imports(path: Path, module: str):
+    """(line, absolute module imported) for every import in the file."""
+    package = module.rsplit(".", 1)[0]  # a module's package (pkg.__init__ -> pkg)
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if node.module is None or _layer_of_module(target) == "base" and target == PACKAGE:
+                for alias in node.names:  # `from .. import values`: the names are modules
+                    yield node.lineno, f"{target}.{alias.name}"
+            else:
+                yield node.lineno, target
+
+
+def test_every_layer_is_declared():
+    for name in _package_dirs():
+        assert name.split(".")[1] in LAYERS, f"{name}: give its layer in tests/test_layers.py LAYERS"
+
+
+@pytest.mark.parametrize("path, module, layer", _modules(), ids=lambda v: v if isinstance(v, str) else None)
+def test_imports_go_down_the_layers(path, module, layer):
+    wrong = []
+    for line, target in _imports(path, module):
+        reached = _layer_of_module(target)
+        if reached is not None and LAYERS[reached] > LAYERS[layer]:
+            wrong.append(f"{path.relative_to(REPO)}:{line} ({layer}) imports {target} ({reached})")
+    assert not wrong, "imports against the layers (dflash_gguf <- convert <- quantize/runner <- release):\n" + \
+        "\n".join(wrong)
+
+
+def test_the_scan_sees_an_upward_import(tmp_path):
+    """The scan itself: an import of a higher layer, relative or absolute, is found."""
+    bad = tmp_path / "x.py"
+    bad.write_text("from ..release.licenses import License\nimport dflash_gguf.runner.build\n"
+                   "def f():\n    from .. import release\n")
+    found = [target for _, target in _imports(bad, "dflash_gguf.convert.x")]
+    assert [_layer_of_module(t) for t in found] == ["release", "runner", "release"], found
