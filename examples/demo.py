@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dflash_gguf.runner.validate_cli import exactness
+from dflash_gguf.validation.validate_cli import exactness
 from tests.fixtures.trained_gguf import TRAINED, trained_ggufs
 
 OUT = Path("build/demo")

@@ -15,7 +15,7 @@ from ..options import (GGUF, ServerArgsCommand, build_options, draft_option, jso
                        target_option)
 from ..outputs import Input, Output, Replace, check_outputs, write_text
 from .compare import DEFAULT_TIE_TOLERANCE
-from .prompts import BUILTIN_PROMPTS, read_prompts
+from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 from .distribution import DEFAULT_ALPHA
 from .validate import ValidationSettings, is_report, validate, verdict
 from .validate_sampled import Sampling, validate_distribution

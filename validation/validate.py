@@ -19,38 +19,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 from ..convert import hub
 from ..convert.hub import HubRef
 from ..errors import InputError
+from ..runner.build import build_info, find_bin_dir
+from ..runner.client import Completion, LlamaClient
+from ..runner.launch import Launch, launch_recipe
+from ..runner.measure import (Progress, ServerRun, acceptance_rate, mean_acceptance_length, measuring_launch,
+                              tokenize_prompts)
 from . import compare
-from .build import find_bin_dir
-from .client import Completion, LlamaClient
-from .launch import CTX_SIZE, Launch, launch_recipe
 from .teacher_forcing import TeacherForcing
 
 log = logging.getLogger(__name__)
-Progress = Callable[[str], None]
-
-
-@dataclass
-class ServerRun:
-    """One server's answers to every prompt: in flight together (-np P) and, for speed, one by one."""
-
-    completions: list[Completion]
-    sequential: list[Completion]
-
-    def totals(self) -> dict:
-        produced = sum(c.n_predicted for c in self.completions)
-        drafted = sum(c.draft_n for c in self.completions)
-        accepted = sum(c.draft_n_accepted for c in self.completions)
-        return {"produced": produced, "drafted": drafted, "accepted": accepted}
-
-    def tokens_per_second(self) -> float:
-        tokens = sum(c.n_predicted for c in self.sequential)
-        ms = sum(float(c.timings.get("predicted_ms", 0.0)) for c in self.sequential)
-        return tokens / (ms / 1000.0) if ms > 0 else 0.0
 
 
 @dataclass
@@ -84,15 +66,6 @@ def _reference_parity(settings: ValidationSettings, prompt_ids: list[list[int]],
             "prompts": [{"tokens": len(r.tokens), "mean_acceptance_length": round(r.tau, 4)} for r in runs]}
 
 
-def measuring_launch(launch: Launch, prompts: Sequence[str], n_predict: int) -> Launch:
-    """What measuring adds to the recipe: room in every slot for the longest prompt (a generous
-    bound: its bytes) and the new tokens, unless the user's arguments set the context size."""
-    if launch.user_value(CTX_SIZE) is not None:
-        return launch
-    per_slot = max(len(p.encode()) for p in prompts) + n_predict + 64
-    return launch.adding("-c", str(per_slot * launch.parallel))
-
-
 def run_server(launch: Launch, prompts: list[list[int]] | Sequence[str], settings: ValidationSettings,
                 bin_dir: Path, label: str, progress: Progress) -> tuple[ServerRun, list[list[int]], list[str]]:
     """Answer every prompt; text prompts are tokenized by this server first (returned with the run),
@@ -116,22 +89,6 @@ def run_server(launch: Launch, prompts: list[list[int]] | Sequence[str], setting
         command = server.command()
         progress(f"{label}: done")
     return ServerRun(completions, sequential), prompts, command
-
-
-def tokenize_prompts(client: LlamaClient, prompts: Sequence[str]) -> list[list[int]]:
-    ids = [client.tokenize(p, add_special=True, parse_special=True) for p in prompts]
-    for prompt, tokens in zip(prompts, ids):
-        if not tokens:
-            raise InputError(f"prompt {prompt[:40]!r} tokenizes to nothing; give a non-empty prompt")
-    return ids
-
-
-def build_info(bin_dir: Path, backend: str | None) -> dict:
-    """Which patched build ran: backend, build key, bin folder."""
-    manifest = bin_dir.parent / "build.json"
-    build = json.loads(manifest.read_text()) if manifest.is_file() else {}
-    return {"backend": build.get("backend", backend), "build": build.get("key", bin_dir.parent.name),
-            "bin": str(bin_dir)}
 
 
 def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], settings: ValidationSettings,
@@ -171,9 +128,9 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
     return {
         "exact": all(r["exact"] for r in results),
         "prompts": results,
-        "mean_acceptance_length": round(compare.mean_acceptance_length(
+        "mean_acceptance_length": round(mean_acceptance_length(
             totals["produced"], totals["accepted"], len(prompt_ids)), 4),
-        "acceptance_rate": round(compare.acceptance_rate(totals["drafted"], totals["accepted"]), 4),
+        "acceptance_rate": round(acceptance_rate(totals["drafted"], totals["accepted"]), 4),
         "drafted": totals["drafted"], "accepted": totals["accepted"], "produced": totals["produced"],
         "positions_checked": sum(r["positions_checked"] for r in results),
         "tokens_per_second": {"target": round(tps_target, 2), "speculative": round(tps_spec, 2)},
@@ -192,7 +149,7 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
 
 
 REPORT_KEYS = ("prompts", "mean_acceptance_length")
-REPORT_KINDS = ("divergences", "distribution")  # greedy, or --temperature (runner/validate_sampled.py)
+REPORT_KINDS = ("divergences", "distribution")  # greedy, or --temperature (validation/validate_sampled.py)
 _REPORT_MAX_BYTES = 256 << 20
 
 
