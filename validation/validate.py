@@ -2,12 +2,14 @@
 
 The patched llama-server runs the same prompts (as token ids) twice, with the drafter and without,
 greedy, each started by the launch recipe `serve` uses (runner/launch.py) with the user's own
-arguments; validate adds only a context size when none is given, and its report says so. Every
-token the speculative run emitted is then checked against the target's own logits at its position
-(one teacher-forced pass, in-process through llama-cpp-python on the same patched libllama): the
-argmax passes, a token within the tie tolerance of it is a floating-point near-tie, anything else a
-mismatch. Acceptance comes from the server's per-request `timings`; speed from a
-sequential pass of each server on the same build and prompts.
+arguments; validate adds a context size when none is given and the debug verbosity that logs the
+server's steps, and its report says so. Every token the speculative run emitted is then proven
+against the batch that produced it: the target alone, in-process on the same patched libllama
+with the server's context, evaluates the run's own batches again (validation/replay.py, from the
+steps in the server's log, validation/server_steps.py), and each emitted token must be its
+argmax there (validation/lossless.py). Whether the output is also identical to the target-alone
+run is reported apart, with the first difference explained. Acceptance comes from the server's
+per-request `timings`; speed from a sequential pass of each server on the same build and prompts.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,7 +33,9 @@ from ..runner.launch import Launch, launch_recipe
 from ..runner.measure import (Progress, ServerRun, acceptance_rate, mean_acceptance_length, measuring_launch,
                               tokenize_prompts)
 from . import compare
-from .teacher_forcing import TeacherForcing
+from .lossless import MISMATCH, NUMERICAL, judge, noise_by_width
+from .replay import Replay, ServerContext
+from .server_steps import DEBUG_ARGS, read_steps
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +45,7 @@ class ValidationSettings:
     n_predict: int = 64
     parallel: int | None = None          # requests in flight = llama-server slots; None: -np after --, else 1
     temperature: float = 0.0
-    tie_tolerance: float = compare.DEFAULT_TIE_TOLERANCE
+    exact: bool = False                  # serve's --exact: the batch-invariant kernels (runner/launch.py)
     threads: int | None = None           # llama-server -t
     backend: str | None = None           # which patched build (or llama_bin: any build's bin folder)
     llama_bin: Path | None = None
@@ -67,13 +72,14 @@ def _reference_parity(settings: ValidationSettings, prompt_ids: list[list[int]],
 
 
 def run_server(launch: Launch, prompts: list[list[int]] | Sequence[str], settings: ValidationSettings,
-                bin_dir: Path, label: str, progress: Progress) -> tuple[ServerRun, list[list[int]], list[str]]:
+                bin_dir: Path, label: str, progress: Progress, log_path: Path | None = None
+                ) -> tuple[ServerRun, list[list[int]], list[str]]:
     """Answer every prompt; text prompts are tokenized by this server first (returned with the run),
-    and so is the command line the server ran."""
+    and so is the command line the server ran. `log_path` keeps the server's log there."""
     def ask(client: LlamaClient, ids: list[int]) -> Completion:
         return client.complete(ids, settings.n_predict, temperature=settings.temperature, seed=0, cache_prompt=False)
 
-    with launch.server(bin_dir=bin_dir) as server:
+    with launch.server(bin_dir=bin_dir, log_path=log_path) as server:
         client = server.client
         if prompts and isinstance(prompts[0], str):
             prompts = tokenize_prompts(client, prompts)
@@ -91,6 +97,39 @@ def run_server(launch: Launch, prompts: list[list[int]] | Sequence[str], setting
     return ServerRun(completions, sequential), prompts, command
 
 
+def _check_tokens(spec: ServerRun, alone: ServerRun, prompt_ids: list[list[int]], steps_log: Path, command: list[str],
+                  model: Path, bin_dir: Path, n_ctx: int, progress: Progress) -> tuple[list, dict]:
+    """Replay the one-at-a-time speculative pass batch by batch on `model` alone, and plain decoding
+    of the target-alone pass; judge every token. The judgements per prompt, and what the replay was."""
+    tasks = read_steps(steps_log)[-len(prompt_ids):]  # the last requests are the one-at-a-time pass
+    context = ServerContext.from_args(command[1:], n_ctx)
+    noise: dict[int, float] = {}
+    runs = []
+    with Replay(model, context, bin_dir=bin_dir) as replay:
+        progress(f"replaying every verify batch of the speculative run on {model.name} alone")
+        for ids, s, t, task in zip(prompt_ids, spec.sequential, alone.sequential, tasks):
+            plain = replay.plain(ids, t.tokens)
+            rows = replay.run(ids, s.tokens, task.steps) if not task.restored else []
+            agree = compare.first_divergence(s.tokens, t.tokens)
+            noise_by_width(rows, plain, len(rows) if agree is None else agree, noise)
+            runs.append((s, t, rows, plain))
+    reproduced = sum(sum(r.margin == 0 for r in plain) for *_, plain in runs)
+    alone_tokens = sum(len(t.tokens) for _, t, _, _ in runs)
+    exact = reproduced == alone_tokens
+    tolerance = 0.0 if exact else max(noise.values(), default=0.0)
+    judgements = [judge(s.tokens, t.tokens, rows, plain, tolerance) for s, t, rows, plain in runs]
+    replay_info = {
+        "exact": exact, "alone_tokens": alone_tokens, "alone_tokens_reproduced": reproduced,
+        "tolerance": round(tolerance, 6),
+        "tolerance_source": "none needed: the replay reproduced every token of the target-alone run" if exact else
+        "the replay did not reproduce the target-alone run; margins up to the largest batching noise "
+        "measured in this run (noise_by_width) count as numerical",
+        "noise_by_width": {str(w): round(v, 6) for w, v in sorted(noise.items())},
+        "context": dataclasses.asdict(context), "model": str(model),
+    }
+    return judgements, replay_info
+
+
 def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], settings: ValidationSettings,
              baseline: str | Path | None = None, progress: Progress | None = None) -> dict:
     """Run both servers and build the report (the JSON `--json` prints and `--report` writes)."""
@@ -100,33 +139,37 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
     if settings.reference_draft is not None:  # fetched before the servers run, so a Hub error comes first
         settings = dataclasses.replace(settings, reference_draft=hub.drafter_folder(settings.reference_draft),
                                        reference_target=hub.target_folder(settings.reference_target, weights=True))
-    launch = measuring_launch(launch_recipe(target, draft, parallel=settings.parallel,
+    launch = measuring_launch(launch_recipe(target, draft, parallel=settings.parallel, exact=settings.exact,
                                             server_args=settings.user_server_args()),
-                              prompts, settings.n_predict)
+                              prompts, settings.n_predict).adding(*DEBUG_ARGS)
     bin_dir = find_bin_dir(settings.backend, settings.llama_bin)
-    spec, prompt_ids, spec_command = run_server(launch, list(prompts), settings, bin_dir, "speculative", progress)
-    alone, _, alone_command = run_server(launch.alone(baseline), prompt_ids, settings, bin_dir, "target alone",
-                                          progress)
+    n_ctx = max(len(p.encode()) for p in prompts) + settings.n_predict + 64
+    with tempfile.TemporaryDirectory(prefix="dflash-validate-") as logs:
+        steps_log = Path(logs) / "speculative.log"
+        spec, prompt_ids, spec_command = run_server(launch, list(prompts), settings, bin_dir, "speculative",
+                                                    progress, log_path=steps_log)
+        alone, _, alone_command = run_server(launch.alone(baseline), prompt_ids, settings, bin_dir, "target alone",
+                                              progress)
+        judgements, replay_info = _check_tokens(spec, alone, prompt_ids, steps_log, spec_command, baseline, bin_dir,
+                                                n_ctx * launch.parallel, progress)
 
     results, divergences = [], []
-    n_ctx = max(len(ids) for ids in prompt_ids) + settings.n_predict + 1
-    with TeacherForcing(baseline, n_ctx, bin_dir=bin_dir, threads=settings.threads) as forced:
-        progress(f"checking every emitted token against {baseline.name}'s own logits (teacher-forced)")
-        for text, ids, s, t in zip(prompts, prompt_ids, spec.completions, alone.completions):
-            findings = forced.check(ids, s.tokens, settings.tie_tolerance)
-            kinds = [f.kind for f in findings]
-            results.append({"prompt": text, "exact": s.tokens == t.tokens, "tokens": len(t.tokens),
-                            "produced": s.n_predicted, "positions_checked": len(s.tokens),
-                            "first_divergence": compare.first_divergence(s.tokens, t.tokens),
-                            "ties": kinds.count(compare.TIE), "mismatches": kinds.count(compare.MISMATCH),
-                            "draft_n": s.draft_n, "draft_n_accepted": s.draft_n_accepted})
-            divergences += [{"prompt": text, **f.to_dict()} for f in findings]
+    for text, s, seq, t, j in zip(prompts, spec.completions, spec.sequential, alone.completions, judgements):
+        # in flight together (-np > 1), a prompt's tokens are proven when they are the one-at-a-time pass's
+        checked = j.checked if s.tokens == seq.tokens else min(j.checked, compare.first_divergence(s.tokens, seq.tokens))
+        results.append({"prompt": text, "exact": s.tokens == t.tokens, "lossless": not j.mismatches,
+                        "tokens": len(t.tokens), "produced": s.n_predicted, "positions_checked": checked,
+                        "first_divergence": compare.first_divergence(s.tokens, t.tokens),
+                        "numerical": j.numerical, "mismatches": j.mismatches,
+                        "draft_n": s.draft_n, "draft_n_accepted": s.draft_n_accepted})
+        divergences += [{"prompt": text, **f.to_dict()} for f in j.findings]
 
     totals = spec.totals()
     reference = _reference_parity(settings, prompt_ids, progress)
     tps_target, tps_spec = alone.tokens_per_second(), spec.tokens_per_second()
     return {
         "exact": all(r["exact"] for r in results),
+        "lossless": all(r["lossless"] for r in results),
         "prompts": results,
         "mean_acceptance_length": round(mean_acceptance_length(
             totals["produced"], totals["accepted"], len(prompt_ids)), 4),
@@ -136,9 +179,10 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
         "tokens_per_second": {"target": round(tps_target, 2), "speculative": round(tps_spec, 2)},
         "speedup": round(tps_spec / tps_target, 3) if tps_target else None,
         "divergences": divergences,
-        "settings": {"n_predict": settings.n_predict, "parallel": launch.parallel,
-                     "temperature": settings.temperature, "tie_tolerance": settings.tie_tolerance,
-                     "draft_max": launch.draft_length, "baseline": str(baseline)},
+        "replay": replay_info,
+        "settings": {"n_predict": settings.n_predict, "parallel": launch.parallel, "exact": settings.exact,
+                     "temperature": settings.temperature, "draft_max": launch.draft_length,
+                     "baseline": str(baseline)},
         # serve's recipe, the user's arguments after --, and what validate added for measuring
         "launch": {**launch.summary(), "speculative_command": spec_command, "target_command": alone_command},
         "llama": build_info(bin_dir, settings.backend),
@@ -166,9 +210,9 @@ def is_report(path: Path) -> bool:
 
 
 def verdict(report: dict, strict: bool) -> int:
-    """Exit status: 0 when every emitted token was checked and is the target's (ties allowed unless
-    strict), 1 otherwise."""
+    """Exit status: 0 when every emitted token was checked and is the target's choice in its batch
+    (lossless; with `strict`, also identical to the target alone), 1 otherwise."""
     kinds = {d["kind"] for d in report["divergences"]}
-    if compare.MISMATCH in kinds or (strict and compare.TIE in kinds):
+    if MISMATCH in kinds or (strict and (NUMERICAL in kinds or not report.get("exact", True))):
         return 1
     return 0 if report.get("positions_checked") == report.get("produced") else 1
