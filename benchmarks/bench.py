@@ -211,7 +211,7 @@ def _tensor_types(path: Path) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------
 
 def _validate(models: Models, draft: Path, n_predict: int, parallel: int, reference: str | None = None) -> dict:
-    from dflash_gguf.runner.validate import ValidationSettings, validate
+    from dflash_gguf.validation.validate import ValidationSettings, validate
 
     settings = ValidationSettings(n_predict=n_predict, parallel=parallel, backend=BACKEND)
     if reference:
@@ -407,7 +407,7 @@ def profile_section(models: Models, n_predict: int, rounds: int = 3) -> list[dic
     drafter's own cumulative timers (begin, draft, accept) against the server's generation time."""
     from dflash_gguf.runner.build import find_bin_dir
     from dflash_gguf.runner.launch import launch_recipe
-    from dflash_gguf.runner.validate import measuring_launch
+    from dflash_gguf.runner.measure import measuring_launch
 
     bin_dir = find_bin_dir(BACKEND)
     log_dir = WORK / models.kind / "logs"

@@ -59,7 +59,7 @@ def targets(original: Path, work: Path, backend: str) -> dict[tuple[str, str], P
 
 
 def _settings(n_predict: int, backend: str):
-    from dflash_gguf.runner.validate import ValidationSettings
+    from dflash_gguf.validation.validate import ValidationSettings
 
     return ValidationSettings(n_predict=n_predict, parallel=1, backend=backend, server_args=list(SERVER_ARGS))
 
@@ -73,7 +73,7 @@ def regime_section(models, n_predict: int, repeats: int, work: Path, validate_ro
     tokens, drafting and overhead left out); the proof that the memory-bound targets keep the
     original's tokens; and the step decomposition of each regime at F16."""
     from dflash_gguf.runner.launch import read_draft
-    from dflash_gguf.runner.validate import validate
+    from dflash_gguf.validation.validate import validate
 
     paths = targets(models.target, work, backend)
     proofs = []

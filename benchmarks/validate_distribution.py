@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 from dflash_gguf.runner.prompts import read_prompts
-from dflash_gguf.runner.validate import ValidationSettings
-from dflash_gguf.runner.validate_sampled import Sampling, validate_distribution
+from dflash_gguf.validation.validate import ValidationSettings
+from dflash_gguf.validation.validate_sampled import Sampling, validate_distribution
 from tests.fixtures.trained_gguf import trained_ggufs
 from tests.gguf_edit import scaled_copy
 

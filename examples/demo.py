@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dflash_gguf.runner.validate_cli import exactness
 from dflash_gguf.runner.verdict import speed_verdict
+from dflash_gguf.validation.validate_cli import exactness
 from tests.fixtures.trained_gguf import TRAINED, trained_ggufs
 
 OUT = Path("build/demo")

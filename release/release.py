@@ -41,8 +41,8 @@ from .folder import built_beside, check_destination
 from .license_files import LicensePlan, plan_license_files, write_license_files
 from .names import drafter_repo, resolve_target, safe_name, target_facts, variant_file
 
-if TYPE_CHECKING:  # runner.validate is imported where a release runs it
-    from ..runner.validate import ValidationSettings
+if TYPE_CHECKING:  # validation.validate is imported where a release runs it
+    from ..validation.validate import ValidationSettings
 
 
 Progress = Callable[[str], None]
@@ -65,7 +65,7 @@ def _not_validated(why: str) -> dict:
 
 
 def validate_variant(target: Path | TargetInfo, draft_path: Path, settings=None) -> dict:
-    """Run `validate` (runner/validate.py) on one variant beside its target, on the built-in prompts
+    """Run `validate` (validation/validate.py) on one variant beside its target, on the built-in prompts
     with `settings` (its build and llama-server arguments are the release's).
 
     Returns {"validated": bool, "tau": float | None, "speedup": float | None, "note": str}: tau is
@@ -75,7 +75,7 @@ def validate_variant(target: Path | TargetInfo, draft_path: Path, settings=None)
     and leaves nothing behind. For a target given as a folder (llama-server needs the target's
     GGUF) the card says "not validated".
     """
-    from ..runner import validate as validator
+    from ..validation import validate as validator
     from ..runner.prompts import BUILTIN_PROMPTS
 
     if isinstance(target, TargetInfo):
@@ -244,7 +244,7 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
     if any(t not in FLOAT_TYPES for t in wanted):
         find_llama_quantize(llama_bin, backend)  # fail now, not after the conversion
 
-    from ..runner.validate import ValidationSettings
+    from ..validation.validate import ValidationSettings
 
     validation = (None if skip_validate
                   else ValidationSettings(backend=backend, llama_bin=llama_bin, server_args=list(server_args)))

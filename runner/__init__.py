@@ -1,1 +1,1 @@
-"""The pinned llama.cpp: fetch, patch, build, run llama-server, validate."""
+"""The pinned llama.cpp: fetch, patch, build, run llama-server, measure and tune it (validation/ checks it)."""

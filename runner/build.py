@@ -644,3 +644,11 @@ def build(backend: str | None = None, source_dir: Path | None = None, jobs: int 
             raise
     progress(f"installed {root / 'bin'}")
     return BuildResult(key=key, root=root, manifest=manifest, built=True)
+
+
+def build_info(bin_dir: Path, backend: str | None) -> dict:
+    """Which patched build ran: backend, build key, bin folder."""
+    manifest = bin_dir.parent / "build.json"
+    build = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    return {"backend": build.get("backend", backend), "build": build.get("key", bin_dir.parent.name),
+            "bin": str(bin_dir)}

@@ -48,6 +48,12 @@ _API_KEY = ("--api-key",)
 _API_KEY_FILE = ("--api-key-file",)
 CTX_SIZE = ("-c", "--ctx-size")
 
+# `--exact`: what makes the CPU build batch-invariant for verification, so that speculative greedy
+# output is token-identical to plain decoding (docs/validate.md, "Exact mode", for the measurements):
+# without repacking, every quantized matrix product of a verify batch runs the same per-row kernels
+# as one token does.
+EXACT_ARGS = ("--no-repack",)
+
 
 def _split(arg: str) -> tuple[str, str | None]:
     """`--port=8080` -> ("--port", "8080"); `--port` -> ("--port", None)."""
@@ -182,6 +188,7 @@ class Launch:
     api_key: str | None = None
     user_args: tuple[str, ...] = ()
     added: tuple[str, ...] = ()     # what a command adds for its own purpose (validate: -c N)
+    exact: bool = False             # EXACT_ARGS: batch-invariant verification
     warnings: tuple[str, ...] = ()  # the pair check's, for the command line to print once
 
     @property
@@ -197,7 +204,7 @@ class Launch:
     def args(self) -> list[str]:
         """Everything after `-m TARGET --host HOST --port PORT`."""
         return [*self.speculative_args(), "--metrics", "--parallel", str(self.parallel),
-                *self.added, *self.user_args]
+                *(EXACT_ARGS if self.exact else ()), *self.added, *self.user_args]
 
     def user_value(self, flags: Sequence[str]) -> str | None:
         return ServerArgs(self.user_args).value_of(flags)
@@ -217,16 +224,18 @@ class Launch:
 
     def summary(self) -> dict[str, Any]:
         """What a report says about the launch."""
-        return {"recipe": [*self.speculative_args(), "--metrics", "--parallel", str(self.parallel)],
+        return {"recipe": [*self.speculative_args(), "--metrics", "--parallel", str(self.parallel),
+                           *(EXACT_ARGS if self.exact else ())],
                 "user_args": list(self.user_args), "added": list(self.added)}
 
 
 def launch_recipe(target: str | Path, draft: str | Path | None, *, parallel: int | None = None,
                   draft_max: int | None = None, host: str | None = None, port: int | None = None,
-                  server_args: Sequence[str] = (), check: bool = True) -> Launch:
+                  server_args: Sequence[str] = (), check: bool = True, exact: bool = False) -> Launch:
     """The launch for `target` with `draft` as its drafter. Options left None take the value given
     after `--` (`server_args`), else the recipe's default. `check` applies the converter's rules to
-    the pair first (DflashError before any process starts); its warnings come back in the Launch."""
+    the pair first (DflashError before any process starts); its warnings come back in the Launch.
+    `exact` adds EXACT_ARGS (batch-invariant verification)."""
     given = parse_server_args(server_args)
     desc = read_draft(draft) if draft is not None else None
     warnings = tuple(check_pair(target, desc)) if desc is not None and check else ()
@@ -236,7 +245,7 @@ def launch_recipe(target: str | Path, draft: str | Path | None, *, parallel: int
         draft_max=_once("draft_max", draft_max, given),
         host=_once("host", host, given) or DEFAULT_HOST,
         port=_once("port", port, given),
-        api_key=given.api_key, user_args=given.passthrough, warnings=warnings)
+        api_key=given.api_key, user_args=given.passthrough, warnings=warnings, exact=exact)
 
 
 def dflash_server(target: str | Path, draft: str | Path | None, *, server_args: Sequence[str] = (),

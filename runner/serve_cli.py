@@ -19,13 +19,12 @@ from ..options import (
     target_option,
 )
 from ..outputs import Input, Output, Replace, check_outputs
-from .build import find_bin_dir
+from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient, Metrics
 from . import tuned
 from .launch import Launch, launch_recipe
 from .server import LlamaServer, stop_on_signals
 from .server_log import is_server_log
-from .validate import build_info
 
 
 def _start(target: Path, draft: Path, *, backend: str | None, llama_bin: Path | None, host: str | None,

@@ -3,7 +3,7 @@
 Every setting is one llama-server started by serve's launch recipe (runner/launch.py) with tune's
 flags added before the user's own arguments: `-t` threads, `--spec-draft-n-max` (at most the
 drafter's trained length, convert/describe.py) and `--spec-draft-p-min`; or the target alone. Its
-speed is measured as validate measures it (runner/validate.py: a warm-up, then the prompts one at
+speed is measured as validate measures it (validation/validate.py: a warm-up, then the prompts one at
 a time as token ids, greedy; tokens / generation time from the server's own timings).
 
 Timings on a shared machine drift from second to second, so no two speeds taken at different
@@ -43,12 +43,11 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..errors import ServerArgsError, ServerError, ServerStartError
-from . import compare
-from .build import find_bin_dir
+from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient
 from .launch import launch_recipe, parse_server_args, read_draft
 from .server import LlamaServer
-from .validate import Progress, ServerRun, build_info, measuring_launch, tokenize_prompts
+from .measure import Progress, ServerRun, mean_acceptance_length, measuring_launch, tokenize_prompts
 from .verdict import DEFAULT_MIN_SPEEDUP, drafting_pays
 
 THREADS = ("-t", "--threads")
@@ -145,7 +144,7 @@ class Candidate:
     def tau(self) -> float | None:
         if not self.setting.drafting or not self.produced:
             return None
-        return compare.mean_acceptance_length(self.produced, self.accepted, self.requests)
+        return mean_acceptance_length(self.produced, self.accepted, self.requests)
 
     def to_dict(self) -> dict:
         return {"setting": self.setting.to_dict(), "label": self.setting.label(), "against": self.against,

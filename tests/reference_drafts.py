@@ -9,7 +9,7 @@ the block's positions 1..n_draft. The same as one step of `dflash.model.dflash_g
 `llama-speculative-simple` starts with context = prompt[:-1], id_last = prompt[-1];
 `llama-server` with context = the whole prompt, id_last = the target's first sampled token.
 
-DSpark drafters (`dflash_gguf.runner.dspark_reference`, anchor-first) draft from a block
+DSpark drafters (`dflash_gguf.validation.dspark_reference`, anchor-first) draft from a block
 `[id_last, mask x (n_draft-1)]`, every position through the Markov chain; with `p_min` the draft
 stops before the first position whose confidence is below it, as llama.cpp's `--spec-draft-p-min`.
 
@@ -32,7 +32,7 @@ def _target(target_dir: str):
 
 @functools.lru_cache(maxsize=8)
 def _drafter(drafter_dir: str):
-    from dflash_gguf.runner.reference import drafter_class
+    from dflash_gguf.validation.reference import drafter_class
     return drafter_class(Path(drafter_dir)).from_pretrained(drafter_dir, dtype=torch.float32).eval()
 
 

@@ -2,15 +2,9 @@
 
 import numpy as np
 
-from dflash_gguf.runner.compare import (
-    MISMATCH,
-    TIE,
-    acceptance_rate,
-    check_tokens,
-    first_divergence,
-    mean_acceptance_length,
-)
-from dflash_gguf.runner.validate import verdict
+from dflash_gguf.runner.measure import acceptance_rate, mean_acceptance_length
+from dflash_gguf.validation.compare import MISMATCH, TIE, check_tokens, first_divergence
+from dflash_gguf.validation.validate import verdict
 
 
 def logits_with(top: int, runner_up: int, gap: float, vocab: int = 10) -> np.ndarray:

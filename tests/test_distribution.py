@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from dflash_gguf.runner.distribution import (
+from dflash_gguf.validation.distribution import (
     DIFFERENT,
     ENDED,
     SAME,

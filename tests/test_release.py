@@ -215,10 +215,10 @@ def test_other_license_link_outside_the_folder_is_refused(drafter_copy, target_g
 # -- validation ----------------------------------------------------------------------------------
 
 def _fake_validator(monkeypatch, report: dict, calls: list) -> None:
-    """A stand-in for runner/validate.py's validate(target, draft, prompts, settings): the real one
+    """A stand-in for validation/validate.py's validate(target, draft, prompts, settings): the real one
     runs two llama-servers per variant (its own tests run it); here only what release does with
     its report and which settings it passes are checked."""
-    from dflash_gguf.runner import validate as validator
+    from dflash_gguf.validation import validate as validator
 
     def validate(target, draft, prompts, settings):
         calls.append((Path(target), Path(draft).name, len(prompts), settings))

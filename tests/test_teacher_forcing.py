@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dflash_gguf.runner.compare import DEFAULT_TIE_TOLERANCE, MISMATCH, TIE
+from dflash_gguf.validation.compare import DEFAULT_TIE_TOLERANCE, MISMATCH, TIE
 from dflash_gguf.runner.prompts import read_prompts
 from dflash_gguf.runner.launch import speculative_args
 from dflash_gguf.runner.server import LlamaServer
-from dflash_gguf.runner.teacher_forcing import TeacherForcing
+from dflash_gguf.validation.teacher_forcing import TeacherForcing
 
 pytestmark = pytest.mark.integration
 

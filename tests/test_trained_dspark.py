@@ -1,6 +1,6 @@
 """The trained DSpark drafter (tests/fixtures/trained/dspark, `python -m training.train_pair --stage
 dspark`) in the patched llama-server, `--spec-type draft-dspark`: every draft of a greedy run is
-what the PyTorch DSpark reference (dflash_gguf.runner.dspark_reference: the DFlash layers, the
+what the PyTorch DSpark reference (dflash_gguf.validation.dspark_reference: the DFlash layers, the
 Markov chain and the confidence head as the pinned graph computes them) drafts from the same
 context, token for token; with `--spec-draft-p-min` the draft stops where the reference's
 confidence does. Losslessness and acceptance are tests/test_trained_gguf.py's (validate).

@@ -1,7 +1,7 @@
 """The trained pair through llama.cpp (`make fixtures` files): the target converter's GGUF decodes
 exactly transformers' recorded greedy tokens, and the drafters (DFlash, DFlash 2, DSpark) are
 lossless in the patched llama-server with the acceptance the PyTorch reference measures on the same
-prompts (z-lab's `dflash_generate`; DSpark's `dflash_gguf.runner.dspark_reference`)."""
+prompts (z-lab's `dflash_generate`; DSpark's `dflash_gguf.validation.dspark_reference`)."""
 
 from __future__ import annotations
 

@@ -153,7 +153,7 @@ def test_dspark_folder_has_the_lineage_layout():
 
 
 def test_dspark_loads_and_is_lossless_and_accepted(target, greedy):
-    from dflash_gguf.runner.dspark_reference import DSparkDraftModel, dspark_generate
+    from dflash_gguf.validation.dspark_reference import DSparkDraftModel, dspark_generate
 
     model, info = DSparkDraftModel.from_pretrained(TRAINED / "dspark", output_loading_info=True)
     assert not any(info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys"))

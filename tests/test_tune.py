@@ -30,7 +30,7 @@ from dflash_gguf.runner.tune import (
     midpoints,
     thread_grid,
 )
-from dflash_gguf.runner.validate import build_info
+from dflash_gguf.runner.build import build_info
 from tests.conftest import REPO, dflash_gguf
 
 # ---------------------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from dflash_gguf.runner.validate import is_report
-from dflash_gguf.runner.validate_sampled import Sampling
+from dflash_gguf.validation.validate import is_report
+from dflash_gguf.validation.validate_sampled import Sampling
 from tests.conftest import dflash_gguf
 from tests.gguf_edit import scaled_copy
 

@@ -100,7 +100,7 @@ def drafter_class(architecture: str):
     from dflash import model as ref
 
     if architecture == "DSparkDraftModel":
-        from dflash_gguf.runner.dspark_reference import DSparkDraftModel
+        from dflash_gguf.validation.dspark_reference import DSparkDraftModel
         return DSparkDraftModel
     return getattr(ref, architecture)
 

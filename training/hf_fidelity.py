@@ -41,7 +41,7 @@ def hf_answers(prompts: list[list[int]], new_tokens: int) -> tuple[list[list[int
 
 
 def compare(prompts, answers, hf_logits, paths: dict[str, object], threads: int = 1) -> dict:
-    from dflash_gguf.runner.teacher_forcing import TeacherForcing
+    from dflash_gguf.validation.teacher_forcing import TeacherForcing
 
     report = {}
     n_ctx = max(len(p) + len(a) for p, a in zip(prompts, answers)) + 8

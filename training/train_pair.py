@@ -11,7 +11,7 @@ Stages (see training/README.md for the recipe, the seeds and measured run times)
                states the drafters read (cached outside the repository, not committed)
     dflash     DFlashDraftModel trained against the frozen target (the reference class itself)
     dflash2    DFlash2DraftModel, the same plus its convolutions and candidate selector
-    dspark     DSparkDraftModel (dflash_gguf.runner.dspark_reference): DFlash layers, anchor-first,
+    dspark     DSparkDraftModel (dflash_gguf.validation.dspark_reference): DFlash layers, anchor-first,
                plus a Markov head and a confidence head
     greedy     the target's greedy tokens for three held-out prompts -> greedy.json (for the tests)
     eval       tau (tokens per target verification) of the drafters with the reference
@@ -430,7 +430,7 @@ def stage_greedy() -> None:
 
 @torch.inference_mode()
 def measure_tau(drafter, target, prompts, new_tokens=EVAL_NEW_TOKENS) -> dict:
-    from dflash_gguf.runner.reference import speculative_runs
+    from dflash_gguf.validation.reference import speculative_runs
 
     runs = speculative_runs(drafter, target, [p["ids"] for p in prompts], new_tokens, [EOS_TOKEN_ID])
     per_prompt, lengths, mismatches = [], [], 0
@@ -512,7 +512,7 @@ def write_reference_tau(results: dict) -> None:
     drafters = json.loads(path.read_text(encoding="utf-8"))["drafters"] if path.exists() else {}
     drafters.update({name: {key: r[key] for key in keep} for name, r in results.items()})
     _write_json(path, {
-        "about": "reference dflash_generate (DSpark: dflash_gguf.runner.dspark_reference.dspark_generate), "
+        "about": "reference dflash_generate (DSpark: dflash_gguf.validation.dspark_reference.dspark_generate), "
                  "temperature 0, target float32, stop at <|endoftext|>, on eval_prompts.json; "
                  "tau = tokens per target verification incl. the bonus token",
         "new_tokens": EVAL_NEW_TOKENS,

@@ -316,7 +316,7 @@ def eval_prompt_ids() -> list[list[int]]:
 
 @torch.inference_mode()
 def stage_eval(only: str | None = None) -> dict:
-    from dflash_gguf.runner.reference import speculative_runs
+    from dflash_gguf.validation.reference import speculative_runs
 
     target = load_target()
     prompts = eval_prompt_ids()

@@ -1,4 +1,4 @@
-"""Token-level comparison of a speculative run against the target alone, and the acceptance maths.
+"""Token-level comparison of a speculative run against the target alone.
 
 Pure functions: the validator feeds them what llama-server returned and the target's logits.
 """
@@ -60,19 +60,3 @@ def check_tokens(logits: np.ndarray, tokens: list[int], tolerance: float = DEFAU
         findings.append(Finding(int(i), int(emitted[i]), int(best[i]), margin,
                                 TIE if margin < tolerance else MISMATCH))
     return findings
-
-
-def mean_acceptance_length(produced: int, accepted: int, requests: int = 0) -> float:
-    """tau: tokens produced per target verification step, the bonus token included (DFlash paper).
-
-    Every step yields its accepted draft tokens plus one token of the target's own, so the number
-    of steps is produced - accepted. Each request's first token comes from the prompt's prefill,
-    not from a verification step; `requests` leaves those out, as the reference's
-    `acceptance_lengths` does."""
-    tokens = produced - requests
-    steps = tokens - accepted
-    return tokens / steps if steps > 0 else 0.0
-
-
-def acceptance_rate(drafted: int, accepted: int) -> float:
-    return accepted / drafted if drafted else 0.0

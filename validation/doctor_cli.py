@@ -11,7 +11,7 @@ import click
 from ..terminal import shown
 from ..options import GGUF, ServerArgsCommand, build_options, draft_option, json_option, target_option
 from .doctor import diagnose
-from .prompts import BUILTIN_PROMPTS, read_prompts
+from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 
 
 @click.command("doctor", cls=ServerArgsCommand)

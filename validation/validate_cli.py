@@ -14,8 +14,7 @@ from ..extras import require
 from ..options import (GGUF, ServerArgsCommand, build_options, draft_option, json_option, prompts_option,
                        target_option)
 from ..outputs import Input, Output, Replace, check_outputs, write_text
-from .compare import DEFAULT_TIE_TOLERANCE
-from .prompts import BUILTIN_PROMPTS, read_prompts
+from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 from .distribution import DEFAULT_ALPHA
 from .validate import ValidationSettings, is_report, validate, verdict
 from .validate_sampled import Sampling, validate_distribution
@@ -23,31 +22,77 @@ from .validate_sampled import verdict as sampled_verdict
 
 
 def exactness(report: dict) -> str:
-    kinds = [d["kind"] for d in report["divergences"]]
-    if not kinds:
-        return "yes"
-    if "mismatch" in kinds:
-        return f"no: {kinds.count('mismatch')} mismatch(es)"
-    return f"yes, but {len(kinds)} numerical tie(s) (allowed; --strict fails them)"
+    """The "identical to the target alone" line, from what was measured."""
+    prompts = report["prompts"]
+    same = sum(p["exact"] for p in prompts)
+    if same == len(prompts):
+        return f"yes: {same} of {len(prompts)} prompts token for token"
+    return f"no: {same} of {len(prompts)} prompts token for token"
+
+
+def losslessness(report: dict) -> str:
+    """The "lossless" line: every token the target's own choice in the batch that produced it."""
+    mismatches = sum(p["mismatches"] for p in report["prompts"])
+    checked, produced = report["positions_checked"], report["produced"]
+    if mismatches:
+        return f"no: {mismatches} token(s) the target did not choose in their batch"
+    if checked != produced:
+        return f"not proven: {produced - checked} of {produced} tokens could not be checked"
+    return f"yes: all {produced} tokens are the target's argmax in the batch that produced them"
+
+
+def meaning(report: dict) -> str | None:
+    """What a lossless run that is not identical means for the user (None when there is nothing to say)."""
+    if report["exact"] or not report.get("lossless"):
+        return None
+    numerical = [d for d in report["divergences"] if d["kind"] == "numerical" and "plain_logits" in d]
+    widths = sorted({d["width"] for d in numerical})
+    gaps = [abs(d["margin"]) for d in numerical] + [abs(d.get("plain_margin") or 0) for d in numerical]
+    return (f"the outputs differ only by batching numerics: at {len(numerical)} near-tie(s) (logit gaps up to "
+            f"{max(gaps, default=0):.3f}) the target itself chose differently in a verify batch of "
+            f"{'/'.join(map(str, widths))} tokens than one token at a time. No drafted token was taken that "
+            "the target did not choose; plain decoding on this build would give the same text only in "
+            "batches of one. For token-identical output use --exact (serve --exact).")
 
 
 def _print_table(report: dict) -> None:
-    click.echo(f"{'#':>2}  {'result':<9} {'tokens':>6} {'ties':>4} {'drafted':>7} {'accepted':>8}  prompt")
+    click.echo(f"{'#':>2}  {'result':<9} {'tokens':>6} {'drafted':>7} {'accepted':>8}  prompt")
     for i, r in enumerate(report["prompts"], 1):
-        result = "mismatch" if r["mismatches"] else "tie" if r["ties"] else "exact"
+        result = "mismatch" if r["mismatches"] else "identical" if r["exact"] else "numerical"
         prompt = r["prompt"].replace("\n", "\\n")[:48]
-        click.echo(f"{i:>2}  {result:<9} {r['positions_checked']:>6} {r['ties']:>4} {r['draft_n']:>7} "
+        click.echo(f"{i:>2}  {result:<9} {r['positions_checked']:>6} {r['draft_n']:>7} "
                    f"{r['draft_n_accepted']:>8}  {prompt}")
         for d in report["divergences"]:
-            if d["prompt"] == r["prompt"]:
-                click.echo(f"    {d['kind']} at new token {d['position']}: speculative {d['speculative_token']}, "
-                           f"target's argmax {d['target_token']} (logit margin {d['margin']:.4f})")
-        if not r["exact"]:
+            if d["prompt"] != r["prompt"]:
+                continue
+            if d["kind"] == "mismatch":
+                click.echo(f"    mismatch at new token {d['position']}: emitted {d['speculative_token']}, the target's "
+                           f"argmax in its batch of {d['width']} is {d['target_token']} (logit margin {d['margin']:.4f})")
+            elif "plain_logits" in d:
+                click.echo(f"    numerical at new token {d['position']}: {d['speculative_token']} chosen in a verify "
+                           f"batch of {d['width']} (by {d['margin']:.4f} logits), {d['target_token']} one token at a "
+                           f"time (by {d.get('plain_margin') or 0:.4f})")
+            else:
+                click.echo(f"    numerical at new token {d['position']}: within the measured noise "
+                           f"(margin {d['margin']:.4f}, batch of {d['width']})")
+        if not r["exact"] and not any(d["prompt"] == r["prompt"] and "plain_logits" in d for d in report["divergences"]):
             click.echo(f"    the target-alone run's tokens differ from new token {r['first_divergence']} on")
     tps = report["tokens_per_second"]
+    replay = report["replay"]
     click.echo("")
-    click.echo(f"exact output            {exactness(report)}")
-    click.echo(f"tokens checked          {report['positions_checked']} of {report['produced']} produced")
+    click.echo(f"lossless                {losslessness(report)}")
+    click.echo(f"identical to target     {exactness(report)}")
+    if (text := meaning(report)) is not None:
+        click.echo(f"  what it means         {text}")
+    click.echo(f"tokens checked          {report['positions_checked']} of {report['produced']} produced, each against "
+               "a replay of its own verify batch")
+    if replay["exact"]:
+        click.echo(f"replay                  exact: reproduced all {replay['alone_tokens']} tokens of the target-alone run")
+    else:
+        click.echo(f"replay                  reproduced {replay['alone_tokens_reproduced']} of {replay['alone_tokens']} "
+                   f"target-alone tokens; tolerance {replay['tolerance']:.4f} from the measured batching noise")
+    if report["settings"].get("exact"):
+        click.echo("exact mode              on (batch-invariant verification)")
     click.echo(f"mean acceptance length  {report['mean_acceptance_length']:.3f} tokens per target step (tau)")
     if report.get("reference"):
         click.echo(f"  reference (PyTorch)   {report['reference']['mean_acceptance_length']:.3f}")
@@ -61,7 +106,8 @@ def _print_table(report: dict) -> None:
     if launch["user_args"]:
         click.echo(f"  your arguments        {' '.join(launch['user_args'])}")
     if launch["added"]:
-        click.echo(f"  added for measuring   {' '.join(launch['added'])} (room in every slot for the prompts)")
+        click.echo(f"  added for checking    {' '.join(launch['added'])} (room in every slot for the prompts; "
+                   "the debug log of the server's steps)")
 
 
 def _print_distribution(report: dict) -> None:
@@ -100,9 +146,9 @@ def _print_distribution(report: dict) -> None:
               "(default 0).")
 @click.option("--alpha", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
               help=f"With --temperature: significance level of the test (default {DEFAULT_ALPHA}).")
-@click.option("--tie-tolerance", type=float, default=DEFAULT_TIE_TOLERANCE, show_default=True,
-              help="Logit gap to the target's argmax below which an emitted token is a numerical tie, not a mismatch.")
-@click.option("--strict", is_flag=True, help="Fail on ties too.")
+@click.option("--strict", is_flag=True, help="Fail unless the output is also identical to the target alone.")
+@click.option("--exact", is_flag=True, help="Serve as `serve --exact` does: batch-invariant verification, "
+              "speculative output token-identical to plain decoding (slower; see docs/validate.md).")
 @click.option("--baseline", type=GGUF,
               help="Compare against this model alone instead of TARGET (e.g. an F16 copy of a quantized target).")
 @build_options
@@ -117,7 +163,7 @@ def _print_distribution(report: dict) -> None:
 @click.option("--report", "report_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the full report as JSON to this file.")
 def validate_command(target, draft, prompts_file, n_predict, parallel, temperature, top_k, top_p, min_p, samples,
-                     positions, seed, alpha, tie_tolerance, strict, baseline, backend, llama_bin, threads,
+                     positions, seed, alpha, strict, exact, baseline, backend, llama_bin, threads,
                      reference_draft, reference_target, as_json, report_file, server_args) -> None:
     """Prove a drafter is lossless in llama.cpp, and measure what it buys.
 
@@ -164,7 +210,7 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
                    Input(reference_target, "--reference-target")])
     prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
     settings = ValidationSettings(n_predict=n_predict, parallel=parallel, temperature=temperature,
-                                  tie_tolerance=tie_tolerance, threads=threads, backend=backend,
+                                  exact=exact, threads=threads, backend=backend,
                                   llama_bin=llama_bin, server_args=list(server_args),
                                   reference_draft=reference_draft, reference_target=reference_target)
     sampling_options = {"--top-k": top_k, "--top-p": top_p, "--min-p": min_p, "--samples": samples,

@@ -29,8 +29,8 @@ from ..convert.gguf_file import GGUFFile
 from ..convert.keys import DFlash, Tokenizer
 from ..convert.target import load_target
 from ..errors import DflashError, ServerArgsError, TargetError
-from . import compare
-from .launch import check_pair, dflash_server
+from ..runner.launch import check_pair, dflash_server
+from ..runner.measure import acceptance_rate, mean_acceptance_length
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def card_tau(draft: Path) -> float | None:
 def measure(target: Path, draft: Path, args: Sequence[str], prompts: Sequence[str], n_predict: int,
             backend: str | None, llama_bin: Path | None = None) -> dict:
     """A short greedy run, launched as `serve` launches it: tau and acceptance per draft position."""
-    from .build import find_bin_dir
+    from ..runner.build import find_bin_dir
 
     server = dflash_server(target, draft, server_args=list(args), check=False,
                            bin_dir=find_bin_dir(backend, llama_bin))
@@ -176,8 +176,8 @@ def measure(target: Path, draft: Path, args: Sequence[str], prompts: Sequence[st
     steps = metrics.drafts
     return {
         "prompts": len(prompts), "produced": produced, "drafted": drafted, "accepted": accepted,
-        "tau": round(compare.mean_acceptance_length(produced, accepted, len(prompts)), 4),
-        "acceptance_rate": round(compare.acceptance_rate(drafted, accepted), 4),
+        "tau": round(mean_acceptance_length(produced, accepted, len(prompts)), 4),
+        "acceptance_rate": round(acceptance_rate(drafted, accepted), 4),
         # share of draft steps whose i-th drafted token was accepted
         "acceptance_per_position": [round(n / steps, 4) if steps else 0.0 for n in metrics.accepted_per_position],
     }

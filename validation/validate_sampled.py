@@ -2,7 +2,7 @@
 
 The patched llama-server draws `samples` continuations of `positions` tokens for every prompt with
 the drafter, then as many without it (or with `baseline` alone), every request with a seed of its
-own, and `runner.distribution` tests per prompt and position whether both sets come from one
+own, and `validation.distribution` tests per prompt and position whether both sets come from one
 distribution. Acceptance comes from the speculative requests' `timings`.
 """
 
@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ..runner.build import build_info, find_bin_dir
+from ..runner.client import Completion
+from ..runner.launch import Launch, launch_recipe
+from ..runner.measure import Progress, acceptance_rate, mean_acceptance_length, measuring_launch, tokenize_prompts
 from . import compare, distribution
-from .build import find_bin_dir
-from .client import Completion
-from .launch import Launch, launch_recipe
-from .validate import Progress, ValidationSettings, build_info, measuring_launch, tokenize_prompts
+from .validate import ValidationSettings
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +102,9 @@ def validate_distribution(target: str | Path, draft: str | Path, prompts: Sequen
     return {
         "distribution": test.to_dict(),
         "prompts": results,
-        "mean_acceptance_length": round(compare.mean_acceptance_length(
+        "mean_acceptance_length": round(mean_acceptance_length(
             produced, accepted, len(prompts) * sampling.samples), 4),
-        "acceptance_rate": round(compare.acceptance_rate(drafted, accepted), 4),
+        "acceptance_rate": round(acceptance_rate(drafted, accepted), 4),
         "drafted": drafted, "accepted": accepted, "produced": produced,
         "settings": {"parallel": launch.parallel, **sampling.request(), "samples": sampling.samples,
                      "positions": sampling.positions, "seed": sampling.seed, "alpha": sampling.alpha,

@@ -18,7 +18,7 @@ has the same distribution in both sets:
   below alpha whatever the dependence between positions. `p_value` is the smallest adjusted
   p-value; the verdict is "different" when it is below alpha.
 
-Pure functions on token arrays; the validator collects the samples (`runner.validate_sampled`).
+Pure functions on token arrays; the validator collects the samples (`validation.validate_sampled`).
 """
 
 from __future__ import annotations

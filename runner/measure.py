@@ -1,0 +1,66 @@
+"""Measuring a server on prompts, shared by validate and tune: the prompts as token ids, the room
+every slot needs, the answers of one server (speed from the one-at-a-time pass), and the
+acceptance maths."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from ..errors import InputError
+from .client import Completion, LlamaClient
+from .launch import CTX_SIZE, Launch
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class ServerRun:
+    """One server's answers to every prompt: in flight together (-np P) and, for speed, one by one."""
+
+    completions: list[Completion]
+    sequential: list[Completion]
+
+    def totals(self) -> dict:
+        produced = sum(c.n_predicted for c in self.completions)
+        drafted = sum(c.draft_n for c in self.completions)
+        accepted = sum(c.draft_n_accepted for c in self.completions)
+        return {"produced": produced, "drafted": drafted, "accepted": accepted}
+
+    def tokens_per_second(self) -> float:
+        tokens = sum(c.n_predicted for c in self.sequential)
+        ms = sum(float(c.timings.get("predicted_ms", 0.0)) for c in self.sequential)
+        return tokens / (ms / 1000.0) if ms > 0 else 0.0
+
+
+def measuring_launch(launch: Launch, prompts: Sequence[str], n_predict: int) -> Launch:
+    """What measuring adds to the recipe: room in every slot for the longest prompt (a generous
+    bound: its bytes) and the new tokens, unless the user's arguments set the context size."""
+    if launch.user_value(CTX_SIZE) is not None:
+        return launch
+    per_slot = max(len(p.encode()) for p in prompts) + n_predict + 64
+    return launch.adding("-c", str(per_slot * launch.parallel))
+
+
+def tokenize_prompts(client: LlamaClient, prompts: Sequence[str]) -> list[list[int]]:
+    ids = [client.tokenize(p, add_special=True, parse_special=True) for p in prompts]
+    for prompt, tokens in zip(prompts, ids):
+        if not tokens:
+            raise InputError(f"prompt {prompt[:40]!r} tokenizes to nothing; give a non-empty prompt")
+    return ids
+
+
+def mean_acceptance_length(produced: int, accepted: int, requests: int = 0) -> float:
+    """tau: tokens produced per target verification step, the bonus token included (DFlash paper).
+
+    Every step yields its accepted draft tokens plus one token of the target's own, so the number
+    of steps is produced - accepted. Each request's first token comes from the prompt's prefill,
+    not from a verification step; `requests` leaves those out, as the reference's
+    `acceptance_lengths` does."""
+    tokens = produced - requests
+    steps = tokens - accepted
+    return tokens / steps if steps > 0 else 0.0
+
+
+def acceptance_rate(drafted: int, accepted: int) -> float:
+    return accepted / drafted if drafted else 0.0

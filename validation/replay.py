@@ -1,0 +1,222 @@
+"""The target alone, evaluating again the very batches a llama-server run evaluated.
+
+A greedy token is the target's own when it is the argmax of the row that produced it. Which row
+that is matters on llama.cpp's CPU build: a token's logits depend on how many tokens share its
+batch (quantized weights go through repacked or tinyBLAS kernels for wider batches, vec_dot for
+one), so a verify batch of width 4 may pick the other side of a near-tie than plain decoding.
+`Replay` loads the target in-process, through llama-cpp-python's bindings on the same patched
+libllama, with the context llama-server gave it (threads, batch sizes, flash attention, KV types,
+repacking: `ServerContext.from_args`), and evaluates the prompt, then each step as the server's
+log recorded it (validation/server_steps.py): the same tokens at the same positions in batches of
+the same width, the rejected drafts' cache entries removed after each step as the server removes
+them. Row r of a step is then exactly what the target computed for the token after it, without
+the drafter; `validation/lossless.py` compares it with what the run emitted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..runner import engine
+from ..runner.launch import ServerArgs
+from .server_steps import Step
+
+TOP = 8  # logits kept per row: the top few, for the report and the noise measurement
+
+# llama-server's own defaults (common/common.h) for what decides the numerics
+_N_BATCH, _N_UBATCH = 2048, 512
+_CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30,
+                "iq4_nl": 20}
+_FLASH = {"on": 1, "off": 0, "auto": -1, "enabled": 1, "disabled": 0}
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """The llama_context / llama_model settings of a llama-server command line that change numbers."""
+
+    n_ctx: int
+    n_seq: int = 1
+    threads: int | None = None
+    threads_batch: int | None = None
+    n_batch: int = _N_BATCH
+    n_ubatch: int = _N_UBATCH
+    flash_attn: int = -1
+    type_k: int = 1
+    type_v: int = 1
+    repack: bool = True
+    swa_full: bool = False
+    kv_unified: bool = True
+
+    @classmethod
+    def from_args(cls, args: Sequence[str], n_ctx: int) -> "ServerContext":
+        given = ServerArgs(tuple(str(a) for a in args))
+
+        def number(flags: tuple[str, ...], default):
+            value = given.value_of(flags)
+            return int(value) if value is not None else default
+
+        flash = (given.value_of(("-fa", "--flash-attn")) or "auto").lower()
+        return cls(
+            n_ctx=number(("-c", "--ctx-size"), n_ctx),
+            n_seq=number(("-np", "--parallel"), 1),
+            threads=number(("-t", "--threads"), None),
+            threads_batch=number(("-tb", "--threads-batch"), None),
+            n_batch=number(("-b", "--batch-size"), _N_BATCH),
+            n_ubatch=number(("-ub", "--ubatch-size"), _N_UBATCH),
+            flash_attn=_FLASH.get(flash, -1),
+            type_k=_CACHE_TYPES.get((given.value_of(("-ctk", "--cache-type-k")) or "f16").lower(), 1),
+            type_v=_CACHE_TYPES.get((given.value_of(("-ctv", "--cache-type-v")) or "f16").lower(), 1),
+            repack="--no-repack" not in given.passthrough and "-nr" not in given.passthrough,
+            swa_full="--swa-full" in given.passthrough,
+            kv_unified="-no-kvu" not in given.passthrough and "--no-kv-unified" not in given.passthrough,
+        )
+
+
+@dataclass
+class Row:
+    """What the target computed for one emitted token: its batch, and the logits that decide it."""
+
+    position: int      # of the row's input token (the emitted token goes to position + 1)
+    width: int         # rows in that batch (1: plain decoding)
+    argmax: int
+    top_ids: np.ndarray
+    top_logits: np.ndarray
+    emitted_logit: float  # the logit of the token the run emitted
+
+    @property
+    def margin(self) -> float:
+        """logit(argmax) - logit(emitted): 0 when the emitted token is the target's choice."""
+        return float(self.top_logits[0]) - self.emitted_logit
+
+
+class Replay:
+    """One target loaded in-process with a server's context; use as a context manager."""
+
+    def __init__(self, model: str | Path, context: ServerContext, *, bin_dir: Path | None = None):
+        self.model_path = Path(model)
+        self.context = context
+        self.bin_dir = bin_dir
+        self._lib = self._model = self._ctx = None
+        self._n_vocab = 0
+
+    def __enter__(self) -> "Replay":
+        engine.use_patched_library(bin_dir=self.bin_dir)
+        lib = self._lib = engine.bindings()
+        quiet = lib.llama_log_callback(lambda level, text, user: None)
+        self._quiet = quiet  # kept alive: llama.cpp calls it
+        lib.llama_log_set(quiet, ctypes.c_void_p(0))
+        lib.llama_backend_init()
+        mparams = lib.llama_model_default_params()
+        mparams.use_extra_bufts = self.context.repack
+        self._model = lib.llama_model_load_from_file(str(self.model_path).encode(), mparams)
+        if not self._model:
+            raise RuntimeError(f"{self.model_path}: llama.cpp could not load it for the replay")
+        c = self.context
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx, cparams.n_seq_max = c.n_ctx, c.n_seq
+        cparams.n_batch, cparams.n_ubatch = c.n_batch, c.n_ubatch
+        if c.threads:
+            cparams.n_threads = c.threads
+            cparams.n_threads_batch = c.threads_batch or c.threads
+        cparams.flash_attn_type = c.flash_attn
+        cparams.type_k, cparams.type_v = c.type_k, c.type_v
+        cparams.swa_full, cparams.kv_unified = c.swa_full, c.kv_unified
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            raise RuntimeError(f"{self.model_path}: no llama.cpp context for the replay")
+        self._n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self._model))
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._ctx:
+            self._lib.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            self._lib.llama_model_free(self._model)
+            self._model = None
+
+    # -----------------------------------------------------------------------------------------
+
+    def _decode(self, tokens: Sequence[int], position: int, outputs: Sequence[int]) -> list[np.ndarray]:
+        """One llama_decode call, as the server makes it; the logits of the rows in `outputs`."""
+        lib = self._lib
+        batch = lib.llama_batch_init(len(tokens), 0, 1)
+        try:
+            wanted = set(outputs)
+            for i, token in enumerate(tokens):
+                batch.token[i] = int(token)
+                batch.pos[i] = position + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = 1 if i in wanted else 0
+            batch.n_tokens = len(tokens)
+            status = lib.llama_decode(self._ctx, batch)
+            if status != 0:
+                raise RuntimeError(f"llama_decode returned {status} in the replay at position {position}")
+            rows = []
+            for i in outputs:
+                pointer = lib.llama_get_logits_ith(self._ctx, i)
+                rows.append(np.ctypeslib.as_array(pointer, shape=(self._n_vocab,)).copy())
+            return rows
+        finally:
+            lib.llama_batch_free(batch)
+
+    def _forget_after(self, position: int) -> None:
+        lib = self._lib
+        lib.llama_memory_seq_rm(lib.llama_get_memory(self._ctx), 0, position, -1)
+
+    @staticmethod
+    def _row(logits: np.ndarray, position: int, width: int, emitted: int) -> Row:
+        top = np.argpartition(logits, -TOP)[-TOP:]
+        top = top[np.argsort(-logits[top], kind="stable")]
+        best = int(np.argmax(logits))  # the first maximum, as the greedy sampler takes it
+        if best != int(top[0]):
+            top = np.concatenate([[best], top[top != best]])[:TOP]
+        return Row(position, width, best, top.astype(np.int64), logits[top].astype(np.float32),
+                   float(logits[int(emitted)]))
+
+    def run(self, prompt: Sequence[int], emitted: Sequence[int], steps: Sequence[Step]) -> list[Row]:
+        """The row that produced each emitted token (the first: the prompt's last row; then each
+        step's), evaluated in the server's batches. Fewer rows than tokens when the steps stop
+        short (a log that does not cover the run); the caller counts what was checked."""
+        prompt, emitted = [int(t) for t in prompt], [int(t) for t in emitted]
+        lib = self._lib
+        lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
+        if not emitted:
+            return []
+        rows: list[Row] = []
+        # the prompt, in n_batch chunks as the server queues it (llama_decode splits the ubatches)
+        chunks = [prompt[i:i + self.context.n_batch] for i in range(0, len(prompt), self.context.n_batch)]
+        for n, chunk in enumerate(chunks):
+            start = n * self.context.n_batch
+            last = [len(chunk) - 1] if n == len(chunks) - 1 else []
+            out = self._decode(chunk, start, last)
+        rows.append(self._row(out[0], len(prompt) - 1, len(chunks[-1]), emitted[0]))
+        done = 1
+        for step in steps:
+            remaining = len(emitted) - done
+            if remaining <= 0:
+                break
+            if step.position != len(prompt) + done - 1:
+                break  # the log does not describe this run from here on
+            n_emit = step.emitted(remaining)
+            drafts = list(step.drafts) if len(step.drafts) == step.width - 1 else []
+            if not drafts:  # not logged: the emitted tokens stand in (rejected rows come after every checked row)
+                drafts = (emitted[done:done + step.width - 1] + [emitted[done + n_emit - 1]] * step.width)[:step.width - 1]
+            tokens = [step.last] + drafts  # the server's batch, even where a response says otherwise
+            logits = self._decode(tokens, step.position, list(range(step.width)))
+            for r in range(n_emit):
+                rows.append(self._row(logits[r], step.position + r, step.width, emitted[done + r]))
+            done += n_emit
+            self._forget_after(step.position + n_emit)
+        return rows
+
+    def plain(self, prompt: Sequence[int], emitted: Sequence[int]) -> list[Row]:
+        """The rows of plain decoding: one token per batch."""
+        steps = [Step(len(prompt) + i - 1, 1, int(t)) for i, t in enumerate(emitted[:-1], start=1)]
+        return self.run(prompt, emitted, steps)

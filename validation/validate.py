@@ -1,0 +1,218 @@
+"""`dflash-gguf validate`: is speculative output exactly the target's, and what does the drafter buy?
+
+The patched llama-server runs the same prompts (as token ids) twice, with the drafter and without,
+greedy, each started by the launch recipe `serve` uses (runner/launch.py) with the user's own
+arguments; validate adds a context size when none is given and the debug verbosity that logs the
+server's steps, and its report says so. Every token the speculative run emitted is then proven
+against the batch that produced it: the target alone, in-process on the same patched libllama
+with the server's context, evaluates the run's own batches again (validation/replay.py, from the
+steps in the server's log, validation/server_steps.py), and each emitted token must be its
+argmax there (validation/lossless.py). Whether the output is also identical to the target-alone
+run is reported apart, with the first difference explained. Acceptance comes from the server's
+per-request `timings`; speed from a sequential pass of each server on the same build and prompts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from ..convert import hub
+from ..convert.hub import HubRef
+from ..errors import InputError
+from ..runner.build import build_info, find_bin_dir
+from ..runner.client import Completion, LlamaClient
+from ..runner.launch import Launch, launch_recipe
+from ..runner.measure import (Progress, ServerRun, acceptance_rate, mean_acceptance_length, measuring_launch,
+                              tokenize_prompts)
+from . import compare
+from .lossless import MISMATCH, NUMERICAL, judge, noise_by_width
+from .replay import Replay, ServerContext
+from .server_steps import DEBUG_ARGS, read_steps
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ValidationSettings:
+    n_predict: int = 64
+    parallel: int | None = None          # requests in flight = llama-server slots; None: -np after --, else 1
+    temperature: float = 0.0
+    exact: bool = False                  # serve's --exact: the batch-invariant kernels (runner/launch.py)
+    threads: int | None = None           # llama-server -t
+    backend: str | None = None           # which patched build (or llama_bin: any build's bin folder)
+    llama_bin: Path | None = None
+    server_args: list[str] = field(default_factory=list)  # the user's llama-server arguments (after --)
+    reference_draft: Path | HubRef | None = None  # z-lab HF checkpoints (or repo ids): run the PyTorch reference too
+    reference_target: Path | HubRef | None = None
+
+    def user_server_args(self) -> list[str]:
+        return (["-t", str(self.threads)] if self.threads else []) + [str(a) for a in self.server_args]
+
+
+def _reference_parity(settings: ValidationSettings, prompt_ids: list[list[int]], progress: Progress) -> dict | None:
+    if settings.reference_draft is None:
+        return None
+    from .reference import run_reference
+
+    progress("reference: running the z-lab PyTorch drafter on the same token ids")
+    runs = run_reference(settings.reference_draft, settings.reference_target, prompt_ids, settings.n_predict)
+    steps = sum(len(r.acceptance_lengths) for r in runs)
+    tau = sum(sum(r.acceptance_lengths) for r in runs) / steps if steps else 0.0
+    return {"mean_acceptance_length": round(tau, 4), "draft": str(settings.reference_draft),
+            "target": str(settings.reference_target),
+            "prompts": [{"tokens": len(r.tokens), "mean_acceptance_length": round(r.tau, 4)} for r in runs]}
+
+
+def run_server(launch: Launch, prompts: list[list[int]] | Sequence[str], settings: ValidationSettings,
+                bin_dir: Path, label: str, progress: Progress, log_path: Path | None = None
+                ) -> tuple[ServerRun, list[list[int]], list[str]]:
+    """Answer every prompt; text prompts are tokenized by this server first (returned with the run),
+    and so is the command line the server ran. `log_path` keeps the server's log there."""
+    def ask(client: LlamaClient, ids: list[int]) -> Completion:
+        return client.complete(ids, settings.n_predict, temperature=settings.temperature, seed=0, cache_prompt=False)
+
+    with launch.server(bin_dir=bin_dir, log_path=log_path) as server:
+        client = server.client
+        if prompts and isinstance(prompts[0], str):
+            prompts = tokenize_prompts(client, prompts)
+        progress(f"{label}: server up at {client.url}; {len(prompts)} prompts, {launch.parallel} in flight")
+        ask(client, prompts[0][:8])  # warm-up, not measured
+        pool = ThreadPoolExecutor(max_workers=launch.parallel)
+        try:
+            completions = list(pool.map(lambda ids: ask(client, ids), prompts))
+        finally:
+            # on Ctrl-C or SIGTERM, do not wait for the requests in flight: stopping the server ends them
+            pool.shutdown(wait=False, cancel_futures=True)
+        sequential = completions if launch.parallel == 1 else [ask(client, ids) for ids in prompts]
+        command = server.command()
+        progress(f"{label}: done")
+    return ServerRun(completions, sequential), prompts, command
+
+
+def _check_tokens(spec: ServerRun, alone: ServerRun, prompt_ids: list[list[int]], steps_log: Path, command: list[str],
+                  model: Path, bin_dir: Path, n_ctx: int, progress: Progress) -> tuple[list, dict]:
+    """Replay the one-at-a-time speculative pass batch by batch on `model` alone, and plain decoding
+    of the target-alone pass; judge every token. The judgements per prompt, and what the replay was."""
+    tasks = read_steps(steps_log)[-len(prompt_ids):]  # the last requests are the one-at-a-time pass
+    context = ServerContext.from_args(command[1:], n_ctx)
+    noise: dict[int, float] = {}
+    runs = []
+    with Replay(model, context, bin_dir=bin_dir) as replay:
+        progress(f"replaying every verify batch of the speculative run on {model.name} alone")
+        for ids, s, t, task in zip(prompt_ids, spec.sequential, alone.sequential, tasks):
+            plain = replay.plain(ids, t.tokens)
+            rows = replay.run(ids, s.tokens, task.steps) if not task.restored else []
+            agree = compare.first_divergence(s.tokens, t.tokens)
+            noise_by_width(rows, plain, len(rows) if agree is None else agree, noise)
+            runs.append((s, t, rows, plain))
+    reproduced = sum(sum(r.margin == 0 for r in plain) for *_, plain in runs)
+    alone_tokens = sum(len(t.tokens) for _, t, _, _ in runs)
+    exact = reproduced == alone_tokens
+    tolerance = 0.0 if exact else max(noise.values(), default=0.0)
+    judgements = [judge(s.tokens, t.tokens, rows, plain, tolerance) for s, t, rows, plain in runs]
+    replay_info = {
+        "exact": exact, "alone_tokens": alone_tokens, "alone_tokens_reproduced": reproduced,
+        "tolerance": round(tolerance, 6),
+        "tolerance_source": "none needed: the replay reproduced every token of the target-alone run" if exact else
+        "the replay did not reproduce the target-alone run; margins up to the largest batching noise "
+        "measured in this run (noise_by_width) count as numerical",
+        "noise_by_width": {str(w): round(v, 6) for w, v in sorted(noise.items())},
+        "context": dataclasses.asdict(context), "model": str(model),
+    }
+    return judgements, replay_info
+
+
+def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], settings: ValidationSettings,
+             baseline: str | Path | None = None, progress: Progress | None = None) -> dict:
+    """Run both servers and build the report (the JSON `--json` prints and `--report` writes)."""
+    progress = progress or (lambda msg: log.info(msg))
+    target, draft = Path(target), Path(draft)
+    baseline = Path(baseline) if baseline else target
+    if settings.reference_draft is not None:  # fetched before the servers run, so a Hub error comes first
+        settings = dataclasses.replace(settings, reference_draft=hub.drafter_folder(settings.reference_draft),
+                                       reference_target=hub.target_folder(settings.reference_target, weights=True))
+    launch = measuring_launch(launch_recipe(target, draft, parallel=settings.parallel, exact=settings.exact,
+                                            server_args=settings.user_server_args()),
+                              prompts, settings.n_predict).adding(*DEBUG_ARGS)
+    bin_dir = find_bin_dir(settings.backend, settings.llama_bin)
+    n_ctx = max(len(p.encode()) for p in prompts) + settings.n_predict + 64
+    with tempfile.TemporaryDirectory(prefix="dflash-validate-") as logs:
+        steps_log = Path(logs) / "speculative.log"
+        spec, prompt_ids, spec_command = run_server(launch, list(prompts), settings, bin_dir, "speculative",
+                                                    progress, log_path=steps_log)
+        alone, _, alone_command = run_server(launch.alone(baseline), prompt_ids, settings, bin_dir, "target alone",
+                                              progress)
+        judgements, replay_info = _check_tokens(spec, alone, prompt_ids, steps_log, spec_command, baseline, bin_dir,
+                                                n_ctx * launch.parallel, progress)
+
+    results, divergences = [], []
+    for text, s, seq, t, j in zip(prompts, spec.completions, spec.sequential, alone.completions, judgements):
+        # in flight together (-np > 1), a prompt's tokens are proven when they are the one-at-a-time pass's
+        checked = j.checked if s.tokens == seq.tokens else min(j.checked, compare.first_divergence(s.tokens, seq.tokens))
+        results.append({"prompt": text, "exact": s.tokens == t.tokens, "lossless": not j.mismatches,
+                        "tokens": len(t.tokens), "produced": s.n_predicted, "positions_checked": checked,
+                        "first_divergence": compare.first_divergence(s.tokens, t.tokens),
+                        "numerical": j.numerical, "mismatches": j.mismatches,
+                        "draft_n": s.draft_n, "draft_n_accepted": s.draft_n_accepted})
+        divergences += [{"prompt": text, **f.to_dict()} for f in j.findings]
+
+    totals = spec.totals()
+    reference = _reference_parity(settings, prompt_ids, progress)
+    tps_target, tps_spec = alone.tokens_per_second(), spec.tokens_per_second()
+    return {
+        "exact": all(r["exact"] for r in results),
+        "lossless": all(r["lossless"] for r in results),
+        "prompts": results,
+        "mean_acceptance_length": round(mean_acceptance_length(
+            totals["produced"], totals["accepted"], len(prompt_ids)), 4),
+        "acceptance_rate": round(acceptance_rate(totals["drafted"], totals["accepted"]), 4),
+        "drafted": totals["drafted"], "accepted": totals["accepted"], "produced": totals["produced"],
+        "positions_checked": sum(r["positions_checked"] for r in results),
+        "tokens_per_second": {"target": round(tps_target, 2), "speculative": round(tps_spec, 2)},
+        "speedup": round(tps_spec / tps_target, 3) if tps_target else None,
+        "divergences": divergences,
+        "replay": replay_info,
+        "settings": {"n_predict": settings.n_predict, "parallel": launch.parallel, "exact": settings.exact,
+                     "temperature": settings.temperature, "draft_max": launch.draft_length,
+                     "baseline": str(baseline)},
+        # serve's recipe, the user's arguments after --, and what validate added for measuring
+        "launch": {**launch.summary(), "speculative_command": spec_command, "target_command": alone_command},
+        "llama": build_info(bin_dir, settings.backend),
+        "reference": reference,
+        "warnings": list(launch.warnings),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+REPORT_KEYS = ("prompts", "mean_acceptance_length")
+REPORT_KINDS = ("divergences", "distribution")  # greedy, or --temperature (validation/validate_sampled.py)
+_REPORT_MAX_BYTES = 256 << 20
+
+
+def is_report(path: Path) -> bool:
+    """Whether `path` holds a report `validate --json` wrote (what a new report may replace)."""
+    try:
+        if path.stat().st_size > _REPORT_MAX_BYTES:
+            return False
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (isinstance(data, dict) and all(key in data for key in REPORT_KEYS)
+            and any(key in data for key in REPORT_KINDS))
+
+
+def verdict(report: dict, strict: bool) -> int:
+    """Exit status: 0 when every emitted token was checked and is the target's choice in its batch
+    (lossless; with `strict`, also identical to the target alone), 1 otherwise."""
+    kinds = {d["kind"] for d in report["divergences"]}
+    if MISMATCH in kinds or (strict and (NUMERICAL in kinds or not report.get("exact", True))):
+        return 1
+    return 0 if report.get("positions_checked") == report.get("produced") else 1
