@@ -8,7 +8,8 @@ Wherever a command takes a checkpoint or target folder, or a target GGUF, it als
 
 and a local path that exists always wins over a repo id. Files go through huggingface_hub: its
 cache, resumed downloads, HF_HUB_OFFLINE=1 (from the cache only), HF_TOKEN or the stored login, and
-HF_ENDPOINT. Only the files a command reads are fetched (the drafter's config, weights, index and
+HF_ENDPOINT (a mirror of the Hub, such as olah, works: model info is always asked at a revision,
+and a server that ignores byte ranges is read as a stream). Only the files a command reads are fetched (the drafter's config, weights, index and
 card; the target's config, tokenizer and card). A target GGUF that is not in the cache already is
 not downloaded: its header and metadata are read in place by HTTP range requests.
 
@@ -25,9 +26,9 @@ import re
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from ..confine import open_in, safe_name
 from ..errors import DflashError, HubError
@@ -90,6 +91,17 @@ def as_model(value: str | os.PathLike | HubRef) -> Path | HubRef:
     return parse_ref(str(value)) or path
 
 
+PUBLIC_ENDPOINT = "https://huggingface.co"
+
+
+def hub_endpoint() -> str:
+    """The Hub this process talks to (HF_ENDPOINT, else the public Hub), without any user:password."""
+    from huggingface_hub import constants
+
+    parts = urlsplit(constants.ENDPOINT.rstrip("/"))
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
 @dataclass(frozen=True)
 class HubSource:
     """Where a model came from on the Hub: the repository and the exact commit."""
@@ -98,10 +110,11 @@ class HubSource:
     revision: str          # the commit sha
     file: str | None = None  # the file read, for a single GGUF
     sha256: str | None = None  # that file's sha256 as the Hub declares it (LFS files)
+    endpoint: str = field(default_factory=hub_endpoint)  # the public Hub or the mirror read from
 
     @property
     def url(self) -> str:
-        return f"https://huggingface.co/{self.repo}"
+        return f"{self.endpoint}/{self.repo}"
 
 
 def cache_source(path: str | os.PathLike) -> HubSource | None:
@@ -128,12 +141,6 @@ def folder_name(folder: str | os.PathLike) -> str:
 # Errors
 # ---------------------------------------------------------------------------------------------------
 
-def _endpoint() -> str:
-    from huggingface_hub import constants
-
-    return constants.ENDPOINT
-
-
 def _offline() -> bool:
     from huggingface_hub import constants
 
@@ -147,44 +154,112 @@ def _offline_error(ref: HubRef) -> HubError:
 
 @contextmanager
 def hub_errors(ref: HubRef):
-    """Turn huggingface_hub's and the network's exceptions into one line each."""
-    import httpx2
-    from huggingface_hub import errors
-
+    """Turn huggingface_hub's and the network's exceptions into one line each, in our words."""
     try:
         yield
     except DflashError:
         raise
-    except errors.GatedRepoError:
+    except Exception as err:
+        worded = _worded(ref, err)
+        if worded is None:
+            raise  # ours: a bug to see, not a Hub error to word
+        raise worded from None
+
+
+def _worded(ref: HubRef, err: Exception) -> HubError | None:
+    """The one line for a Hub or network error; None for an exception of another origin."""
+    import httpx2
+    from huggingface_hub import errors
+
+    if isinstance(err, errors.GatedRepoError):
         from huggingface_hub import get_token
 
         who = "this token has no access" if get_token() else "no token is set"
-        raise HubError(f"{ref}: gated repository and {who}; accept its terms at {_endpoint()}/{ref.repo} "
-                       "and set HF_TOKEN (or `hf auth login`)") from None
-    except errors.RevisionNotFoundError:
-        raise HubError(f"{ref}: revision {ref.revision!r} not found in {ref.repo}; give a branch, tag or "
-                       "commit that exists") from None
-    except errors.RepositoryNotFoundError:
-        raise HubError(f"{ref}: no such local path, and no repository {ref.repo} on {_endpoint()} (a private "
-                       "one needs HF_TOKEN)") from None
-    except errors.RemoteEntryNotFoundError:
-        raise HubError(f"{ref}: no such file in {ref.repo}" +
-                          (f" at {ref.revision}" if ref.revision else "")) from None
-    except (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError) as err:
+        return HubError(f"{ref}: gated repository and {who}; accept its terms at {hub_endpoint()}/{ref.repo} "
+                        "and set HF_TOKEN (or `hf auth login`)")
+    if isinstance(err, errors.RevisionNotFoundError):
+        return _revision_error(ref)
+    if isinstance(err, errors.RepositoryNotFoundError) or (
+            isinstance(err, errors.HfHubHTTPError) and _status(err) in (401, 404) and ref.revision
+            and not isinstance(err, errors.RemoteEntryNotFoundError)):
+        # A mirror (olah) answers 401 RepoNotFound, or a bare 404, for an unknown revision of a
+        # repository it has: ask the default branch to tell the two apart.
+        if _pinned(ref) and _exists(ref.repo):
+            return _revision_error(ref)
+        return HubError(f"{ref}: no such local path, and no repository {ref.repo} on {hub_endpoint()} (a private "
+                        "one needs HF_TOKEN)")
+    if isinstance(err, errors.RemoteEntryNotFoundError):
+        if _pinned(ref) and _exists(ref.repo) and not _exists(ref.repo, ref.revision):
+            return _revision_error(ref)  # olah answers EntryNotFound at a commit it does not have
+        return HubError(f"{ref}: no such file in {ref.repo}" + (f" at {ref.revision}" if ref.revision else ""))
+    if isinstance(err, errors.IncompleteSnapshotError):
+        why = "HF_HUB_OFFLINE=1 forbids fetching them" if _offline() else f"{hub_endpoint()} cannot be reached"
+        return HubError(f"{ref}: the cached snapshot {err.snapshot_path} lacks files it needs and {why}; run once "
+                        "online to complete it")
+    if isinstance(err, (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError)):
         if _offline():
-            raise _offline_error(ref) from None
-        raise HubError(f"{ref}: cannot reach {_endpoint()} and not in the Hugging Face cache "
-                       f"({_first_line(err)})") from None
-    except (httpx2.ConnectError, httpx2.TimeoutException) as err:
-        raise HubError(f"{ref}: cannot reach {_endpoint()} ({_first_line(err)}); check the network, or set "
-                       "HF_HUB_OFFLINE=1 to use the cache") from None
-    except errors.HfHubHTTPError as err:
-        raise HubError(f"{ref}: the Hub answered {_first_line(err)}") from None
+            return _offline_error(ref)
+        if isinstance(err.__cause__, errors.HfHubHTTPError):  # the server answered, and not with the files
+            return _worded(ref, err.__cause__)
+        cause = err.__cause__ if err.__cause__ is not None else err
+        return HubError(f"{ref}: cannot reach {hub_endpoint()} and not in the Hugging Face cache "
+                        f"({_first_line(cause)})")
+    if isinstance(err, (httpx2.ConnectError, httpx2.TimeoutException)):
+        return HubError(f"{ref}: cannot reach {hub_endpoint()} ({_first_line(err)}); check the network, or set "
+                        "HF_HUB_OFFLINE=1 to use the cache")
+    if isinstance(err, errors.HfHubHTTPError):
+        said = f": {_first_line(err.server_message)}" if err.server_message else ""
+        return HubError(f"{ref}: {hub_endpoint()} answered HTTP {_status(err)}{said}")
+    if type(err).__module__.startswith(("huggingface_hub", "httpx")):
+        return HubError(f"{ref}: reading it through huggingface_hub failed: {_first_line(err)}")
+    return None
 
 
-def _first_line(err: Exception) -> str:
-    text = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
-    return " ".join(text.split())
+def _status(err) -> int | None:
+    return getattr(getattr(err, "response", None), "status_code", None)
+
+
+DEFAULT_REVISION = "main"
+
+
+def _revision_error(ref: HubRef) -> HubError:
+    return HubError(f"{ref}: revision {ref.revision!r} not found in {ref.repo}; give a branch, tag or commit "
+                    "that exists")
+
+
+def _pinned(ref: HubRef) -> bool:
+    """Whether `ref` names a revision other than the default branch, and the Hub can be asked about it."""
+    return bool(ref.revision) and ref.revision != DEFAULT_REVISION and not _offline()
+
+
+def _exists(repo: str, revision: str = DEFAULT_REVISION) -> bool:
+    """Whether `repo` answers at `revision` (to tell an unknown revision from an unknown repository)."""
+    from huggingface_hub import HfApi
+
+    try:
+        HfApi().model_info(repo, revision=revision)
+    except Exception:  # any failure: the caller's error stands
+        return False
+    return True
+
+
+def model_info(ref: HubRef):
+    """The repository's model info at `ref`'s revision, `main` when it names none: always asked at a
+    revision (`/api/models/O/N/revision/R`), which mirrors answer where the bare form is refused."""
+    from huggingface_hub import HfApi
+
+    with hub_errors(ref):
+        return HfApi().model_info(ref.repo, revision=ref.revision or DEFAULT_REVISION)
+
+
+_CLASS_NAME = re.compile(r"\b(?:[A-Z][a-z0-9]+)+(?:Error|Exception|Enabled)\b:?\s*")
+
+
+def _first_line(err: Exception | str) -> str:
+    """The first line of an error's message, without the exception class names it may quote."""
+    text = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), "")
+    text = " ".join(_CLASS_NAME.sub("", text).split()).removeprefix("Got: ").strip()
+    return text or "no details given"
 
 
 @contextmanager
@@ -215,9 +290,18 @@ def _weight_files(folder: Path, ref: HubRef, revision: str) -> list[str]:
         except (DflashError, ValueError, AttributeError, TypeError, RecursionError):
             return []  # the checkpoint reader names what is wrong with it
     from huggingface_hub import get_cached_repo_tree
+    from huggingface_hub.errors import CachedRepoTreeNotFoundError
 
-    return [f.path for f in get_cached_repo_tree(ref.repo, revision=revision)
-            if "/" not in f.path and f.path.endswith(".safetensors")]
+    try:
+        listed = [f.path for f in get_cached_repo_tree(ref.repo, revision=revision)]
+    except CachedRepoTreeNotFoundError:
+        # A cache written file by file (hf_hub_download) or by an older huggingface_hub has no tree
+        # listing: offline, the snapshot folder itself says what is there, as
+        # snapshot_download(local_files_only=True) trusts it.
+        if not _offline():
+            raise
+        listed = [p.name for p in folder.iterdir()]
+    return [name for name in listed if "/" not in name and name.endswith(".safetensors")]
 
 
 def fetch_folder(ref: HubRef, files: tuple[str, ...], weights: bool = False) -> Path:
@@ -308,7 +392,12 @@ RETRY_WAIT_S = 0.5
 
 class HubRangeFile(io.RawIOBase):
     """A file on the Hub read by HTTP range requests (through huggingface_hub's session, token and
-    endpoint); `bytes_fetched` counts the body bytes received."""
+    endpoint); `bytes_fetched` counts the body bytes received.
+
+    A server that ignores `Range` (a mirror such as olah answers 200 with the whole body, maybe
+    chunked) is read as a stream instead: its answer stays open and each read takes the next bytes
+    from it, so a reader moving forward (GGUFFile's prefix) receives only the bytes it asks for; the
+    stream is closed by `close()`, without reading the rest of the file."""
 
     def __init__(self, url: str, size: int, name: str, token: bool = True):
         from huggingface_hub.utils import build_hf_headers
@@ -319,6 +408,8 @@ class HubRangeFile(io.RawIOBase):
         self._pos = 0
         self.bytes_fetched = 0
         self.requests = 0
+        self.streamed = False  # the server ignored the byte range: read as a stream
+        self._stream = None    # (exit stack, byte iterator, position in the file) of an open 200 answer
 
     def readable(self) -> bool:
         return True
@@ -344,43 +435,119 @@ class HubRangeFile(io.RawIOBase):
         self._pos += n
         return n
 
+    def close(self) -> None:
+        self._close_stream()
+        super().close()
+
+    def _close_stream(self) -> None:
+        if self._stream is not None:
+            self._stream[0].close()
+            self._stream = None
+
     def _fetch(self, start: int, length: int) -> bytes:
         """One range, retried after a dropped connection, a timeout, 429 or 5xx (RANGE_RETRIES times,
         waiting RETRY_WAIT_S doubled each time, or the server's Retry-After when shorter than 30 s)."""
         import httpx2
-        from huggingface_hub.utils import get_session, hf_raise_for_status
 
-        headers = {**self._headers, "Range": f"bytes={start}-{start + length - 1}", "Accept-Encoding": "identity"}
         for attempt in range(RANGE_RETRIES + 1):
             wait = RETRY_WAIT_S * 2 ** attempt
             try:
-                with get_session().stream("GET", self.url, headers=headers, timeout=60) as response:
-                    self.requests += 1
-                    status = response.status_code
-                    if status == 429 or status >= 500:
-                        response.read()
-                        if attempt == RANGE_RETRIES:
-                            hf_raise_for_status(response)
-                        after = response.headers.get("Retry-After", "")
-                        wait = float(after) if after.isdigit() and int(after) < 30 else wait
-                        log.info("%s: HTTP %d on a range request; retrying in %.1f s", self.name, status, wait)
-                    elif status >= 400:
-                        response.read()
-                        hf_raise_for_status(response)
-                    elif status != 206:  # a whole file instead of the range: do not read it
-                        raise HubError(f"{self.name}: the server ignored the byte range (HTTP {status}); "
-                                       "download the file and give its path")
-                    else:
-                        data = response.read()
-                        self.bytes_fetched += len(data)
+                if self._stream is None or self._stream[2] > start:
+                    data = self._request(start, length)
+                    if data is not None:
                         return data
+                if self._stream is not None:
+                    return self._from_stream(start, length)
             except (httpx2.TransportError, httpx2.StreamError) as err:
+                self._close_stream()
                 if attempt == RANGE_RETRIES:
                     raise HubError(f"{self.name}: reading bytes {start}-{start + length - 1} failed "
                                    f"{RANGE_RETRIES + 1} times: {_first_line(err)}") from None
-                log.info("%s: %s on a range request; retrying in %.1f s", self.name, type(err).__name__, wait)
+                log.info("%s: the connection failed on a range request; retrying in %.1f s", self.name, wait)
+            except _Retry as retry:
+                if attempt == RANGE_RETRIES:
+                    retry.raise_status()
+                wait = retry.after if retry.after is not None else wait
+                log.info("%s: HTTP %d on a range request; retrying in %.1f s", self.name, retry.status, wait)
             time.sleep(wait)
         raise AssertionError("unreachable")
+
+    def _request(self, start: int, length: int) -> bytes | None:
+        """Ask for bytes [start, start + length): their bytes on a 206; None on a 200 (the server
+        ignored the range), whose answer is kept open as the stream to read from."""
+        from contextlib import ExitStack
+
+        from huggingface_hub.utils import get_session, hf_raise_for_status
+
+        self._close_stream()
+        headers = {**self._headers, "Range": f"bytes={start}-{start + length - 1}", "Accept-Encoding": "identity"}
+        stack = ExitStack()
+        try:
+            response = stack.enter_context(get_session().stream("GET", self.url, headers=headers, timeout=60))
+            self.requests += 1
+            status = response.status_code
+            if status == 429 or status >= 500:
+                response.read()
+                raise _Retry(response, hf_raise_for_status)
+            if status >= 400:
+                response.read()
+                hf_raise_for_status(response)
+            if status == 206:
+                data = response.read()
+                self.bytes_fetched += len(data)
+                return data
+            if status != 200:
+                raise HubError(f"{self.name}: the server answered a range request with HTTP {status}; download "
+                               "the file and give its path")
+            if not self.streamed:
+                log.info("%s: the server ignored the byte range (HTTP 200); reading the file's start as a stream",
+                         self.name)
+            self.streamed = True
+            self._stream = (stack, response.iter_raw(STREAM_CHUNK), 0, b"")
+            stack = None
+            return None
+        finally:
+            if stack is not None:
+                stack.close()
+
+    def _from_stream(self, start: int, length: int) -> bytes:
+        """Bytes [start, start + length) from the open whole-file answer, skipping any before `start`."""
+        stack, chunks, pos, held = self._stream
+        out = bytearray()
+        while len(out) < length:
+            if not held:
+                held = next(chunks, b"")
+                if not held:
+                    self._stream = (stack, chunks, pos, b"")
+                    raise HubError(f"{self.name}: the server's answer ended at byte {pos} of {self.size}")
+                self.bytes_fetched += len(held)
+            skip = max(0, start - pos)
+            if skip >= len(held):
+                pos, held = pos + len(held), b""
+                continue
+            take = held[skip:skip + length - len(out)]
+            out += take
+            pos += skip + len(take)
+            held = held[skip + len(take):]
+        self._stream = (stack, chunks, pos, held)
+        return bytes(out)
+
+
+# How much of a whole-file answer is taken from the socket at a time when a server ignores ranges.
+STREAM_CHUNK = 16 * 1024
+
+
+class _Retry(Exception):
+    """A range request answered 429 or 5xx: to be tried again, or raised as the Hub's error."""
+
+    def __init__(self, response, raise_for_status):
+        self.status = response.status_code
+        after = response.headers.get("Retry-After", "")
+        self.after = float(after) if after.isdigit() and int(after) < 30 else None
+        self._response, self._raise = response, raise_for_status
+
+    def raise_status(self):
+        self._raise(self._response)
 
 
 @dataclass
@@ -425,11 +592,8 @@ def _open_cached(ref: HubRef) -> HubGGUF | None:
 
 def resolve_source(ref: HubRef) -> HubSource:
     """The commit `ref` names now (and for a GGUF, which file), from the Hub's model info alone."""
-    from huggingface_hub import HfApi
-
-    with hub_errors(ref):
-        info = HfApi().model_info(ref.repo, revision=ref.revision)
-        name = pick_gguf(ref, [s.rfilename for s in info.siblings or []]) if ref.is_gguf else None
+    info = model_info(ref)
+    name = pick_gguf(ref, [s.rfilename for s in info.siblings or []]) if ref.is_gguf else None
     return HubSource(ref.repo, info.sha, name)
 
 
@@ -461,7 +625,12 @@ def open_gguf(ref: HubRef) -> HubGGUF:
         # Read from where the Hub redirects (the CDN for LFS files), sparing a redirect per read.
         same_origin = urlsplit(meta.location).netloc == urlsplit(url).netloc
         remote = HubRangeFile(meta.location, meta.size, f"{ref.repo}/{name}", token=same_origin)
-        gguf = GGUFFile(remote, name=f"{ref.repo}/{name}")
-    log.info("%s: read %d bytes of metadata from %s (%d bytes) with %d range requests, %d bytes fetched",
-             ref, gguf.data_offset, name, meta.size, remote.requests, remote.bytes_fetched)
+        try:
+            gguf = GGUFFile(remote, name=f"{ref.repo}/{name}")
+        finally:
+            remote.close()  # the header and metadata are all it is read for; a stream is hung up here
+    log.info("%s: read %d bytes of metadata from %s (%d bytes) with %d %s, %d bytes fetched",
+             ref, gguf.data_offset, name, meta.size, remote.requests,
+             "requests (the server ignored byte ranges)" if remote.streamed else "range requests",
+             remote.bytes_fetched)
     return HubGGUF(gguf, source, None, remote.bytes_fetched, remote.requests)

@@ -87,11 +87,7 @@ def default_target(repo: str, revision: str | None, files: list[str]) -> hub.Hub
 
 
 def _listing(repo: str, revision: str | None) -> list[str]:
-    from huggingface_hub import HfApi
-
-    ref = hub.HubRef(repo, revision)
-    with hub.hub_errors(ref):
-        info = HfApi().model_info(repo, revision=revision)
+    info = hub.model_info(hub.HubRef(repo, revision))
     return [s.rfilename for s in info.siblings or []]
 
 
