@@ -23,11 +23,11 @@ from typing import Callable, Sequence
 
 from ..convert import hub
 from ..convert.hub import HubRef
-from ..errors import InputError
 from . import compare
 from .build import find_bin_dir
 from .client import Completion, LlamaClient
 from .launch import CTX_SIZE, Launch, launch_recipe
+from .prompts import Prompt, size_bound, tokenize_prompts
 from .teacher_forcing import TeacherForcing
 
 log = logging.getLogger(__name__)
@@ -84,25 +84,25 @@ def _reference_parity(settings: ValidationSettings, prompt_ids: list[list[int]],
             "prompts": [{"tokens": len(r.tokens), "mean_acceptance_length": round(r.tau, 4)} for r in runs]}
 
 
-def measuring_launch(launch: Launch, prompts: Sequence[str], n_predict: int) -> Launch:
+def measuring_launch(launch: Launch, prompts: Sequence[Prompt], n_predict: int) -> Launch:
     """What measuring adds to the recipe: room in every slot for the longest prompt (a generous
     bound: its bytes) and the new tokens, unless the user's arguments set the context size."""
     if launch.user_value(CTX_SIZE) is not None:
         return launch
-    per_slot = max(len(p.encode()) for p in prompts) + n_predict + 64
+    per_slot = max(size_bound(p) for p in prompts) + n_predict + 64
     return launch.adding("-c", str(per_slot * launch.parallel))
 
 
-def run_server(launch: Launch, prompts: list[list[int]] | Sequence[str], settings: ValidationSettings,
+def run_server(launch: Launch, prompts: list[list[int]] | Sequence[Prompt], settings: ValidationSettings,
                 bin_dir: Path, label: str, progress: Progress) -> tuple[ServerRun, list[list[int]], list[str]]:
-    """Answer every prompt; text prompts are tokenized by this server first (returned with the run),
+    """Answer every prompt; prompts not yet token ids are tokenized by this server first (returned with the run),
     and so is the command line the server ran."""
     def ask(client: LlamaClient, ids: list[int]) -> Completion:
         return client.complete(ids, settings.n_predict, temperature=settings.temperature, seed=0, cache_prompt=False)
 
     with launch.server(bin_dir=bin_dir) as server:
         client = server.client
-        if prompts and isinstance(prompts[0], str):
+        if prompts and not isinstance(prompts[0], list):
             prompts = tokenize_prompts(client, prompts)
         progress(f"{label}: server up at {client.url}; {len(prompts)} prompts, {launch.parallel} in flight")
         ask(client, prompts[0][:8])  # warm-up, not measured
@@ -118,14 +118,6 @@ def run_server(launch: Launch, prompts: list[list[int]] | Sequence[str], setting
     return ServerRun(completions, sequential), prompts, command
 
 
-def tokenize_prompts(client: LlamaClient, prompts: Sequence[str]) -> list[list[int]]:
-    ids = [client.tokenize(p, add_special=True, parse_special=True) for p in prompts]
-    for prompt, tokens in zip(prompts, ids):
-        if not tokens:
-            raise InputError(f"prompt {prompt[:40]!r} tokenizes to nothing; give a non-empty prompt")
-    return ids
-
-
 def build_info(bin_dir: Path, backend: str | None) -> dict:
     """Which patched build ran: backend, build key, bin folder."""
     manifest = bin_dir.parent / "build.json"
@@ -134,7 +126,7 @@ def build_info(bin_dir: Path, backend: str | None) -> dict:
             "bin": str(bin_dir)}
 
 
-def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], settings: ValidationSettings,
+def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], settings: ValidationSettings,
              baseline: str | Path | None = None, progress: Progress | None = None) -> dict:
     """Run both servers and build the report (the JSON `--json` prints and `--report` writes)."""
     progress = progress or (lambda msg: log.info(msg))
@@ -158,12 +150,12 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
         for text, ids, s, t in zip(prompts, prompt_ids, spec.completions, alone.completions):
             findings = forced.check(ids, s.tokens, settings.tie_tolerance)
             kinds = [f.kind for f in findings]
-            results.append({"prompt": text, "exact": s.tokens == t.tokens, "tokens": len(t.tokens),
+            results.append({"prompt": str(text), "exact": s.tokens == t.tokens, "tokens": len(t.tokens),
                             "produced": s.n_predicted, "positions_checked": len(s.tokens),
                             "first_divergence": compare.first_divergence(s.tokens, t.tokens),
                             "ties": kinds.count(compare.TIE), "mismatches": kinds.count(compare.MISMATCH),
                             "draft_n": s.draft_n, "draft_n_accepted": s.draft_n_accepted})
-            divergences += [{"prompt": text, **f.to_dict()} for f in findings]
+            divergences += [{"prompt": str(text), **f.to_dict()} for f in findings]
 
     totals = spec.totals()
     reference = _reference_parity(settings, prompt_ids, progress)
