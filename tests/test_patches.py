@@ -14,7 +14,7 @@
   dying with SIGILL at its first matrix multiply.
 
 `DFLASH_GGUF_TEST_LLAMA_BIN=<bin dir> pytest tests/test_patches.py` runs the same tests against the
-programs of another build; against an unpatched build of the pinned tree all 14 fail (the two of 0006 on a CPU with AMX).
+programs of another build; against an unpatched build of the pinned tree all 16 fail (the two of 0006 only on a CPU with AMX).
 """
 
 from __future__ import annotations
