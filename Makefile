@@ -36,8 +36,10 @@ fixtures: llama
 	$(PY) -m tests.fixtures.trained_gguf
 	$(PY) -m tests.fixtures.smollm2
 
+# THREADS=N passes llama-server -t N to every step (default: llama.cpp's own thread count).
+THREADS ?=
 demo: llama fixtures
-	$(PY) -m examples.demo
+	$(PY) -m examples.demo $(if $(THREADS),--threads $(THREADS))
 
 bench-convert: setup
 	$(PY) -m benchmarks.bench_convert
@@ -68,6 +70,10 @@ train-smollm2: llama
 
 # docs/benchmarks.md + docs/benchmarks.png: conversion, decode speed, reference parity, quant recipes,
 # measured side by side in one run (about 5 minutes on 2 quiet cores; benchmarks/bench.py).
-.PHONY: bench
+.PHONY: bench bench-real
 bench: llama fixtures
 	$(PY) -m benchmarks.bench $(if $(LLAMA_BACKEND),--backend $(LLAMA_BACKEND))
+
+# Section (g) of docs/benchmarks.md alone: SmolLM2-135M-Instruct with its drafters (benchmarks/real_target.py).
+bench-real: llama fixtures
+	$(PY) -m benchmarks.real_target $(if $(LLAMA_BACKEND),--backend $(LLAMA_BACKEND))

@@ -18,7 +18,10 @@ Sections (all in one process, one after the other, on the same machine and llama
       is installed, the share of CPU samples per library);
   (f) the two regimes (benchmarks/regimes.py): the target as it is (compute-bound) and widened by
       inert FFN units to a memory-bound size, at F16 and Q8_0, both drafters: speedup, tau,
-      efficiency, and the step decomposition in target tokens.
+      efficiency, and the step decomposition in target tokens;
+  (g) the real target (benchmarks/real_target.py): SmolLM2-135M-Instruct at F16, Q8_0 and Q4_K_M with
+      the drafters trained for it, on the held-out chat prompts: tau, acceptance per draft position,
+      speedup with serve's defaults and with the tuned setting, llama-bench's verification cost.
 
 It writes docs/benchmarks.md (tables, machine, date, llama build, commands to reproduce) and
 docs/benchmarks.png. Every speed figure is a ratio of two things measured in the same run; nothing
@@ -43,7 +46,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks import regimes
+from benchmarks import real_target, regimes
 from dflash_gguf.quantize.quantize import DEFAULT_RECIPE
 from dflash_gguf.quantize.quantize import RECIPES as RECIPE_TABLE
 from dflash_gguf.runner.verdict import batch_cost_verdict, drafting_pays, speed_verdict
@@ -775,6 +778,8 @@ def render_markdown(results: dict, png_name: str) -> str:
             ]
     if results.get("regimes"):
         lines += regimes.markdown(results["regimes"], DRAFTER_LABELS)
+    if results.get("real"):
+        lines += real_target.markdown(results["real"]) + [""]
     if notes:
         lines += ["## Observations", ""] + [f"- {n}" for n in notes] + [""]
     lines += [
@@ -890,6 +895,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-convert", action="store_true", help="leave out section (a)")
     parser.add_argument("--no-reference", action="store_true", help="leave out section (c)")
     parser.add_argument("--skip-regimes", action="store_true", help="leave out section (f)")
+    parser.add_argument("--skip-real", action="store_true", help="leave out section (g) (--quick leaves it out too)")
     parser.add_argument("--backend", choices=("cpu", "cuda", "metal"), default=None,
                         help="the llama.cpp build to measure (default: the default backend's, as `llama build`)")
     parser.add_argument("--docs", type=Path, default=DOCS, help="where benchmarks.md and benchmarks.png go")
@@ -940,6 +946,8 @@ def main(argv: list[str] | None = None) -> None:
             models, n_predict, 1 if args.quick else 3, WORK / models.kind / "regimes", _row,
             lambda m: profile_section(m, n_predict, results["settings"]["profile_rounds"]), progress, BACKEND,
             lambda target, batches: _llama_bench(target, find_bin_dir(BACKEND), batches))
+    results["real"] = None if args.quick or args.skip_real else real_target.real_section(
+        lambda m: progress(m), BACKEND, repeats=1 if args.quick else 3)
     busy += [b for b in training_running() if b not in busy]
     results["load"] = {"start": load_start, "end": load_average(), "busy": busy}
     results["run_seconds"] = round(time.perf_counter() - _T0, 1)
@@ -950,6 +958,8 @@ def main(argv: list[str] | None = None) -> None:
     out_json.write_text(json.dumps(results, indent=2, default=str))
     args.docs.mkdir(parents=True, exist_ok=True)
     render_chart(results, args.docs / "benchmarks.png")
+    if results["real"]:
+        real_target.chart(results["real"], args.docs / real_target.PNG)
     (args.docs / "benchmarks.md").write_text(render_markdown(results, "benchmarks.png"))
     print_tables(results)
     progress(f"wrote {args.docs / 'benchmarks.md'}, {args.docs / 'benchmarks.png'}, {out_json} "

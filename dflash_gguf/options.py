@@ -33,9 +33,11 @@ def draft_option(*, required: bool = True, help: str = "The drafter GGUF made fo
 
 
 def prompts_option(default: str):
-    """--prompts FILE: one prompt per line; `default` says what is used without it."""
+    """--prompts FILE (runner/prompts.py reads it); `default` says what is used without it."""
     return click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                        help=rf"One prompt per line (\n for a newline). Default: {default}")
+                        help=r"One prompt per line (\n for a newline), or JSONL (a .jsonl file): one object a "
+                             r'line, {"messages": [{"role": "user", "content": "..."}]} rendered by the target\'s '
+                             rf'chat template as llama-server renders it, or {{"prompt": "..."}}. Default: {default}')
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")

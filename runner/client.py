@@ -252,6 +252,14 @@ class LlamaClient:
                           {"content": text, "add_special": add_special, "parse_special": parse_special})
         return [int(t["id"]) if isinstance(t, dict) else int(t) for t in data.get("tokens", [])]
 
+    def apply_template(self, messages: Sequence[dict[str, Any]]) -> str:
+        """The prompt the server's chat template makes of `messages` (as /v1/chat/completions would)."""
+        data = self._json("POST", "/apply-template", {"messages": list(messages)})
+        prompt = data.get("prompt") if isinstance(data, dict) else None
+        if not isinstance(prompt, str):
+            raise ServerError(f"POST {self.url}/apply-template: no prompt in the answer")
+        return prompt
+
     def detokenize(self, tokens: Sequence[int]) -> str:
         return str(self._json("POST", "/detokenize", {"tokens": [int(t) for t in tokens]}).get("content", ""))
 

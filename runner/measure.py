@@ -1,4 +1,4 @@
-"""Measuring a server on prompts, shared by validate and tune: the prompts as token ids, the room
+"""Measuring a server on prompts, shared by validate and tune: the room
 every slot needs, the answers of one server (speed from the one-at-a-time pass), and the
 acceptance maths."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..errors import InputError
-from .client import Completion, LlamaClient
+from .client import Completion
 from .launch import CTX_SIZE, Launch
+from .prompts import Prompt, size_bound
 
 Progress = Callable[[str], None]
 
@@ -33,21 +33,13 @@ class ServerRun:
         return tokens / (ms / 1000.0) if ms > 0 else 0.0
 
 
-def measuring_launch(launch: Launch, prompts: Sequence[str], n_predict: int) -> Launch:
+def measuring_launch(launch: Launch, prompts: Sequence[Prompt], n_predict: int) -> Launch:
     """What measuring adds to the recipe: room in every slot for the longest prompt (a generous
     bound: its bytes) and the new tokens, unless the user's arguments set the context size."""
     if launch.user_value(CTX_SIZE) is not None:
         return launch
-    per_slot = max(len(p.encode()) for p in prompts) + n_predict + 64
+    per_slot = max(size_bound(p) for p in prompts) + n_predict + 64
     return launch.adding("-c", str(per_slot * launch.parallel))
-
-
-def tokenize_prompts(client: LlamaClient, prompts: Sequence[str]) -> list[list[int]]:
-    ids = [client.tokenize(p, add_special=True, parse_special=True) for p in prompts]
-    for prompt, tokens in zip(prompts, ids):
-        if not tokens:
-            raise InputError(f"prompt {prompt[:40]!r} tokenizes to nothing; give a non-empty prompt")
-    return ids
 
 
 def mean_acceptance_length(produced: int, accepted: int, requests: int = 0) -> float:

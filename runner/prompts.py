@@ -1,11 +1,29 @@
-"""Prompts for validation: a built-in mix, or a file with one prompt per line."""
+"""Prompts for validate, tune and doctor: a built-in mix, or a file the user wrote.
+
+Two file formats, told apart by name or content:
+- one prompt per line (`\\n` in a line stands for a newline), sent as it is;
+- JSONL (a `.jsonl` file, or any file whose first non-blank line is a JSON object): one object
+  per line, `{"messages": [{"role": ..., "content": ...}, ...]}` or `{"prompt": "..."}`. A
+  conversation is rendered by the target's own chat template exactly as llama-server renders a
+  `/v1/chat/completions` request: the running server's `/apply-template` renders it (its Jinja
+  engine, the GGUF's `tokenizer.chat_template`, a `--chat-template` given after `--`), then
+  `/tokenize` with the flags that request uses (special tokens added and parsed).
+
+Every command reads prompts with `read_prompts` and turns them into token ids with `tokenize_prompts`.
+"""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence, Union
 
 from ..errors import InputError
 from ..inputs import read_text
+
+if TYPE_CHECKING:
+    from .client import LlamaClient
 
 BUILTIN_PROMPTS: tuple[str, ...] = (
     # code
@@ -24,15 +42,116 @@ BUILTIN_PROMPTS: tuple[str, ...] = (
     "Explain speculative decoding in two sentences.<|im_end|>\n<|im_start|>assistant\n",
 )
 
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+ROLES = ("system", "user", "assistant", "tool")
+# What a chat template adds around the messages, for sizing a server's context before it has rendered
+# them (the bound is in bytes, which a BPE tokenizer never exceeds in tokens): the role markers of
+# each message, and a default system prompt or date line of the template's own.
+TEMPLATE_BYTES_PER_MESSAGE = 64
+TEMPLATE_BYTES = 2048
 
-def read_prompts(path: str | Path) -> list[str]:
-    """One prompt per line; `\\n` in a line stands for a newline (`\\\\` for a backslash)."""
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A conversation, rendered by the target's chat template when it is sent."""
+
+    messages: tuple[dict[str, str], ...]
+
+    def __str__(self) -> str:
+        """What reports show: the last message, as the user wrote it."""
+        return self.messages[-1]["content"]
+
+    def size_bound(self) -> int:
+        return (sum(len(m["content"].encode()) for m in self.messages)
+                + TEMPLATE_BYTES_PER_MESSAGE * len(self.messages) + TEMPLATE_BYTES)
+
+
+Prompt = Union[str, ChatPrompt]
+
+
+def read_prompts(path: str | Path) -> list[Prompt]:
+    """The prompts of a file in either format (see the module's docstring)."""
     path = Path(path)
     lines = read_text(path, "prompts file").splitlines()
-    prompts = [_unescape(line) for line in lines if line.strip()]
+    if is_jsonl(path, lines):
+        prompts = [_jsonl_prompt(path, number, line) for number, line in enumerate(lines, 1) if line.strip()]
+        expected = 'one JSON object per line: {"messages": [...]} or {"prompt": "..."}'
+    else:
+        prompts = [_unescape(line) for line in lines if line.strip()]
+        expected = "one prompt per line"
     if not prompts:
-        raise InputError(f"{path}: no prompts (expected one prompt per line)")
+        raise InputError(f"{path}: no prompts (expected {expected})")
     return prompts
+
+
+def is_jsonl(path: Path, lines: Sequence[str]) -> bool:
+    if path.suffix.lower() in JSONL_SUFFIXES:
+        return True
+    first = next((line.strip() for line in lines if line.strip()), "")
+    if not first.startswith("{"):
+        return False
+    try:
+        return isinstance(json.loads(first), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
+def size_bound(prompt: Prompt) -> int:
+    """An upper bound on the prompt's length in tokens (its bytes, with the template's for a chat)."""
+    return prompt.size_bound() if isinstance(prompt, ChatPrompt) else len(prompt.encode())
+
+
+def tokenize_prompts(client: "LlamaClient", prompts: Sequence[Prompt]) -> list[list[int]]:
+    """Every prompt as the token ids the server at `client` would evaluate for it."""
+    ids = []
+    for prompt in prompts:
+        text = client.apply_template(list(prompt.messages)) if isinstance(prompt, ChatPrompt) else prompt
+        tokens = client.tokenize(text, add_special=True, parse_special=True)
+        if not tokens:
+            raise InputError(f"prompt {str(prompt)[:40]!r} tokenizes to nothing; give a non-empty prompt")
+        ids.append(tokens)
+    return ids
+
+
+def _jsonl_prompt(path: Path, number: int, line: str) -> Prompt:
+    where = f"{path}:{number}"
+    try:
+        record = json.loads(line)
+    except ValueError as err:
+        raise InputError(f"{where}: not JSON ({getattr(err, 'msg', err)}); each line is one object, "
+                         '{"messages": [...]} or {"prompt": "..."}') from None
+    except RecursionError:
+        raise InputError(f"{where}: JSON nested too deeply to be a prompt") from None
+    if not isinstance(record, dict):
+        raise InputError(f'{where}: a JSON {type(record).__name__}; each line is one object, '
+                         '{"messages": [...]} or {"prompt": "..."}')
+    if ("messages" in record) == ("prompt" in record):
+        raise InputError(f'{where}: give exactly one of the fields "messages" (a conversation) and "prompt" (text)')
+    if "prompt" in record:
+        text = record["prompt"]
+        if not isinstance(text, str) or not text.strip():
+            raise InputError(f'{where}: field "prompt" must be a non-empty string')
+        return text
+    messages = record["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise InputError(f'{where}: field "messages" must be a non-empty list of {{"role", "content"}} objects')
+    return ChatPrompt(tuple(_message(where, i, m) for i, m in enumerate(messages)))
+
+
+def _message(where: str, i: int, message: object) -> dict[str, str]:
+    field = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise InputError(f'{where}: field "{field}" must be an object with "role" and "content"')
+    role, content = message.get("role"), message.get("content")
+    if role not in ROLES:
+        raise InputError(f'{where}: field "{field}.role" must be one of {", ".join(ROLES)} (found {role!r})')
+    if isinstance(content, list):  # OpenAI content parts: text only
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            raise InputError(f'{where}: field "{field}.content" parts must each be {{"type": "text", "text": "..."}}')
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise InputError(f'{where}: field "{field}.content" must be a string')
+    return {"role": role, "content": content}
 
 
 def _unescape(line: str) -> str:

@@ -47,7 +47,8 @@ from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient
 from .launch import launch_recipe, parse_server_args, read_draft
 from .server import LlamaServer
-from .measure import Progress, ServerRun, mean_acceptance_length, measuring_launch, tokenize_prompts
+from .measure import Progress, ServerRun, mean_acceptance_length, measuring_launch
+from .prompts import Prompt, tokenize_prompts
 from .verdict import DEFAULT_MIN_SPEEDUP, drafting_pays
 
 THREADS = ("-t", "--threads")
@@ -294,7 +295,7 @@ class _Tuner:
     own server in turn, and every pass over the prompts alternates requests between the two, so
     both are timed under the same load."""
 
-    def __init__(self, target: Path, draft: Path, prompts: Sequence[str], settings: TuneSettings,
+    def __init__(self, target: Path, draft: Path, prompts: Sequence[Prompt], settings: TuneSettings,
                  progress: Progress):
         self.target, self.draft, self.texts = target, draft, list(prompts)
         self.settings, self.progress = settings, progress
@@ -516,7 +517,7 @@ class _Tuner:
         return confirmed, alone, stopped
 
 
-def tune(target: str | Path, draft: str | Path, prompts: Sequence[str], settings: TuneSettings,
+def tune(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], settings: TuneSettings,
          progress: Progress | None = None) -> TuneResult:
     """Measure the grid (module docstring) and choose: the best drafting setting when its confirmed
     speedup reaches `settings.min_speedup`, else the target alone at its fastest thread count."""

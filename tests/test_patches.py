@@ -10,9 +10,11 @@
   `dflash draft: seq_id=.. pos=.. id_last=.. n=.. ids=[..]`, on stderr, server included.
 - 0005-server-yield-without-wakeups: llama-server decodes and drafts without waking its task worker
   thread for nothing: counted as the threads' voluntary context switches per generated token.
+- 0006-amx-tile-config-rodata: a quantized model (Q8_0, Q4_0) answers on a CPU with AMX instead of
+  dying with SIGILL at its first matrix multiply.
 
 `DFLASH_GGUF_TEST_LLAMA_BIN=<bin dir> pytest tests/test_patches.py` runs the same tests against the
-programs of another build; against an unpatched build of the pinned tree all 14 fail.
+programs of another build; against an unpatched build of the pinned tree all 16 fail (the two of 0006 only on a CPU with AMX).
 """
 
 from __future__ import annotations
@@ -250,3 +252,23 @@ def test_server_decode_does_not_wake_the_task_worker(llama_bin: Path, trained_pa
         switches = _voluntary_switches(server.pid) - before
     assert tokens >= 8 * 60
     assert switches / tokens < 0.5, f"{switches} voluntary context switches for {tokens} tokens"
+
+
+def _has_amx() -> bool:
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_quantized_target_runs_on_this_cpu(llama_bin: Path, target_gguf: Path, qtype: str, tmp_path: Path):
+    """A quantized target answers (0006): on an AMX CPU the unpatched build's AMX kernels load an
+    empty tile configuration and the first matrix multiply dies with SIGILL; without AMX the
+    kernels are not compiled and this passes either way."""
+    quantized = tmp_path / f"target-{qtype}.gguf"
+    proc = run_tool(llama_bin, "llama-quantize", target_gguf, quantized, qtype, "1")
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    with LlamaServer(quantized, ["-t", "1", "-c", "256"], bin_dir=llama_bin, log_path=tmp_path / "server.log") as server:
+        answer = server.client.complete("Hello world", 8, ignore_eos=True)
+    assert answer.n_predicted == 8, f"AMX CPU: {_has_amx()}"

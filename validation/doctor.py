@@ -31,6 +31,7 @@ from ..convert.target import load_target
 from ..errors import DflashError, ServerArgsError, TargetError
 from ..runner.launch import check_pair, dflash_server
 from ..runner.measure import acceptance_rate, mean_acceptance_length
+from ..runner.prompts import Prompt, tokenize_prompts
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ def card_tau(draft: Path) -> float | None:
     return None
 
 
-def measure(target: Path, draft: Path, args: Sequence[str], prompts: Sequence[str], n_predict: int,
+def measure(target: Path, draft: Path, args: Sequence[str], prompts: Sequence[Prompt], n_predict: int,
             backend: str | None, llama_bin: Path | None = None) -> dict:
     """A short greedy run, launched as `serve` launches it: tau and acceptance per draft position."""
     from ..runner.build import find_bin_dir
@@ -168,7 +169,8 @@ def measure(target: Path, draft: Path, args: Sequence[str], prompts: Sequence[st
     with server:
         client = server.client
         before = client.metrics()
-        answers = [client.complete(p, n_predict, temperature=0.0, cache_prompt=False) for p in prompts]
+        answers = [client.complete(ids, n_predict, temperature=0.0, cache_prompt=False)
+                   for ids in tokenize_prompts(client, prompts)]
         metrics = client.metrics().since(before)
     produced = sum(c.n_predicted for c in answers)
     drafted = sum(c.draft_n for c in answers)
@@ -184,7 +186,7 @@ def measure(target: Path, draft: Path, args: Sequence[str], prompts: Sequence[st
 
 
 def diagnose(target: str | Path, draft: str | Path, server_args: Sequence[str] = (), *, checkpoint: Path | None = None,
-             prompts: Sequence[str] = (), n_predict: int = 64, backend: str | None = None,
+             prompts: Sequence[Prompt] = (), n_predict: int = 64, backend: str | None = None,
              llama_bin: Path | None = None, run: bool = True, progress: Callable[[str], None] | None = None) -> dict:
     """Every check; the report `--json` prints. `ok` is False when anything was found."""
     progress = progress or (lambda msg: log.info(msg))

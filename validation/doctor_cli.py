@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ..terminal import shown
-from ..options import GGUF, ServerArgsCommand, build_options, draft_option, json_option, target_option
+from ..options import GGUF, ServerArgsCommand, build_options, draft_option, json_option, prompts_option, target_option
 from .doctor import diagnose
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 
@@ -19,8 +19,7 @@ from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 @draft_option()
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="The drafter's HF checkpoint folder: also check the GGUF against what it needs (sliding window).")
-@click.option("--prompts", "prompts_file", type=GGUF, help="Prompts for the measured run, one per line. "
-              "Default: the built-in mix.")
+@prompts_option("the built-in mix.")
 @click.option("-n", "--n-predict", "n_predict", type=click.IntRange(1, 1024), default=64, show_default=True,
               help="New tokens per prompt in the measured run.")
 @click.option("--no-run", is_flag=True, help="Only the checks of files and arguments; start no server.")

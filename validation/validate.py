@@ -30,8 +30,8 @@ from ..errors import InputError
 from ..runner.build import build_info, find_bin_dir
 from ..runner.client import Completion, LlamaClient
 from ..runner.launch import Launch, launch_recipe
-from ..runner.measure import (Progress, ServerRun, acceptance_rate, mean_acceptance_length, measuring_launch,
-                              tokenize_prompts)
+from ..runner.measure import Progress, ServerRun, acceptance_rate, mean_acceptance_length, measuring_launch
+from ..runner.prompts import Prompt, size_bound, tokenize_prompts
 from . import compare
 from .lossless import MISMATCH, NUMERICAL, judge, noise_by_width
 from .replay import Replay, ServerContext
@@ -71,17 +71,17 @@ def _reference_parity(settings: ValidationSettings, prompt_ids: list[list[int]],
             "prompts": [{"tokens": len(r.tokens), "mean_acceptance_length": round(r.tau, 4)} for r in runs]}
 
 
-def run_server(launch: Launch, prompts: list[list[int]] | Sequence[str], settings: ValidationSettings,
+def run_server(launch: Launch, prompts: list[list[int]] | Sequence[Prompt], settings: ValidationSettings,
                 bin_dir: Path, label: str, progress: Progress, log_path: Path | None = None
                 ) -> tuple[ServerRun, list[list[int]], list[str]]:
-    """Answer every prompt; text prompts are tokenized by this server first (returned with the run),
-    and so is the command line the server ran. `log_path` keeps the server's log there."""
+    """Answer every prompt; prompts not yet token ids are tokenized by this server first (returned
+    with the run), and so is the command line the server ran. `log_path` keeps the server's log there."""
     def ask(client: LlamaClient, ids: list[int]) -> Completion:
         return client.complete(ids, settings.n_predict, temperature=settings.temperature, seed=0, cache_prompt=False)
 
     with launch.server(bin_dir=bin_dir, log_path=log_path) as server:
         client = server.client
-        if prompts and isinstance(prompts[0], str):
+        if prompts and not isinstance(prompts[0], list):
             prompts = tokenize_prompts(client, prompts)
         progress(f"{label}: server up at {client.url}; {len(prompts)} prompts, {launch.parallel} in flight")
         ask(client, prompts[0][:8])  # warm-up, not measured
@@ -130,7 +130,7 @@ def _check_tokens(spec: ServerRun, alone: ServerRun, prompt_ids: list[list[int]]
     return judgements, replay_info
 
 
-def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], settings: ValidationSettings,
+def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], settings: ValidationSettings,
              baseline: str | Path | None = None, progress: Progress | None = None) -> dict:
     """Run both servers and build the report (the JSON `--json` prints and `--report` writes)."""
     progress = progress or (lambda msg: log.info(msg))
@@ -143,7 +143,7 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
                                             server_args=settings.user_server_args()),
                               prompts, settings.n_predict).adding(*DEBUG_ARGS)
     bin_dir = find_bin_dir(settings.backend, settings.llama_bin)
-    n_ctx = max(len(p.encode()) for p in prompts) + settings.n_predict + 64
+    n_ctx = max(size_bound(p) for p in prompts) + settings.n_predict + 64
     with tempfile.TemporaryDirectory(prefix="dflash-validate-") as logs:
         steps_log = Path(logs) / "speculative.log"
         spec, prompt_ids, spec_command = run_server(launch, list(prompts), settings, bin_dir, "speculative",
@@ -157,12 +157,12 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[str], sett
     for text, s, seq, t, j in zip(prompts, spec.completions, spec.sequential, alone.completions, judgements):
         # in flight together (-np > 1), a prompt's tokens are proven when they are the one-at-a-time pass's
         checked = j.checked if s.tokens == seq.tokens else min(j.checked, compare.first_divergence(s.tokens, seq.tokens))
-        results.append({"prompt": text, "exact": s.tokens == t.tokens, "lossless": not j.mismatches,
+        results.append({"prompt": str(text), "exact": s.tokens == t.tokens, "lossless": not j.mismatches,
                         "tokens": len(t.tokens), "produced": s.n_predicted, "positions_checked": checked,
                         "first_divergence": compare.first_divergence(s.tokens, t.tokens),
                         "numerical": j.numerical, "mismatches": j.mismatches,
                         "draft_n": s.draft_n, "draft_n_accepted": s.draft_n_accepted})
-        divergences += [{"prompt": text, **f.to_dict()} for f in j.findings]
+        divergences += [{"prompt": str(text), **f.to_dict()} for f in j.findings]
 
     totals = spec.totals()
     reference = _reference_parity(settings, prompt_ids, progress)

@@ -20,6 +20,7 @@ from ..runner.client import Completion
 from ..runner.launch import Launch, launch_recipe
 from ..runner.measure import Progress, acceptance_rate, mean_acceptance_length, measuring_launch, tokenize_prompts
 from . import compare, distribution
+from ..runner.prompts import Prompt, tokenize_prompts
 from .validate import ValidationSettings
 
 log = logging.getLogger(__name__)
@@ -49,13 +50,13 @@ class Sampling:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p}
 
 
-def _sample(launch: Launch, prompts: list[list[int]] | Sequence[str], sampling: Sampling, arm: int, bin_dir: Path,
+def _sample(launch: Launch, prompts: list[list[int]] | Sequence[Prompt], sampling: Sampling, arm: int, bin_dir: Path,
             label: str, progress: Progress) -> tuple[list[list[Completion]], list[list[int]], list[str]]:
     """`sampling.samples` completions of every prompt from one server, per prompt; the prompts as
     token ids and the server's command line come back too."""
     with launch.server(bin_dir=bin_dir) as server:
         client = server.client
-        if prompts and isinstance(prompts[0], str):
+        if prompts and not isinstance(prompts[0], list):
             prompts = tokenize_prompts(client, prompts)
         progress(f"{label}: server up at {client.url}; {sampling.samples} samples of each of {len(prompts)} prompts, "
                  f"{launch.parallel} in flight")
@@ -74,7 +75,7 @@ def _sample(launch: Launch, prompts: list[list[int]] | Sequence[str], sampling: 
     return per_prompt, prompts, command
 
 
-def validate_distribution(target: str | Path, draft: str | Path, prompts: Sequence[str], settings: ValidationSettings,
+def validate_distribution(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], settings: ValidationSettings,
                           sampling: Sampling, baseline: str | Path | None = None,
                           progress: Progress | None = None) -> dict:
     """Sample both servers and test their distributions (the JSON `--json` writes)."""
@@ -92,7 +93,7 @@ def validate_distribution(target: str | Path, draft: str | Path, prompts: Sequen
     test = distribution.compare_samples(
         [distribution.pad([c.tokens for c in answers], sampling.positions) for answers in spec],
         [distribution.pad([c.tokens for c in answers], sampling.positions) for answers in alone], sampling.alpha)
-    results = [{"prompt": text, "samples": len(answers), "produced": sum(c.n_predicted for c in answers),
+    results = [{"prompt": str(text), "samples": len(answers), "produced": sum(c.n_predicted for c in answers),
                 "draft_n": sum(c.draft_n for c in answers),
                 "draft_n_accepted": sum(c.draft_n_accepted for c in answers)}
                for text, answers in zip(prompts, spec)]
