@@ -15,10 +15,12 @@ refused before anything starts, with the option to use instead (`-m`, `-md`, `--
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..convert import layout
 from ..convert.compat import check_dflash2_shapes, check_fits_target
 from ..convert.describe import DrafterDescription, describe
 from ..convert.target import load_target
@@ -47,6 +49,10 @@ _HONOURED: dict[tuple[str, ...], str] = {
 _API_KEY = ("--api-key",)
 _API_KEY_FILE = ("--api-key-file",)
 CTX_SIZE = ("-c", "--ctx-size")
+SPLIT_MODE = ("-sm", "--split-mode")
+# Drafters whose graph `--split-mode tensor` aborts upstream:
+# GGML_ASSERT(src_ss[0].axis != GGML_BACKEND_SPLIT_AXIS_0) (llama.cpp #27819, #28777, #27829; fix pending in #27858)
+TENSOR_SPLIT_ABORTS = frozenset({layout.DFLASH2, layout.DSPARK})
 
 
 def _split(arg: str) -> tuple[str, str | None]:
@@ -141,6 +147,16 @@ def _once(name: str, option: Any, given: ServerArgs) -> Any:
     return after if after is not None else option
 
 
+def split_mode_problem(draft: DrafterDescription, server_args: Sequence[str]) -> str | None:
+    """Why llama-server would abort with these arguments and this drafter, with the fix; None when it would not."""
+    mode = ServerArgs(tuple(server_args)).value_of(SPLIT_MODE) or os.environ.get("LLAMA_ARG_SPLIT_MODE")
+    if mode is None or mode.strip().lower() != "tensor" or draft.variant not in TENSOR_SPLIT_ABORTS:
+        return None
+    return (f"--split-mode tensor with a {draft.variant_name} drafter ({draft.path.name}) aborts in llama.cpp "
+            "(GGML_ASSERT(src_ss[0].axis != GGML_BACKEND_SPLIT_AXIS_0), llama.cpp #27819, #27829, #28777; "
+            "fix pending in #27858); use --split-mode layer after --")
+
+
 def read_draft(draft_gguf: str | Path) -> DrafterDescription:
     """The description of a drafter GGUF llama-server can run (CheckpointError otherwise)."""
     desc = describe(draft_gguf)
@@ -229,6 +245,9 @@ def launch_recipe(target: str | Path, draft: str | Path | None, *, parallel: int
     the pair first (DflashError before any process starts); its warnings come back in the Launch."""
     given = parse_server_args(server_args)
     desc = read_draft(draft) if draft is not None else None
+    problem = split_mode_problem(desc, given.passthrough) if desc is not None else None
+    if problem is not None:
+        raise ServerArgsError(problem)
     warnings = tuple(check_pair(target, desc)) if desc is not None and check else ()
     return Launch(
         target=Path(target), draft=desc,

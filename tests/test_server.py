@@ -318,6 +318,32 @@ def test_server_args_the_runner_manages_are_refused_at_once(target_gguf: Path, c
     assert llama_servers_using(draft) == []
 
 
+@pytest.mark.parametrize("command, args", [
+    ("serve", ["--", "-sm", "tensor"]),
+    ("validate", ["--", "--split-mode=tensor"]),
+    ("tune", ["--quick", "--", "-ngl", "0", "--split-mode", "TENSOR"]),
+])
+def test_tensor_split_with_a_dflash2_drafter_is_refused_with_the_workaround(
+        target_gguf: Path, converted: dict[str, Path], command: str, args: list[str]):
+    """llama.cpp aborts on it (GGML_ASSERT(src_ss[0].axis != GGML_BACKEND_SPLIT_AXIS_0), #27819)."""
+    draft = converted["dflash2-b8"]
+    proc = dflash_gguf(command, "--target", target_gguf, "--draft", draft, "--backend", BACKEND, *args)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--split-mode tensor with a DFlash 2 drafter" in proc.stderr and "#27819" in proc.stderr
+    assert "use --split-mode layer" in proc.stderr and proc.stdout == ""
+    assert llama_servers_using(draft) == []
+
+
+def test_tensor_split_is_left_alone_for_dflash_and_other_modes(target_gguf: Path, converted: dict[str, Path]):
+    from dflash_gguf.runner.launch import launch_recipe
+
+    launch = launch_recipe(target_gguf, converted["dflash-b16"], server_args=["-sm", "tensor"])
+    assert launch.user_args == ("-sm", "tensor")
+    launch = launch_recipe(target_gguf, converted["dflash2-b8"], server_args=["--split-mode", "layer"])
+    assert launch.user_args == ("--split-mode", "layer")
+
+
 def test_server_args_honoured_are_taken_out_and_the_rest_kept_in_order(tmp_path: Path):
     from dflash_gguf.runner.launch import CTX_SIZE, parse_server_args
 
