@@ -53,8 +53,9 @@ def build_command(backend: str | None, source_dir: Path | None, jobs: int | None
     """Patch, configure and build llama.cpp, then print the folder of its binaries.
 
     \b
-    Builds llama-server, llama-cli, llama-quantize, llama-speculative-simple and
-    llama-bench with their shared libraries. A build that already exists for the
+    Builds llama-server, llama-cli, llama-quantize, llama-speculative-simple,
+    llama-bench and ggml-rpc-server (llama.cpp's rpc-server: the RPC backend is in every
+    build, for `--rpc HOST:PORT,...`) with their shared libraries. A build that already exists for the
     current key is reused. Progress goes to stderr; the bin folder to stdout.
 
     \b
