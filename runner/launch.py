@@ -2,13 +2,13 @@
 
     llama-server -m TARGET --host HOST --port PORT
                  -md DRAFT --spec-type draft-dflash --spec-draft-n-max N    the drafter's metadata
-                 --metrics --parallel P                                     the runner's own
+                 --metrics --parallel P [--rpc HOST:PORT,...]               the runner's own
                  [what a command adds for itself]                           validate: -c, in its report
                  [the user's arguments after --]                            last: they override ours
 
 What `validate` certifies is therefore the command `serve` runs, plus the user's own arguments.
 Arguments after `--` that name what the runner manages are honoured (the runner reads them and
-uses them in place of its own: `--port`, `--host`, `-np`, `--spec-draft-n-max`, `--api-key`) or
+uses them in place of its own: `--port`, `--host`, `-np`, `--spec-draft-n-max`, `--rpc`, `--api-key`) or
 refused before anything starts, with the option to use instead (`-m`, `-md`, `--spec-type`, ...).
 """
 
@@ -45,6 +45,7 @@ _HONOURED: dict[tuple[str, ...], str] = {
     ("--host",): "host",
     ("-np", "--parallel"): "parallel",
     ("--spec-draft-n-max",): "draft_max",
+    ("--rpc",): "rpc",
 }
 _API_KEY = ("--api-key",)
 _API_KEY_FILE = ("--api-key-file",)
@@ -93,6 +94,29 @@ def _number(flag: str, value: str | None, low: int, high: int | None = None) -> 
     return number
 
 
+def parse_rpc(value: str, flag: str = "--rpc") -> tuple[str, ...]:
+    """`host:port[,host:port...]` (llama-server --rpc) as a tuple; ServerArgsError on a bad entry."""
+    servers = tuple(part.strip() for part in str(value).split(","))
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535 or "/" in host:
+            raise ServerArgsError(f"{flag} {value!r}: {server!r} is not HOST:PORT; give the address of each "
+                                  "ggml-rpc-server, e.g. 192.168.1.10:50052,192.168.1.11:50052")
+    return servers
+
+
+def with_rpc(rpc: str | None, server_args: Sequence[str]) -> tuple[str, ...]:
+    """A command's --rpc option folded into the arguments after `--` (where llama-server's own
+    spelling is honoured too), refused when both give it differently."""
+    args = tuple(str(a) for a in server_args)
+    if rpc is None:
+        return args
+    given = parse_server_args(args).honoured.get("rpc")
+    if given is not None and given != parse_rpc(rpc):
+        raise ServerArgsError(f"--rpc is {rpc} but {','.join(given)} after --; give it once")
+    return ("--rpc", ",".join(parse_rpc(rpc)), *args)
+
+
 def _api_key_from_file(path: str) -> str | None:
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -122,6 +146,8 @@ def parse_server_args(args: Sequence[str]) -> ServerArgs:
                 value, i = args[i + 1], i + 1
             if takes == "port":
                 honoured[takes] = _number(flag, value, 1, 65535)
+            elif takes == "rpc":
+                honoured[takes] = parse_rpc(value, f"{flag} after --")
             elif takes == "host":
                 if "," in value or value.endswith(".sock"):
                     raise ServerArgsError(f"--host {value!r} after --: the runner talks to one TCP address; give one host")
@@ -143,6 +169,7 @@ def _once(name: str, option: Any, given: ServerArgs) -> Any:
     after = given.honoured.get(name)
     if option is not None and after is not None and option != after:
         flag = {"draft_max": "--draft-max", "parallel": "--parallel"}.get(name, f"--{name}")
+        option, after = (",".join(v) if isinstance(v, tuple) else v for v in (option, after))
         raise ServerArgsError(f"{flag} is {option} but {after} after --; give it once")
     return after if after is not None else option
 
@@ -196,6 +223,7 @@ class Launch:
     host: str = DEFAULT_HOST
     port: int | None = None
     api_key: str | None = None
+    rpc: tuple[str, ...] = ()       # ggml-rpc-server addresses the target is spread over (--rpc)
     user_args: tuple[str, ...] = ()
     added: tuple[str, ...] = ()     # what a command adds for its own purpose (validate: -c N)
     warnings: tuple[str, ...] = ()  # the pair check's, for the command line to print once
@@ -210,10 +238,14 @@ class Launch:
     def speculative_args(self) -> list[str]:
         return speculative_args(self.draft, self.draft_length) if self.draft is not None else []
 
+    def recipe(self) -> list[str]:
+        """The runner's own arguments: the drafter's, --metrics, the slots and the RPC servers."""
+        rpc = ["--rpc", ",".join(self.rpc)] if self.rpc else []
+        return [*self.speculative_args(), "--metrics", "--parallel", str(self.parallel), *rpc]
+
     def args(self) -> list[str]:
         """Everything after `-m TARGET --host HOST --port PORT`."""
-        return [*self.speculative_args(), "--metrics", "--parallel", str(self.parallel),
-                *self.added, *self.user_args]
+        return [*self.recipe(), *self.added, *self.user_args]
 
     def user_value(self, flags: Sequence[str]) -> str | None:
         return ServerArgs(self.user_args).value_of(flags)
@@ -233,13 +265,13 @@ class Launch:
 
     def summary(self) -> dict[str, Any]:
         """What a report says about the launch."""
-        return {"recipe": [*self.speculative_args(), "--metrics", "--parallel", str(self.parallel)],
+        return {"recipe": self.recipe(),
                 "user_args": list(self.user_args), "added": list(self.added)}
 
 
 def launch_recipe(target: str | Path, draft: str | Path | None, *, parallel: int | None = None,
                   draft_max: int | None = None, host: str | None = None, port: int | None = None,
-                  server_args: Sequence[str] = (), check: bool = True) -> Launch:
+                  server_args: Sequence[str] = (), check: bool = True, rpc: Sequence[str] | None = None) -> Launch:
     """The launch for `target` with `draft` as its drafter. Options left None take the value given
     after `--` (`server_args`), else the recipe's default. `check` applies the converter's rules to
     the pair first (DflashError before any process starts); its warnings come back in the Launch."""
@@ -255,6 +287,7 @@ def launch_recipe(target: str | Path, draft: str | Path | None, *, parallel: int
         draft_max=_once("draft_max", draft_max, given),
         host=_once("host", host, given) or DEFAULT_HOST,
         port=_once("port", port, given),
+        rpc=_once("rpc", tuple(rpc) if rpc else None, given) or (),
         api_key=given.api_key, user_args=given.passthrough, warnings=warnings)
 
 
