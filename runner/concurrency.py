@@ -32,7 +32,7 @@ from ..errors import ServerArgsError
 from . import compare
 from .build import find_bin_dir
 from .client import Completion, LlamaClient
-from .launch import Launch, launch_recipe, parse_server_args
+from .launch import ONE_CLIENT_PER_RPC_SERVER, Launch, launch_recipe, parse_server_args
 from .validate import ValidationSettings, build_info, measuring_launch, run_server
 
 log = logging.getLogger(__name__)
@@ -201,6 +201,8 @@ def concurrency_curve(target: str | Path, draft: str | Path, prompts: Sequence[s
         if name in given.honoured:
             raise ServerArgsError(f"{flag} after --: bench runs two servers per --concurrency level, each with "
                                   "-np set to the level and on a free port; leave it out")
+    if "rpc" in given.honoured:
+        raise ServerArgsError(ONE_CLIENT_PER_RPC_SERVER.format(command="bench"))
     launch = launch_recipe(target, draft, server_args=settings.server_args)
     bin_dir = find_bin_dir(settings.backend, settings.llama_bin)
 

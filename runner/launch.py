@@ -105,6 +105,14 @@ def parse_rpc(value: str, flag: str = "--rpc") -> tuple[str, ...]:
     return servers
 
 
+# ggml-rpc.cpp's server loop accepts one connection and serves it until it closes; a llama-server
+# holds its connection for its lifetime, so two llama-servers cannot share an rpc-server
+ONE_CLIENT_PER_RPC_SERVER = (
+    "--rpc: {command} runs two llama-servers side by side (the target alone and with the drafter), and an "
+    "rpc-server serves one llama-server at a time; measure the RPC layout with `dflash-gguf validate --rpc` "
+    "(one server after the other)")
+
+
 def with_rpc(rpc: str | None, server_args: Sequence[str]) -> tuple[str, ...]:
     """A command's --rpc option folded into the arguments after `--` (where llama-server's own
     spelling is honoured too), refused when both give it differently."""

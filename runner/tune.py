@@ -46,7 +46,7 @@ from ..errors import ServerArgsError, ServerError, ServerStartError
 from . import compare
 from .build import find_bin_dir
 from .client import Completion, LlamaClient
-from .launch import launch_recipe, parse_server_args, read_draft
+from .launch import ONE_CLIENT_PER_RPC_SERVER, launch_recipe, parse_server_args, read_draft
 from .server import LlamaServer
 from .validate import Progress, ServerRun, build_info, measuring_launch, tokenize_prompts
 
@@ -531,6 +531,8 @@ def tune(target: str | Path, draft: str | Path, prompts: Sequence[str], settings
     warnings = list(launch_recipe(target, draft, server_args=settings.server_args).warnings)
     if "port" in parse_server_args(settings.server_args).honoured:
         raise ServerArgsError("--port after --: tune runs two servers at a time, each on a free port; leave it out")
+    if "rpc" in parse_server_args(settings.server_args).honoured:
+        raise ServerArgsError(ONE_CLIENT_PER_RPC_SERVER.format(command="tune"))
     tuner = _Tuner(target, draft, prompts, settings, progress)
     spec, alone, stopped = tuner.run()
     if stopped:

@@ -375,6 +375,9 @@ def test_rpc_servers_from_the_option_or_after_the_dashes_go_into_the_launch(targ
     ("validate", ["--", "--rpc", "h:1,h:99999"], "--rpc after -- 'h:1,h:99999': 'h:99999' is not HOST:PORT"),
     ("tune", ["--rpc", "a:1", "--", "--rpc=b:2"], "--rpc is a:1 but b:2 after --; give it once"),
     ("doctor", ["--rpc", ":50052"], "':50052' is not HOST:PORT"),
+    # an rpc-server serves one llama-server at a time (ggml-rpc.cpp's accept loop)
+    ("tune", ["--rpc", "127.0.0.1:50052"], "tune runs two llama-servers side by side"),
+    ("bench", ["--", "--rpc", "127.0.0.1:50052"], "bench runs two llama-servers side by side"),
 ])
 def test_bad_rpc_addresses_are_refused_at_once(target_gguf: Path, converted: dict[str, Path], command: str,
                                                args: list[str], needle: str):
