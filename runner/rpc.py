@@ -100,6 +100,10 @@ class RpcServer:
                                        f"(log: {self.log_path})", None, self.log_path)
             time.sleep(0.1)
 
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until the server exits by itself; its return code."""
+        return self._proc.wait(timeout)
+
     def stop(self, keep_log: bool = False) -> int | None:
         proc, self._proc = self._proc, None
         rc = None

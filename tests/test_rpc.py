@@ -85,3 +85,27 @@ def test_an_rpc_server_that_cannot_start_says_why_and_leaves_nothing_running(lla
         pid = one.pid
         assert not gone(pid)
     assert gone(pid)
+
+
+def test_llama_rpc_server_prints_its_address_and_stops_on_sigterm(llama_bin):
+    import signal
+    import subprocess
+    import sys
+
+    from dflash_gguf.runner.server import free_port
+
+    port = free_port()
+    env = {**os.environ, "DFLASH_GGUF_LLAMA_BIN": str(llama_bin)}
+    proc = subprocess.Popen([sys.executable, "-m", "dflash_gguf.cli", "llama", "rpc-server", "--port", str(port),
+                             "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == f"127.0.0.1:{port}"
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
