@@ -20,6 +20,20 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps dflash==0.1.0
 	touch $@
 
+# The base install and matplotlib, no PyTorch: what benchmarks/gpu.sh needs on a fresh GPU machine
+# (convert, build, serve, validate, bench); `make setup` later adds the rest.
+.PHONY: setup-run
+setup-run:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e . 'matplotlib>=3.8'
+
+# benchmarks/gpu.sh: CUDA build for the GPU found, validate + bench sections -> docs/benchmarks-cuda.md
+# (GPU_RUN_ARGS=--cpu runs the same sections on the CPU build, into build/gpu-run/).
+.PHONY: gpu-run
+gpu-run:
+	benchmarks/gpu.sh $(GPU_RUN_ARGS)
+
 test: llama
 	$(PY) -m pytest -q
 

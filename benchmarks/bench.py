@@ -22,6 +22,9 @@ Sections (all in one process, one after the other, on the same machine and llama
   (g) the real target (benchmarks/real_target.py): SmolLM2-135M-Instruct at F16, Q8_0 and Q4_K_M with
       the drafters trained for it, on the held-out chat prompts: tau, acceptance per draft position,
       speedup with serve's defaults and with the tuned setting, llama-bench's verification cost.
+  (h) concurrency (benchmarks/concurrency.py, `dflash-gguf bench`): speedup against 1-8 streams in
+      flight on the trained pair, its memory-bound widening and SmolLM2 when present, acceptance per
+      slot, lossless on every stream; its own page, docs/benchmarks-concurrency.md (+ .png).
 
 It writes docs/benchmarks.md (tables, machine, date, llama build, commands to reproduce) and
 docs/benchmarks.png. Every speed figure is a ratio of two things measured in the same run; nothing
@@ -789,6 +792,7 @@ def render_markdown(results: dict, png_name: str) -> str:
         "make bench                     # = make llama fixtures, then .venv/bin/python -m benchmarks.bench",
         "# single pieces, by hand:",
         "make bench-convert             # (a) alone",
+        "python -m benchmarks.concurrency   # (h) alone: docs/benchmarks-concurrency.md",
         "python -m benchmarks.memory_bound build/fixtures/trained/target.gguf build/bench/wide.gguf --mib 457",
         "dflash-gguf validate -t build/bench/wide.gguf -d build/fixtures/trained/dflash.gguf \\",
         "    --prompts build/fixtures/trained/prompts.txt --baseline build/fixtures/trained/target.gguf -- --load-mode none",
@@ -803,6 +807,9 @@ def render_markdown(results: dict, png_name: str) -> str:
         "The raw numbers of this run are in `build/bench/results.json`.",
         "",
     ]
+    if results.get("concurrency"):
+        lines[-4:-4] = ["Section (h), speedup against concurrency, is on its own page: "
+                        "[benchmarks-concurrency.md](benchmarks-concurrency.md).", ""]
     return "\n".join(lines)
 
 
@@ -896,6 +903,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-reference", action="store_true", help="leave out section (c)")
     parser.add_argument("--skip-regimes", action="store_true", help="leave out section (f)")
     parser.add_argument("--skip-real", action="store_true", help="leave out section (g) (--quick leaves it out too)")
+    parser.add_argument("--skip-concurrency", action="store_true", help="leave out section (h)")
     parser.add_argument("--backend", choices=("cpu", "cuda", "metal"), default=None,
                         help="the llama.cpp build to measure (default: the default backend's, as `llama build`)")
     parser.add_argument("--docs", type=Path, default=DOCS, help="where benchmarks.md and benchmarks.png go")
@@ -948,6 +956,12 @@ def main(argv: list[str] | None = None) -> None:
             lambda target, batches: _llama_bench(target, find_bin_dir(BACKEND), batches))
     results["real"] = None if args.quick or args.skip_real else real_target.real_section(
         lambda m: progress(m), BACKEND, repeats=1 if args.quick else 3)
+    if args.skip_concurrency:
+        results["concurrency"] = None
+    else:
+        from benchmarks import concurrency
+
+        results["concurrency"] = concurrency.concurrency_section(args.quick, BACKEND, progress)
     busy += [b for b in training_running() if b not in busy]
     results["load"] = {"start": load_start, "end": load_average(), "busy": busy}
     results["run_seconds"] = round(time.perf_counter() - _T0, 1)
@@ -961,6 +975,8 @@ def main(argv: list[str] | None = None) -> None:
     if results["real"]:
         real_target.chart(results["real"], args.docs / real_target.PNG)
     (args.docs / "benchmarks.md").write_text(render_markdown(results, "benchmarks.png"))
+    if results["concurrency"]:
+        concurrency.write(results["concurrency"], args.docs, results["machine"], results["load"], "make bench")
     print_tables(results)
     progress(f"wrote {args.docs / 'benchmarks.md'}, {args.docs / 'benchmarks.png'}, {out_json} "
              f"in {results['run_seconds'] / 60:.1f} min")

@@ -42,12 +42,18 @@ def _quantize_target(src: Path, out: Path, qtype: str, backend: str) -> Path:
     return out
 
 
-def targets(original: Path, work: Path, backend: str) -> dict[tuple[str, str], Path]:
-    """(regime, type) -> target GGUF, made once under `work`."""
+def memory_bound_target(original: Path, work: Path) -> Path:
+    """`original` widened to ~MEMORY_BOUND_MIB by inert FFN units, made once under `work`."""
     work.mkdir(parents=True, exist_ok=True)
     wide = work / "target-memory-bound-F16.gguf"
     if not wide.is_file():
         widen_ffn(original, wide, n_ff_for_size(original, MEMORY_BOUND_MIB))
+    return wide
+
+
+def targets(original: Path, work: Path, backend: str) -> dict[tuple[str, str], Path]:
+    """(regime, type) -> target GGUF, made once under `work`."""
+    wide = memory_bound_target(original, work)
     out = {("compute-bound", "F16"): original, ("memory-bound", "F16"): wide}
     for regime in REGIMES:
         for qtype in TARGET_TYPES[1:]:

@@ -93,13 +93,14 @@ def _register() -> None:
     from .convert.cli import commands as convert_commands
     from .quantize.cli import commands as quantize_commands
     from .release.cli import commands as release_commands
+    from .runner.bench_cli import commands as bench_commands
     from .runner.cli import commands as llama_commands
     from .validation.doctor_cli import commands as doctor_commands
     from .runner.serve_cli import commands as serve_commands
     from .runner.tune_cli import commands as tune_commands
     from .validation.validate_cli import commands as validate_commands
     groups = (convert_commands, llama_commands, serve_commands, tune_commands, validate_commands, doctor_commands,
-              quantize_commands, release_commands)
+              bench_commands, quantize_commands, release_commands)
     for command in [c for group in groups for c in group]:
         main.add_command(command)
 

@@ -3,6 +3,7 @@
     --target / -t     the target model           --draft / -d      the drafter GGUF
     --json            a flag: print JSON          --force           replace an existing output
     --backend         which patched build         --llama-bin DIR   any build's bin folder instead
+    --rpc H:P,...     the target over rpc-servers (llama-server --rpc; also honoured after --)
     -- ARGS...        extra llama-server arguments, for every command that starts a server
 """
 
@@ -57,6 +58,19 @@ def build_options(f):
              "on macOS, cuda when a CUDA toolkit and an NVIDIA driver are found, else cpu.")(f)
 
 
+def _rpc_servers(_ctx, _param, value: str | None) -> str | None:
+    from .runner.launch import parse_rpc
+
+    return ",".join(parse_rpc(value)) if value is not None else None
+
+
+rpc_option = click.option(
+    "--rpc", default=None, metavar="HOST:PORT[,...]", callback=_rpc_servers,
+    help="Spread the target's layers over llama.cpp RPC servers (`ggml-rpc-server` from `dflash-gguf llama "
+         "build` on each host): llama-server --rpc. The same after `--` is honoured. The drafter follows "
+         "--device unless -devd is given after `--` (docs/llama.md: a target across hosts).")
+
+
 def server_options(f):
     """The options of the commands that start llama-server. Host, port, slots and draft length may
     also be given after `--` in llama-server's own spelling; the runner then uses those."""
@@ -75,6 +89,7 @@ def server_options(f):
                           "removed after a clean stop."),
         click.option("--startup-timeout", type=click.FloatRange(min=1), default=STARTUP_TIMEOUT,
                      show_default=True, help="Seconds to wait for the models to load."),
+        rpc_option,
     ]):
         f = option(f)
     return f

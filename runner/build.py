@@ -3,7 +3,8 @@
 Layout under `cache_dir()/llama/`:
 
     <key>/bin/            llama-server, llama-cli, llama-quantize, llama-speculative-simple,
-                          llama-bench and every shared library they load (rpath $ORIGIN, so the
+                          llama-bench, ggml-rpc-server (llama.cpp's `rpc-server`, the RPC backend
+                          is built in) and every shared library they load (rpath $ORIGIN, so the
                           folder is self-contained; `runtime_env()` adds the library path anyway)
     <key>/build.json      the manifest: key, backend, source, patches, cmake flags, date
     work/<source>-<backend>/src/     the patched sources, rewritten file by file only where the
@@ -47,7 +48,8 @@ from . import cuda_libs, sdist
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("llama-server", "llama-cli", "llama-quantize", "llama-speculative-simple", "llama-bench")
+TARGETS = ("llama-server", "llama-cli", "llama-quantize", "llama-speculative-simple", "llama-bench",
+           "ggml-rpc-server")
 LIBRARY_TARGETS = ("llama", "ggml")  # built anyway as dependencies; named so a lib-only change relinks
 KEY_LENGTH = 16
 
@@ -129,6 +131,9 @@ def cmake_flags(backend: str, platform: str = sys.platform, *, curl_option: bool
         "-DLLAMA_OPENSSL=ON",
         "-DLLAMA_BUILD_TESTS=OFF",
         "-DBUILD_SHARED_LIBS=ON",
+        # the RPC backend (`llama-server --rpc HOST:PORT,...`) and its `ggml-rpc-server`, so a
+        # target can be split across machines
+        "-DGGML_RPC=ON",
     ]
     if curl_option:
         flags.append("-DLLAMA_CURL=OFF")
@@ -304,8 +309,8 @@ def user_source(path: Path) -> Source:
 
 
 # The revision of what `cmake_flags` gives every build; part of the key, so a change of the flags
-# (2: LLAMA_OPENSSL on) is a new build rather than an old one under the same key.
-FLAGS_REVISION = 2
+# (2: LLAMA_OPENSSL on; 3: GGML_RPC on) is a new build rather than an old one under the same key.
+FLAGS_REVISION = 3
 
 
 def build_key(source_hash: str, series_hash: str, backend: str) -> str:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from ..errors import LlamaBuildError
-from ..options import json_option
+from ..errors import LlamaBuildError, ServerError
+from ..options import build_options, json_option
 from . import build as _build
 
 _backend_option = click.option(
@@ -53,8 +53,9 @@ def build_command(backend: str | None, source_dir: Path | None, jobs: int | None
     """Patch, configure and build llama.cpp, then print the folder of its binaries.
 
     \b
-    Builds llama-server, llama-cli, llama-quantize, llama-speculative-simple and
-    llama-bench with their shared libraries. A build that already exists for the
+    Builds llama-server, llama-cli, llama-quantize, llama-speculative-simple,
+    llama-bench and ggml-rpc-server (llama.cpp's rpc-server: the RPC backend is in every
+    build, for `--rpc HOST:PORT,...`) with their shared libraries. A build that already exists for the
     current key is reused. Progress goes to stderr; the bin folder to stdout.
 
     \b
@@ -98,6 +99,38 @@ def path_command(backend: str | None, source_dir: Path | None) -> None:
         raise LlamaBuildError(f"no llama.cpp build for key {key} (backend {backend or _build.default_backend()}); "
                               "run `dflash-gguf llama build` first")
     click.echo(str(found))
+
+
+@llama_group.command("rpc-server")
+@build_options
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on: a private network address the head llama-server reaches (the RPC "
+                   "protocol has no authentication).")
+@click.option("--port", type=click.IntRange(1, 65535), default=50052, show_default=True, help="Port to listen on.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (rpc-server -t).")
+@click.option("--device", default=None, help="The devices to offer, e.g. CUDA0 (rpc-server -d). Default: all.")
+def rpc_server_command(backend: str | None, llama_bin: Path | None, host: str, port: int, threads: int | None,
+                       device: str | None) -> None:
+    """Offer this host's CPU or GPU to a llama-server elsewhere (ggml-rpc-server), until Ctrl-C.
+
+    \b
+    The head then spreads the target's layers over the hosts that run this:
+      dflash-gguf serve -t T.gguf -d D.gguf --rpc 10.0.0.2:50052,10.0.0.3:50052 -- -devd none
+    One rpc-server serves one llama-server at a time. Prints HOST:PORT once it listens.
+    """
+    from .rpc import RpcServer
+    from .server import stop_on_signals
+
+    server = RpcServer(bin_dir=_build.find_bin_dir(backend, llama_bin), host=host, port=port, threads=threads,
+                       device=device)
+    try:
+        with stop_on_signals(), server:
+            click.echo(server.address)
+            click.echo(f"ggml-rpc-server pid {server.pid} listening; log {server.log_path}. Ctrl-C stops it.", err=True)
+            rc = server.wait()
+            raise ServerError(f"ggml-rpc-server exited by itself with status {rc} (log: {server.log_path})")
+    except KeyboardInterrupt:
+        click.echo("stopped ggml-rpc-server", err=True)
 
 
 commands = [llama_group]

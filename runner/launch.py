@@ -2,23 +2,25 @@
 
     llama-server -m TARGET --host HOST --port PORT
                  -md DRAFT --spec-type draft-dflash --spec-draft-n-max N    the drafter's metadata
-                 --metrics --parallel P                                     the runner's own
+                 --metrics --parallel P [--rpc HOST:PORT,...]               the runner's own
                  [what a command adds for itself]                           validate: -c, in its report
                  [the user's arguments after --]                            last: they override ours
 
 What `validate` certifies is therefore the command `serve` runs, plus the user's own arguments.
 Arguments after `--` that name what the runner manages are honoured (the runner reads them and
-uses them in place of its own: `--port`, `--host`, `-np`, `--spec-draft-n-max`, `--api-key`) or
+uses them in place of its own: `--port`, `--host`, `-np`, `--spec-draft-n-max`, `--rpc`, `--api-key`) or
 refused before anything starts, with the option to use instead (`-m`, `-md`, `--spec-type`, ...).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..convert import layout
 from ..convert.compat import check_dflash2_shapes, check_fits_target
 from ..convert.describe import DrafterDescription, describe
 from ..convert.target import load_target
@@ -43,10 +45,15 @@ _HONOURED: dict[tuple[str, ...], str] = {
     ("--host",): "host",
     ("-np", "--parallel"): "parallel",
     ("--spec-draft-n-max",): "draft_max",
+    ("--rpc",): "rpc",
 }
 _API_KEY = ("--api-key",)
 _API_KEY_FILE = ("--api-key-file",)
 CTX_SIZE = ("-c", "--ctx-size")
+SPLIT_MODE = ("-sm", "--split-mode")
+# Drafters whose graph `--split-mode tensor` aborts upstream:
+# GGML_ASSERT(src_ss[0].axis != GGML_BACKEND_SPLIT_AXIS_0) (llama.cpp #27819, #28777, #27829; fix pending in #27858)
+TENSOR_SPLIT_ABORTS = frozenset({layout.DFLASH2, layout.DSPARK})
 
 # `--exact`: what makes the CPU build batch-invariant for verification, so that speculative greedy
 # output is token-identical to plain decoding (docs/validate.md, "Exact mode", for the measurements):
@@ -93,6 +100,37 @@ def _number(flag: str, value: str | None, low: int, high: int | None = None) -> 
     return number
 
 
+def parse_rpc(value: str, flag: str = "--rpc") -> tuple[str, ...]:
+    """`host:port[,host:port...]` (llama-server --rpc) as a tuple; ServerArgsError on a bad entry."""
+    servers = tuple(part.strip() for part in str(value).split(","))
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535 or "/" in host:
+            raise ServerArgsError(f"{flag} {value!r}: {server!r} is not HOST:PORT; give the address of each "
+                                  "ggml-rpc-server, e.g. 192.168.1.10:50052,192.168.1.11:50052")
+    return servers
+
+
+# ggml-rpc.cpp's server loop accepts one connection and serves it until it closes; a llama-server
+# holds its connection for its lifetime, so two llama-servers cannot share an rpc-server
+ONE_CLIENT_PER_RPC_SERVER = (
+    "--rpc: {command} runs two llama-servers side by side (the target alone and with the drafter), and an "
+    "rpc-server serves one llama-server at a time; measure the RPC layout with `dflash-gguf validate --rpc` "
+    "(one server after the other)")
+
+
+def with_rpc(rpc: str | None, server_args: Sequence[str]) -> tuple[str, ...]:
+    """A command's --rpc option folded into the arguments after `--` (where llama-server's own
+    spelling is honoured too), refused when both give it differently."""
+    args = tuple(str(a) for a in server_args)
+    if rpc is None:
+        return args
+    given = parse_server_args(args).honoured.get("rpc")
+    if given is not None and given != parse_rpc(rpc):
+        raise ServerArgsError(f"--rpc is {rpc} but {','.join(given)} after --; give it once")
+    return ("--rpc", ",".join(parse_rpc(rpc)), *args)
+
+
 def _api_key_from_file(path: str) -> str | None:
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -122,6 +160,8 @@ def parse_server_args(args: Sequence[str]) -> ServerArgs:
                 value, i = args[i + 1], i + 1
             if takes == "port":
                 honoured[takes] = _number(flag, value, 1, 65535)
+            elif takes == "rpc":
+                honoured[takes] = parse_rpc(value, f"{flag} after --")
             elif takes == "host":
                 if "," in value or value.endswith(".sock"):
                     raise ServerArgsError(f"--host {value!r} after --: the runner talks to one TCP address; give one host")
@@ -143,8 +183,19 @@ def _once(name: str, option: Any, given: ServerArgs) -> Any:
     after = given.honoured.get(name)
     if option is not None and after is not None and option != after:
         flag = {"draft_max": "--draft-max", "parallel": "--parallel"}.get(name, f"--{name}")
+        option, after = (",".join(v) if isinstance(v, tuple) else v for v in (option, after))
         raise ServerArgsError(f"{flag} is {option} but {after} after --; give it once")
     return after if after is not None else option
+
+
+def split_mode_problem(draft: DrafterDescription, server_args: Sequence[str]) -> str | None:
+    """Why llama-server would abort with these arguments and this drafter, with the fix; None when it would not."""
+    mode = ServerArgs(tuple(server_args)).value_of(SPLIT_MODE) or os.environ.get("LLAMA_ARG_SPLIT_MODE")
+    if mode is None or mode.strip().lower() != "tensor" or draft.variant not in TENSOR_SPLIT_ABORTS:
+        return None
+    return (f"--split-mode tensor with a {draft.variant_name} drafter ({draft.path.name}) aborts in llama.cpp "
+            "(GGML_ASSERT(src_ss[0].axis != GGML_BACKEND_SPLIT_AXIS_0), llama.cpp #27819, #27829, #28777; "
+            "fix pending in #27858); use --split-mode layer after --")
 
 
 def read_draft(draft_gguf: str | Path) -> DrafterDescription:
@@ -186,6 +237,7 @@ class Launch:
     host: str = DEFAULT_HOST
     port: int | None = None
     api_key: str | None = None
+    rpc: tuple[str, ...] = ()       # ggml-rpc-server addresses the target is spread over (--rpc)
     user_args: tuple[str, ...] = ()
     added: tuple[str, ...] = ()     # what a command adds for its own purpose (validate: -c N)
     exact: bool = False             # EXACT_ARGS: batch-invariant verification
@@ -201,10 +253,15 @@ class Launch:
     def speculative_args(self) -> list[str]:
         return speculative_args(self.draft, self.draft_length) if self.draft is not None else []
 
+    def recipe(self) -> list[str]:
+        """The runner's own arguments: the drafter's, --metrics, the slots, the RPC servers, --exact's."""
+        rpc = ["--rpc", ",".join(self.rpc)] if self.rpc else []
+        return [*self.speculative_args(), "--metrics", "--parallel", str(self.parallel), *rpc,
+                *(EXACT_ARGS if self.exact else ())]
+
     def args(self) -> list[str]:
         """Everything after `-m TARGET --host HOST --port PORT`."""
-        return [*self.speculative_args(), "--metrics", "--parallel", str(self.parallel),
-                *(EXACT_ARGS if self.exact else ()), *self.added, *self.user_args]
+        return [*self.recipe(), *self.added, *self.user_args]
 
     def user_value(self, flags: Sequence[str]) -> str | None:
         return ServerArgs(self.user_args).value_of(flags)
@@ -224,20 +281,23 @@ class Launch:
 
     def summary(self) -> dict[str, Any]:
         """What a report says about the launch."""
-        return {"recipe": [*self.speculative_args(), "--metrics", "--parallel", str(self.parallel),
-                           *(EXACT_ARGS if self.exact else ())],
+        return {"recipe": self.recipe(),
                 "user_args": list(self.user_args), "added": list(self.added)}
 
 
 def launch_recipe(target: str | Path, draft: str | Path | None, *, parallel: int | None = None,
                   draft_max: int | None = None, host: str | None = None, port: int | None = None,
-                  server_args: Sequence[str] = (), check: bool = True, exact: bool = False) -> Launch:
+                  server_args: Sequence[str] = (), check: bool = True, exact: bool = False,
+                  rpc: Sequence[str] | None = None) -> Launch:
     """The launch for `target` with `draft` as its drafter. Options left None take the value given
     after `--` (`server_args`), else the recipe's default. `check` applies the converter's rules to
     the pair first (DflashError before any process starts); its warnings come back in the Launch.
     `exact` adds EXACT_ARGS (batch-invariant verification)."""
     given = parse_server_args(server_args)
     desc = read_draft(draft) if draft is not None else None
+    problem = split_mode_problem(desc, given.passthrough) if desc is not None else None
+    if problem is not None:
+        raise ServerArgsError(problem)
     warnings = tuple(check_pair(target, desc)) if desc is not None and check else ()
     return Launch(
         target=Path(target), draft=desc,
@@ -245,6 +305,7 @@ def launch_recipe(target: str | Path, draft: str | Path | None, *, parallel: int
         draft_max=_once("draft_max", draft_max, given),
         host=_once("host", host, given) or DEFAULT_HOST,
         port=_once("port", port, given),
+        rpc=_once("rpc", tuple(rpc) if rpc else None, given) or (),
         api_key=given.api_key, user_args=given.passthrough, warnings=warnings, exact=exact)
 
 

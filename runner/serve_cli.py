@@ -22,7 +22,7 @@ from ..outputs import Input, Output, Replace, check_outputs
 from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient, Metrics
 from . import tuned
-from .launch import Launch, launch_recipe
+from .launch import Launch, launch_recipe, with_rpc
 from .server import LlamaServer, stop_on_signals
 from .server_log import is_server_log
 
@@ -79,7 +79,7 @@ def _tuned(target: Path, draft: Path, build: str, draft_max: int | None,
               help="Ignore the setting `dflash-gguf tune` saved for this target, drafter and build.")
 def serve(target: Path, draft: Path, backend: str | None, llama_bin: Path | None, host: str | None,
           port: int | None, parallel: int | None, draft_max: int | None, log_path: Path | None,
-          startup_timeout: float, no_tuned: bool, server_args: tuple[str, ...]) -> None:
+          startup_timeout: float, rpc: str | None, no_tuned: bool, server_args: tuple[str, ...]) -> None:
     """Run llama-server with TARGET and its DFlash drafter until Ctrl-C or SIGTERM.
 
     \b
@@ -105,7 +105,9 @@ def serve(target: Path, draft: Path, backend: str | None, llama_bin: Path | None
     Examples:
       dflash-gguf serve --target Qwen3-8B-Q4_K_M.gguf --draft dflash-Qwen3-8B-F16.gguf
       dflash-gguf serve -t t.gguf -d d.gguf --port 8080 -- -c 8192 -ngl 99
+      dflash-gguf serve -t t.gguf -d d.gguf --rpc 10.0.0.2:50052,10.0.0.3:50052 -- -devd none
     """
+    server_args = with_rpc(rpc, server_args)
     launch, server = _start(target, draft, backend=backend, llama_bin=llama_bin, host=host, port=port,
                             parallel=parallel, draft_max=draft_max, log_path=log_path,
                             startup_timeout=startup_timeout, server_args=server_args, use_tuned=not no_tuned)
@@ -174,7 +176,7 @@ def generate(prompts: tuple[str, ...], url: str | None, target: Path | None, dra
              n_predict: int, temperature: float, seed: int | None, request_timeout: float, as_json: bool,
              backend: str | None,
              llama_bin: Path | None, host: str | None, port: int | None, parallel: int | None,
-             draft_max: int | None, log_path: Path | None, startup_timeout: float,
+             draft_max: int | None, log_path: Path | None, startup_timeout: float, rpc: str | None,
              server_args: tuple[str, ...]) -> None:
     """Complete each PROMPT and report how many drafted tokens the target accepted.
 
@@ -190,11 +192,12 @@ def generate(prompts: tuple[str, ...], url: str | None, target: Path | None, dra
       dflash-gguf generate -t t.gguf -d d.gguf "The capital of France is" -n 32 -- -c 4096
       dflash-gguf generate --url http://127.0.0.1:8080 --json "Hello" "Write a haiku"
     """
-    if url is not None and (target is not None or draft is not None or server_args):
+    if url is not None and (target is not None or draft is not None or server_args or rpc):
         raise OptionError("generate: give either --url of a running server, or --target and --draft "
                           "(and llama-server arguments after --) to start one, not both")
     if url is None and (target is None or draft is None):
         raise OptionError("generate: give --url of a running server, or --target and --draft to start one")
+    server_args = with_rpc(rpc, server_args)
 
     def run(client: LlamaClient) -> dict:
         before = _metrics(client)

@@ -110,6 +110,31 @@ def _pdeathsig_hook():
     return hook
 
 
+def spawn(cmd: Sequence[str], log_handle, env: dict[str, str]) -> subprocess.Popen:
+    """Start a process we own: output into `log_handle`, no terminal signals (we stop it ourselves),
+    SIGTERM when we die (Linux)."""
+    log.info("starting %s", " ".join(cmd))
+    return subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=log_handle, stderr=subprocess.STDOUT,
+                            env=env, start_new_session=True, preexec_fn=_pdeathsig_hook())
+
+
+def reap(proc: subprocess.Popen, grace: float, what: str) -> int:
+    """SIGTERM, SIGKILL after `grace` seconds, and wait: the process is gone when this returns,
+    a second KeyboardInterrupt while waiting included. Its return code."""
+    try:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                log.warning("%s (pid %d) ignored SIGTERM for %g s; killing it", what, proc.pid, grace)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        rc = proc.wait()
+    return rc
+
+
 class LlamaServer:
     """A `llama-server` process: started on `__enter__` (or `start()`), always reaped on exit.
 
@@ -205,12 +230,7 @@ class LlamaServer:
     def _spawn(self) -> None:
         assert self.log_path is not None
         self._log_handle = open(self.log_path, "ab")
-        cmd = self.command()
-        log.info("starting %s", " ".join(cmd))
-        self._proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=self._log_handle, stderr=subprocess.STDOUT, env=self.env,
-            start_new_session=True,  # Ctrl-C reaches us, not the server: we stop it ourselves
-            preexec_fn=_pdeathsig_hook())
+        self._proc = spawn(self.command(), self._log_handle, self.env)
 
     def _wait_ready(self) -> None:
         assert self._proc is not None
@@ -271,20 +291,8 @@ class LlamaServer:
         rc = None
         try:
             if proc is not None:
-                try:
-                    if proc.poll() is not None:
-                        keep_log = True  # it died by itself: its log says why
-                    else:
-                        proc.terminate()
-                        try:
-                            proc.wait(self.stop_grace)
-                        except subprocess.TimeoutExpired:
-                            log.warning("llama-server (pid %d) ignored SIGTERM for %g s; killing it",
-                                        proc.pid, self.stop_grace)
-                finally:
-                    if proc.poll() is None:
-                        proc.kill()
-                    rc = proc.wait()
+                keep_log = keep_log or proc.poll() is not None  # it died by itself: its log says why
+                rc = reap(proc, self.stop_grace, "llama-server")
         finally:
             if self._log_handle is not None:
                 self._log_handle.close()

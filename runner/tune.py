@@ -45,7 +45,7 @@ from typing import Iterator, Sequence
 from ..errors import ServerArgsError, ServerError, ServerStartError
 from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient
-from .launch import launch_recipe, parse_server_args, read_draft
+from .launch import ONE_CLIENT_PER_RPC_SERVER, launch_recipe, parse_server_args, read_draft
 from .server import LlamaServer
 from .measure import Progress, ServerRun, mean_acceptance_length, measuring_launch
 from .prompts import Prompt, tokenize_prompts
@@ -527,6 +527,8 @@ def tune(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], setti
     warnings = list(launch_recipe(target, draft, server_args=settings.server_args).warnings)
     if "port" in parse_server_args(settings.server_args).honoured:
         raise ServerArgsError("--port after --: tune runs two servers at a time, each on a free port; leave it out")
+    if "rpc" in parse_server_args(settings.server_args).honoured:
+        raise ServerArgsError(ONE_CLIENT_PER_RPC_SERVER.format(command="tune"))
     tuner = _Tuner(target, draft, prompts, settings, progress)
     spec, alone, stopped = tuner.run()
     if stopped:

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import click
 
-from ..options import ServerArgsCommand, build_options, draft_option, json_option, prompts_option, target_option
+from ..options import (ServerArgsCommand, build_options, draft_option, json_option, prompts_option, rpc_option,
+                       target_option)
 from . import tuned
+from .launch import with_rpc
 from .prompts import BUILTIN_PROMPTS, read_prompts
 from .tune import TuneResult, TuneSettings, tune
 from .verdict import DEFAULT_MIN_SPEEDUP, speed_verdict
@@ -79,9 +81,10 @@ def print_table(result: dict, saved: Path | None) -> None:
               help="Drafting pays when the confirmed speedup reaches this; below it serve runs the target alone.")
 @json_option
 @build_options
+@rpc_option
 def tune_command(target: Path, draft: Path, prompts_file: Path | None, n_predict: int | None, rounds: int | None,
                  quick: bool, max_seconds: float | None, min_speedup: float, as_json: bool, backend: str | None,
-                 llama_bin: Path | None, server_args: tuple[str, ...]) -> None:
+                 llama_bin: Path | None, rpc: str | None, server_args: tuple[str, ...]) -> None:
     """Find the fastest way to serve TARGET with its drafter on this machine, and whether
     drafting pays at all; `serve` then uses it.
 
@@ -118,6 +121,7 @@ def tune_command(target: Path, draft: Path, prompts_file: Path | None, n_predict
       dflash-gguf tune -t t.gguf -d d.gguf --quick --json -- -ngl 99
     """
     prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
+    server_args = with_rpc(rpc, server_args)
     if quick:
         prompts = prompts[:QUICK["prompts"]]
     explore = rounds or (QUICK["rounds"] if quick else TuneSettings.rounds)

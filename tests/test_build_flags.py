@@ -295,3 +295,11 @@ def test_cublas_from_a_wheel_is_linked_and_found_at_run_time(tmp_path):
     (toolkit.root / "lib64" / "libcublas.so.13").write_text("")
     (toolkit.root / "lib64" / "libcuda.so").write_text("")
     assert cuda_libs.cmake_flags(toolkit, [str(site)]) == []  # a complete toolkit needs nothing
+
+
+@pytest.mark.parametrize("backend,platform", [("cpu", "linux"), ("cuda", "linux"), ("cpu", "darwin"),
+                                              ("metal", "darwin")])
+def test_every_build_carries_the_rpc_backend_and_its_server(backend, platform):
+    """`--rpc HOST:PORT` needs the RPC backend in the build and `ggml-rpc-server` on each host."""
+    assert "-DGGML_RPC=ON" in build.cmake_flags(backend, platform)
+    assert "ggml-rpc-server" in build.TARGETS

@@ -24,7 +24,7 @@ def _commands(group: click.Group, prefix: str = "") -> dict[str, click.Command]:
 
 
 COMMANDS = _commands(main)
-SERVER_COMMANDS = ("serve", "generate", "validate", "release", "tune")
+SERVER_COMMANDS = ("serve", "generate", "validate", "release", "tune", "bench", "doctor")
 
 
 def test_each_flag_means_one_thing():

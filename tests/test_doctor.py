@@ -113,6 +113,20 @@ def test_server_argument_findings(args, check, trained_pair):
     assert proc.returncode == 1 and checks(report) == [check]
 
 
+@pytest.mark.parametrize("drafter, args, found", [
+    ("dflash2", ["-sm", "tensor"], ["split-mode"]),
+    ("dspark", ["--split-mode=tensor", "-ctkd", "q8_0"], ["draft-kv-cache", "split-mode"]),
+    ("dflash", ["-sm", "tensor"], []),
+    ("dflash2", ["-sm", "layer"], []),
+])
+def test_tensor_split_with_dflash2_or_dspark(drafter, args, found, trained_pair):
+    """llama.cpp #27819: --split-mode tensor aborts with DFlash 2 and DSpark drafters, not DFlash."""
+    proc, report = doctor(trained_pair["target"], trained_pair[drafter], "--no-run", "--", *args)
+    assert proc.returncode == (1 if found else 0) and checks(report) == found, proc.stderr
+    if "split-mode" in found:
+        assert "--split-mode layer" in report["findings"][-1]["message"]
+
+
 def test_below_the_release_card(trained_pair, prompts, tmp_path):
     folder = tmp_path / "release"
     folder.mkdir()

@@ -318,6 +318,32 @@ def test_server_args_the_runner_manages_are_refused_at_once(target_gguf: Path, c
     assert llama_servers_using(draft) == []
 
 
+@pytest.mark.parametrize("command, args", [
+    ("serve", ["--", "-sm", "tensor"]),
+    ("validate", ["--", "--split-mode=tensor"]),
+    ("tune", ["--quick", "--", "-ngl", "0", "--split-mode", "TENSOR"]),
+])
+def test_tensor_split_with_a_dflash2_drafter_is_refused_with_the_workaround(
+        target_gguf: Path, converted: dict[str, Path], command: str, args: list[str]):
+    """llama.cpp aborts on it (GGML_ASSERT(src_ss[0].axis != GGML_BACKEND_SPLIT_AXIS_0), #27819)."""
+    draft = converted["dflash2-b8"]
+    proc = dflash_gguf(command, "--target", target_gguf, "--draft", draft, "--backend", BACKEND, *args)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--split-mode tensor with a DFlash 2 drafter" in proc.stderr and "#27819" in proc.stderr
+    assert "use --split-mode layer" in proc.stderr and proc.stdout == ""
+    assert llama_servers_using(draft) == []
+
+
+def test_tensor_split_is_left_alone_for_dflash_and_other_modes(target_gguf: Path, converted: dict[str, Path]):
+    from dflash_gguf.runner.launch import launch_recipe
+
+    launch = launch_recipe(target_gguf, converted["dflash-b16"], server_args=["-sm", "tensor"])
+    assert launch.user_args == ("-sm", "tensor")
+    launch = launch_recipe(target_gguf, converted["dflash2-b8"], server_args=["--split-mode", "layer"])
+    assert launch.user_args == ("--split-mode", "layer")
+
+
 def test_server_args_honoured_are_taken_out_and_the_rest_kept_in_order(tmp_path: Path):
     from dflash_gguf.runner.launch import CTX_SIZE, parse_server_args
 
@@ -329,6 +355,36 @@ def test_server_args_honoured_are_taken_out_and_the_rest_kept_in_order(tmp_path:
     assert given.passthrough == ("-c", "512", "-ctkd", "q8_0", "--api-key-file", str(keys), "-c", "2048")
     assert given.api_key == "k1" and given.value_of(CTX_SIZE) == "2048"  # llama.cpp takes the last
     assert parse_server_args(["--api-key", "a,b"]).api_key == "a"
+
+
+def test_rpc_servers_from_the_option_or_after_the_dashes_go_into_the_launch(target_gguf: Path,
+                                                                           converted: dict[str, Path]):
+    from dflash_gguf.runner.launch import launch_recipe, with_rpc
+
+    args = with_rpc("127.0.0.1:50052, 10.0.0.2:50053", ["-c", "512"])
+    assert args == ("--rpc", "127.0.0.1:50052,10.0.0.2:50053", "-c", "512")
+    launch = launch_recipe(target_gguf, converted["dflash-b16"], server_args=args)
+    assert launch.rpc == ("127.0.0.1:50052", "10.0.0.2:50053") and launch.user_args == ("-c", "512")
+    assert launch.args()[launch.args().index("--rpc") + 1] == "127.0.0.1:50052,10.0.0.2:50053"
+    assert "--rpc" in launch.summary()["recipe"] and "--rpc" in launch.alone().args()  # the target alone too
+    assert with_rpc("h:1", ["--rpc", "h:1"]) == ("--rpc", "h:1", "--rpc", "h:1")  # the same twice is fine
+
+
+@pytest.mark.parametrize("command, args, needle", [
+    ("serve", ["--rpc", "localhost"], "'localhost' is not HOST:PORT"),
+    ("validate", ["--", "--rpc", "h:1,h:99999"], "--rpc after -- 'h:1,h:99999': 'h:99999' is not HOST:PORT"),
+    ("tune", ["--rpc", "a:1", "--", "--rpc=b:2"], "--rpc is a:1 but b:2 after --; give it once"),
+    ("doctor", ["--rpc", ":50052"], "':50052' is not HOST:PORT"),
+    # an rpc-server serves one llama-server at a time (ggml-rpc.cpp's accept loop)
+    ("tune", ["--rpc", "127.0.0.1:50052"], "tune runs two llama-servers side by side"),
+    ("bench", ["--", "--rpc", "127.0.0.1:50052"], "bench runs two llama-servers side by side"),
+])
+def test_bad_rpc_addresses_are_refused_at_once(target_gguf: Path, converted: dict[str, Path], command: str,
+                                               args: list[str], needle: str):
+    draft = converted["dflash-b16"]
+    proc = dflash_gguf(command, "--target", target_gguf, "--draft", draft, "--backend", BACKEND, *args)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert needle in proc.stderr and proc.stdout == ""
 
 
 def test_generate_needs_a_url_or_a_pair(target_gguf: Path):

@@ -9,6 +9,7 @@ Each check looks for one known cause and says, in one line, how to fix it:
   not record (its architecture records no layer inputs in the pinned llama.cpp, or the taps lie
   beyond its depth);
 - the server arguments: a quantized draft KV cache (acceptance collapses, llama.cpp #25725),
+  `--split-mode tensor` with a DFlash 2 or DSpark drafter (aborts, #27819),
   `--spec-draft-p-min` above 0 (drafts cut short), many parallel slots (llama.cpp #27117);
 - a short measured run, launched as `serve` launches it with the same arguments: tau and the
   acceptance at each draft position, against the tau of the drafter's release card (a README.md
@@ -29,7 +30,7 @@ from ..convert.gguf_file import GGUFFile
 from ..convert.keys import DFlash, Tokenizer
 from ..convert.target import load_target
 from ..errors import DflashError, ServerArgsError, TargetError
-from ..runner.launch import check_pair, dflash_server
+from ..runner.launch import check_pair, dflash_server, split_mode_problem
 from ..runner.measure import acceptance_rate, mean_acceptance_length
 from ..runner.prompts import Prompt, tokenize_prompts
 
@@ -192,8 +193,10 @@ def diagnose(target: str | Path, draft: str | Path, server_args: Sequence[str] =
     progress = progress or (lambda msg: log.info(msg))
     target, draft = Path(target), Path(draft)
     findings = check_files(target, draft, checkpoint) + check_args(server_args)
+    split = split_mode_problem(describe(draft), server_args)
+    findings += [Finding("split-mode", split)] if split else []
     measured, card = None, card_tau(draft)
-    blocking = {"legacy-file", "tokenizer", "target-taps", "pair", "drafter-metadata"}
+    blocking = {"legacy-file", "tokenizer", "target-taps", "pair", "drafter-metadata", "split-mode"}
     if run and not any(f.check in blocking for f in findings):
         progress(f"measuring: {len(prompts)} prompts, {n_predict} tokens each, greedy")
         measured = measure(target, draft, server_args, prompts, n_predict, backend, llama_bin)

@@ -9,9 +9,11 @@ from pathlib import Path
 import click
 
 from ..terminal import shown
-from ..options import GGUF, ServerArgsCommand, build_options, draft_option, json_option, prompts_option, target_option
-from .doctor import diagnose
+from ..options import (GGUF, ServerArgsCommand, build_options, draft_option, json_option, prompts_option,
+                       rpc_option, target_option)
+from ..runner.launch import with_rpc
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
+from .doctor import diagnose
 
 
 @click.command("doctor", cls=ServerArgsCommand)
@@ -24,8 +26,9 @@ from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
               help="New tokens per prompt in the measured run.")
 @click.option("--no-run", is_flag=True, help="Only the checks of files and arguments; start no server.")
 @build_options
+@rpc_option
 @json_option
-def doctor_command(target, draft, checkpoint, prompts_file, n_predict, no_run, backend, llama_bin, as_json,
+def doctor_command(target, draft, checkpoint, prompts_file, n_predict, no_run, backend, llama_bin, rpc, as_json,
                    server_args) -> None:
     """Why is acceptance low, or the run slower than it should be?
 
@@ -41,6 +44,7 @@ def doctor_command(target, draft, checkpoint, prompts_file, n_predict, no_run, b
     Exit status: 0 when nothing is wrong, 1 when something is, 2 on bad input.
     """
     prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
+    server_args = with_rpc(rpc, server_args)
     report = diagnose(target, draft, list(server_args), checkpoint=checkpoint, prompts=prompts, n_predict=n_predict,
                       backend=backend, llama_bin=llama_bin, run=not no_run, progress=lambda msg: click.echo(msg, err=True))
     if as_json:

@@ -12,9 +12,10 @@ from ..convert.model_param import ModelParam
 from ..errors import OptionError
 from ..extras import require
 from ..options import (GGUF, ServerArgsCommand, build_options, draft_option, json_option, prompts_option,
-                       target_option)
+                       rpc_option, target_option)
 from ..outputs import Input, Output, Replace, check_outputs, write_text
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
+from ..runner.launch import with_rpc
 from .distribution import DEFAULT_ALPHA
 from .validate import ValidationSettings, is_report, validate, verdict
 from .validate_sampled import Sampling, validate_distribution
@@ -153,6 +154,7 @@ def _print_distribution(report: dict) -> None:
               help="Compare against this model alone instead of TARGET (e.g. an F16 copy of a quantized target).")
 @build_options
 @click.option("--threads", type=click.IntRange(1), help="llama-server threads (-t).")
+@rpc_option
 @click.option("--reference-draft", type=ModelParam(file_ok=False, hub_gguf_ok=False),
               help="The drafter's HF checkpoint (a folder, or on the Hub owner/name[@revision]): also run the "
                    "z-lab PyTorch reference and report its tau.")
@@ -163,7 +165,7 @@ def _print_distribution(report: dict) -> None:
 @click.option("--report", "report_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the full report as JSON to this file.")
 def validate_command(target, draft, prompts_file, n_predict, parallel, temperature, top_k, top_p, min_p, samples,
-                     positions, seed, alpha, strict, exact, baseline, backend, llama_bin, threads,
+                     positions, seed, alpha, strict, exact, baseline, backend, llama_bin, threads, rpc,
                      reference_draft, reference_target, as_json, report_file, server_args) -> None:
     """Prove a drafter is lossless in llama.cpp, and measure what it buys.
 
@@ -209,6 +211,7 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
                    Input(baseline, "--baseline"), Input(reference_draft, "--reference-draft"),
                    Input(reference_target, "--reference-target")])
     prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
+    server_args = with_rpc(rpc, server_args)
     settings = ValidationSettings(n_predict=n_predict, parallel=parallel, temperature=temperature,
                                   exact=exact, threads=threads, backend=backend,
                                   llama_bin=llama_bin, server_args=list(server_args),

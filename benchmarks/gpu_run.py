@@ -1,0 +1,202 @@
+"""The sections `benchmarks/gpu.sh` runs once the build is there, against a deadline, into one page.
+
+    .venv/bin/python -m benchmarks.gpu_run --backend cuda --out docs/benchmarks-cuda.md --deadline EPOCH
+
+Sections, each skipped (and said so on the page) when the deadline would pass before it ends:
+
+  validate        the trained pair, each drafter: lossless (every token checked), tau, speedup
+  memory-bound    the trained target widened by inert FFN units (benchmarks/memory_bound.py): first
+                  proven to give the original's tokens (validate --baseline), then each drafter
+  SmolLM2         the real target and its drafter, when build/fixtures/smollm2 has both
+  concurrency     `dflash-gguf bench`'s curve on each of those targets (benchmarks/concurrency.py)
+
+Every speedup is a ratio measured side by side in one run (validate: the target alone and the
+speculative server on the same prompts, one after the other; concurrency: rounds of passes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from benchmarks import concurrency
+from benchmarks.bench import DRAFTER_LABELS, machine_info
+
+REPO = Path(__file__).resolve().parents[1]
+_T0 = time.time()
+
+
+def progress(msg: str) -> None:
+    print(f"[{time.time() - _T0:6.1f}s] {msg}", flush=True)
+
+
+def gpu_info() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,compute_cap",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return "; ".join(line.strip() for line in out.splitlines() if line.strip()) or None
+
+
+class Clock:
+    """What is left before the deadline, and whether a section estimated at `seconds` still fits."""
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.skipped: list[str] = []
+
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+    def fits(self, section: str, seconds: float) -> bool:
+        if self.left() >= seconds:
+            return True
+        self.skipped.append(f"{section} (needed ~{seconds:.0f} s, {max(0.0, self.left()):.0f} s left)")
+        progress(f"skipping {section}: ~{seconds:.0f} s needed, {max(0.0, self.left()):.0f} s left")
+        return False
+
+
+def _validate_row(label: str, report: dict) -> dict:
+    return {"label": label, "exact": report["exact"], "checked": report["positions_checked"],
+            "produced": report["produced"], "mismatches": sum(d["kind"] == "mismatch" for d in report["divergences"]),
+            "ties": sum(d["kind"] == "tie" for d in report["divergences"]), "tau": report["mean_acceptance_length"],
+            "acceptance_rate": report["acceptance_rate"], "tps_target": report["tokens_per_second"]["target"],
+            "tps_speculative": report["tokens_per_second"]["speculative"], "speedup": report["speedup"],
+            "build": report["llama"]["build"]}
+
+
+def validate_rows(target: Path, drafts: dict[str, Path], prompts: list[str], n_predict: int, backend: str,
+                  server_args: list[str], baseline: Path | None = None) -> list[dict]:
+    from dflash_gguf.runner.validate import ValidationSettings, validate
+
+    rows = []
+    for name, draft in drafts.items():
+        settings = ValidationSettings(n_predict=n_predict, backend=backend, server_args=list(server_args))
+        progress(f"validate {target.name} + {draft.name}: {len(prompts)} prompts x {n_predict} tokens")
+        report = validate(target, draft, prompts, settings, baseline=baseline, progress=lambda m: progress("    " + m))
+        rows.append(_validate_row(DRAFTER_LABELS.get(name, name), report))
+        r = rows[-1]
+        progress(f"  -> exact {r['exact']}, tau {r['tau']:.2f}, {r['tps_target']:.1f} -> {r['tps_speculative']:.1f} "
+                 f"tok/s ({r['speedup']}x)")
+    return rows
+
+
+def validate_table(rows: list[dict]) -> str:
+    lines = ["| drafter | lossless (tokens checked) | tau | acceptance | tok/s target alone | tok/s with drafter | speedup |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        ok = "yes" if r["exact"] and not r["mismatches"] else f"NO ({r['mismatches']} mismatches)"
+        ok += f", {r['ties']} ties" if r["ties"] else ""
+        lines.append(f"| {r['label']} | {ok} ({r['checked']} of {r['produced']}) | {r['tau']:.2f} | "
+                     f"{r['acceptance_rate']:.2f} | {r['tps_target']:.1f} | {r['tps_speculative']:.1f} | "
+                     f"**{r['speedup']}x** |")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from benchmarks.regimes import memory_bound_target
+    from dflash_gguf.runner.prompts import BUILTIN_PROMPTS, read_prompts
+    from tests.fixtures.trained_gguf import trained_ggufs
+
+    clock = Clock(args.deadline)
+    server_args = args.server_args
+    pair = trained_ggufs()
+    prompts = read_prompts(pair["prompts"])[: args.prompts]
+    drafts = {name: pair[name] for name in ("dflash", "dflash2", "dspark")}
+    results: dict = {"sections": {}, "skipped": clock.skipped}
+
+    progress("(1) validate: the trained pair")
+    results["sections"]["validate"] = validate_rows(pair["target"], drafts, prompts, args.n_predict, args.backend,
+                                                    server_args)
+    wide = memory_bound_target(pair["target"], REPO / "build" / "bench" / "trained" / "regimes")
+    if clock.fits("memory-bound", args.estimate * 3):
+        progress(f"(2) memory-bound: {wide.name} ({wide.stat().st_size / 2**20:.0f} MiB), tokens against the original")
+        bound_args = [*server_args, *concurrency.MEMORY_BOUND_ARGS]
+        proof = validate_rows(wide, {"dflash": drafts["dflash"]}, prompts, args.n_predict, args.backend, bound_args,
+                              baseline=pair["target"])
+        results["sections"]["memory_bound_proof"] = proof
+        results["sections"]["memory_bound"] = validate_rows(
+            wide, {k: drafts[k] for k in ("dflash", "dflash2")}, prompts, args.n_predict, args.backend, bound_args)
+    smol = concurrency.smollm2_pair()
+    if smol is None:
+        results["sections"]["smollm2"] = None
+        progress(f"(3) SmolLM2: not under {concurrency.SMOLLM2}; left out")
+    elif clock.fits("SmolLM2", args.estimate):
+        progress(f"(3) SmolLM2: {smol[0].name} + {smol[1].name}")
+        results["sections"]["smollm2"] = validate_rows(smol[0], {"dflash": smol[1]}, list(BUILTIN_PROMPTS),
+                                                       args.n_predict, args.backend, server_args)
+    if clock.fits("concurrency", args.estimate * 3):
+        progress(f"(4) concurrency {args.levels}")
+        results["sections"]["concurrency"] = concurrency.concurrency_section(
+            False, args.backend, progress, tuple(int(x) for x in args.levels.split(",")), args.n_predict,
+            args.rounds, server_args)
+    return results
+
+
+def render(results: dict, args: argparse.Namespace, machine: dict, load: dict) -> str:
+    s = results["sections"]
+    gpu = gpu_info() if args.backend == "cuda" else None
+    build = s["validate"][0]["build"] if s.get("validate") else "-"
+    lines = [f"# Benchmarks on {'CUDA' if args.backend == 'cuda' else args.backend.upper()}", "",
+             f"Generated by `benchmarks/gpu.sh{' --cpu' if args.backend == 'cpu' else ''}` "
+             f"(`benchmarks/gpu_run.py`) on {machine['date']} in {results['seconds'] / 60:.1f} minutes: "
+             f"{gpu or 'no GPU'}; {machine['cpu']} x {machine['nproc']}, {machine['memory_gib']} GiB; "
+             f"llama.cpp {args.backend} build {build}; llama-server arguments `{' '.join(args.server_args)}`; "
+             f"load average {load['start'][0]:.2f} at the start, {load['end'][0]:.2f} at the end"
+             + (" (**the machine was shared**)" if args.shared else "") + ".",
+             "",
+             "Every speedup is a ratio measured side by side in one run: `validate` times the target alone and "
+             "the speculative server on the same prompts one after the other (greedy, every emitted token "
+             "checked against the target's logits); the concurrency curve alternates passes of the same streams "
+             "on both servers and gives the median of its rounds.", ""]
+    sections = [("Trained pair (validate)", "validate"), ("Memory-bound widening: same tokens as the original",
+                                                        "memory_bound_proof"),
+                ("Memory-bound widening (validate)", "memory_bound"), ("SmolLM2 (validate)", "smollm2")]
+    for title, key in sections:
+        if s.get(key):
+            lines += [f"## {title}", "", validate_table(s[key]), ""]
+    if s.get("smollm2", 0) is None:
+        lines += ["## SmolLM2", "", f"Not run: no target-*.gguf and dflash*.gguf under `build/fixtures/smollm2`.", ""]
+    if s.get("concurrency"):
+        lines += ["## Concurrency", ""]
+        for subject in s["concurrency"]["subjects"]:
+            lines += [f"### {subject['label']}", "", f"{subject['verdict'][0].upper() + subject['verdict'][1:]}; "
+                      + ("lossless on every stream." if subject["lossless"] else "**not lossless on every stream**."),
+                      "", concurrency.curve_table(subject), ""]
+    if results["skipped"]:
+        lines += ["## Skipped for time", "", *[f"- {x}" for x in results["skipped"]], ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=("cpu", "cuda", "metal"), required=True)
+    parser.add_argument("--out", type=Path, required=True, help="the page to write")
+    parser.add_argument("--deadline", type=float, default=time.time() + 600, help="epoch seconds")
+    parser.add_argument("--estimate", type=float, default=60, help="seconds one validate section is expected to take")
+    parser.add_argument("--levels", default="1,2,4,8")
+    parser.add_argument("--prompts", type=int, default=6, help="held-out prompts of the trained pair to use")
+    parser.add_argument("-n", "--n-predict", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--shared", action="store_true", help="say on the page that the machine was shared")
+    parser.add_argument("server_args", nargs="*", help="llama-server arguments for every run (after --)")
+    args = parser.parse_args(argv)
+    load = {"start": os.getloadavg()}
+    results = run(args)
+    load["end"] = os.getloadavg()
+    results["seconds"] = round(time.time() - _T0, 1)
+    raw = REPO / "build" / "gpu-run" / f"results-{args.backend}.json"
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    raw.write_text(json.dumps(results, indent=2, default=str))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render(results, args, machine_info(), load))
+    progress(f"wrote {args.out} (raw numbers: {raw})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""`dflash-gguf bench`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import OptionError
+from ..options import ServerArgsCommand, build_options, draft_option, json_option, prompts_option, target_option
+from .concurrency import ALONE, DEFAULT_LEVELS, DRAFTER, BenchSettings, concurrency_curve
+from .prompts import BUILTIN_PROMPTS, read_prompts
+
+
+def _levels(_ctx, _param, value: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        levels = ()
+    if not levels or any(n < 1 or n > 256 for n in levels):
+        raise OptionError(f"--concurrency {value!r}: give a comma-separated list of stream counts from 1 to 256, "
+                          "e.g. 1,2,4,8")
+    return levels
+
+
+def print_curve(report: dict) -> None:
+    """The curve as the published serving tables give it: speedup per concurrency."""
+    head = (f"{'streams':>7}  {'aggregate tok/s':>21}  {'per request tok/s':>19}  {'speedup':>7}  "
+            f"{'tau':>5}  {'acceptance per slot':<24} lossless")
+    click.echo(head)
+    click.echo(f"{'':>7}  {'alone':>10} {'drafter':>10}  {'alone':>9} {'drafter':>9}")
+    for r in report["levels"]:
+        agg, per = r["aggregate_tokens_per_second"], r["per_request_tokens_per_second"]
+        slots = " ".join(f"{s['acceptance_rate']:.2f}" for s in r["slots"])
+        lossless = "yes" if r["lossless"] else \
+            f"NO: {sum(not s['identical'] for s in r['streams'])} of {len(r['streams'])} streams differ"
+        click.echo(f"{r['concurrency']:>7}  {agg[ALONE]:>10.1f} {agg[DRAFTER]:>10.1f}  {per[ALONE] or 0:>9.1f} "
+                   f"{per[DRAFTER] or 0:>9.1f}  {r['speedup']:>6.2f}x  {r['tau']:>5.2f}  {slots:<24} {lossless}")
+        if not r["target_alone_identical"]:
+            click.echo(f"{'':>9}note: the target alone at -np {r['concurrency']} differs from its one-slot "
+                       "answers too (the build is not batch-invariant for this model)")
+    s = report["settings"]
+    recipe = report["launch"]["recipe"]
+    recipe = ["N" if before == "--parallel" else arg for before, arg in zip(["", *recipe], recipe)]
+    click.echo(f"\n{report['verdict']}")
+    click.echo(f"speedup: median over {s['rounds']} round(s), each the drafter's aggregate over the target "
+               f"alone's in the same round; {s['prompts']} prompts x {s['n_predict']} tokens, greedy")
+    click.echo(f"llama.cpp {report['llama']['backend']} build {report['llama']['build']}; "
+               f"serve's launch: {' '.join(recipe)}"
+               + (f"; your arguments: {' '.join(report['launch']['user_args'])}" if report["launch"]["user_args"]
+                  else ""))
+
+
+@click.command("bench", cls=ServerArgsCommand)
+@target_option()
+@draft_option()
+@click.option("--concurrency", "levels", default=",".join(map(str, DEFAULT_LEVELS)), show_default=True,
+              callback=_levels, help="Concurrent streams to measure, comma-separated; each gets servers "
+                                     "with that many slots (-np).")
+@prompts_option("validate's built-in mix.")
+@click.option("-n", "--n-predict", "n_predict", type=click.IntRange(1, 4096), default=64, show_default=True,
+              help="New tokens per request (greedy).")
+@click.option("--rounds", type=click.IntRange(1, 50), default=3, show_default=True,
+              help="Rounds per level: in each, every stream's requests go to the target alone's server and to "
+                   "the drafter's, one pass after the other.")
+@build_options
+@json_option
+def bench_command(target: Path, draft: Path, levels: tuple[int, ...], prompts_file: Path | None, n_predict: int,
+                  rounds: int, backend: str | None, llama_bin: Path | None, as_json: bool,
+                  server_args: tuple[str, ...]) -> None:
+    """Throughput against concurrency, with the drafter and without, lossless on every stream.
+
+    \b
+    For each level N of --concurrency, two llama-servers run as `serve` starts them (the
+    arguments after `--` included) with -np N: the target alone and the target with its
+    drafter. N client streams send their requests at once, each one request at a time,
+    first to one server then to the other (the order alternates by round), so every
+    speedup is a ratio measured side by side. Reported per level: aggregate tokens/s (all
+    streams' tokens over the wall time), per-request tokens/s (the server's own timing),
+    the speedup, tau and the acceptance of each server slot (llama.cpp #27117: acceptance
+    drops with many slots), and whether every stream is lossless: each answer, greedy,
+    identical token for token to the target alone's at one slot for the same prompt.
+    Then where drafting stops paying, from the numbers.
+
+    \b
+    Exit status: 0 when every stream is lossless, 1 when one is not, 2 on bad input.
+
+    \b
+    Examples:
+      dflash-gguf bench -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf -- -t 8
+      dflash-gguf bench -t t.gguf -d d.gguf --concurrency 1,4,16 --prompts p.txt -n 128 --json -- -ngl 99
+    """
+    prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
+    settings = BenchSettings(levels=levels, n_predict=n_predict, rounds=rounds, backend=backend, llama_bin=llama_bin,
+                             server_args=list(server_args))
+    report = concurrency_curve(target, draft, prompts, settings, progress=lambda msg: click.echo(msg, err=True))
+    for message in report["warnings"]:
+        click.echo(f"warning: {message}", err=True)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        print_curve(report)
+    sys.exit(0 if report["lossless"] else 1)
+
+
+commands = [bench_command]

@@ -1,0 +1,88 @@
+"""`dflash-gguf bench`: the concurrency curve on the trained pair (the real patched llama-server at
+-np 1 and 2, every stream checked against the target alone), and the bookkeeping that decides
+losslessness, per-slot acceptance and where drafting stops paying."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dflash_gguf.runner.client import Completion
+from dflash_gguf.runner.concurrency import (ALONE, DRAFTER, Pass, _level, check_levels, deal, stops_paying,
+                                            verdict_line)
+from dflash_gguf.errors import ServerArgsError
+from tests.conftest import dflash_gguf
+
+
+def answer(tokens: list[int], slot: int, drafted: int = 0, accepted: int = 0, speed: float = 100.0) -> Completion:
+    return Completion.from_json({"content": "", "tokens": tokens, "tokens_predicted": len(tokens), "id_slot": slot,
+                                 "timings": {"draft_n": drafted, "draft_n_accepted": accepted,
+                                             "predicted_per_second": speed}})
+
+
+def test_prompts_are_dealt_so_every_pass_covers_each_prompt_and_streams_carry_equal_work():
+    assert deal(5, 1) == [[0, 1, 2, 3, 4]]
+    jobs = deal(5, 2)
+    assert [len(j) for j in jobs] == [3, 3] and set(sum(jobs, [])) == set(range(5))
+    assert deal(2, 4) == [[0], [1], [0], [1]]
+    with pytest.raises(ServerArgsError, match="--concurrency"):
+        check_levels([0, 2])
+    assert check_levels([4, 1, 4, 2]) == (1, 2, 4)
+
+
+def test_a_stream_whose_answer_differs_from_the_target_alone_is_not_lossless():
+    reference = [[1, 2, 3], [4, 5, 6]]
+    jobs = deal(2, 2)
+    alone = [Pass([[answer([1, 2, 3], 0)], [answer([4, 5, 6], 1)]], 1.0)]
+    spec = [Pass([[answer([1, 2, 3], 0, drafted=4, accepted=2)], [answer([4, 5, 9], 1, drafted=4, accepted=0)]], 0.5)]
+    row = _level(2, jobs, alone, spec, reference)
+    assert not row["lossless"] and row["target_alone_identical"]
+    assert [s["identical"] for s in row["streams"]] == [True, False]
+    assert row["streams"][1]["differing"] == [{"prompt": 1, "first_divergence": 2}]
+    assert [(s["slot"], s["acceptance_rate"]) for s in row["slots"]] == [(0, 0.5), (1, 0.0)]
+    assert row["aggregate_tokens_per_second"] == {ALONE: 6.0, DRAFTER: 12.0} and row["speedup"] == 2.0
+
+
+def test_where_drafting_stops_paying_is_read_from_the_curve():
+    def rows(*speedups):
+        return [{"concurrency": 2 ** i, "speedup": s} for i, s in enumerate(speedups)]
+
+    assert stops_paying(rows(1.8, 1.2, 0.9, 0.7)) == 4
+    assert verdict_line(rows(1.8, 1.2, 0.9, 0.7)) == "drafting stops paying at concurrency 4 (0.9x); it pays up to 2 (1.2x)"
+    assert verdict_line(rows(1.8, 1.5)) == "drafting pays at every concurrency measured (lowest 1.5x at 2)"
+    assert verdict_line(rows(0.8, 0.6)) == "drafting does not pay at any concurrency measured (best 0.8x)"
+
+
+def test_bench_refuses_slots_and_ports_it_sets_itself(trained_pair):
+    for args in (["--", "-np", "4"], ["--", "--port", "8080"], ["--concurrency", "0"]):
+        proc = dflash_gguf("bench", "--target", trained_pair["target"], "--draft", trained_pair["dflash"], *args)
+        assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+@pytest.mark.integration
+def test_bench_at_one_and_two_streams_is_lossless_on_every_stream(trained_pair, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(trained_pair["prompts"].read_text().splitlines(keepends=True)[:3]))
+    proc = dflash_gguf("bench", "--target", trained_pair["target"], "--draft", trained_pair["dflash"],
+                       "--concurrency", "1,2", "--prompts", prompts, "-n", "24", "--rounds", "2", "--json",
+                       "--backend", "cpu", "--", "-t", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["lossless"] and [r["concurrency"] for r in report["levels"]] == [1, 2]
+    assert report["settings"] == {"levels": [1, 2], "n_predict": 24, "rounds": 2, "prompts": 3, "draft_max": 15}
+    assert report["verdict"].startswith("drafting ") and report["launch"]["user_args"] == ["-t", "1"]
+    for row in report["levels"]:
+        n = row["concurrency"]
+        assert row["rounds"] == 2 and len(row["speedup_runs"]) == 2 and row["speedup"] > 0
+        assert len(row["streams"]) == n and all(s["identical"] for s in row["streams"])
+        assert all(s["requests"] == 2 * row["requests_per_stream"] for s in row["streams"])
+        assert row["target_alone_identical"]
+        assert all(v > 0 for v in row["aggregate_tokens_per_second"].values())
+        # every slot the server ran answered and drafted; the trained drafter is accepted often
+        assert 1 <= len(row["slots"]) <= n and all(s["drafted"] > 0 for s in row["slots"])
+        assert row["tau"] > 1.5 and 0 < row["acceptance_rate"] <= 1
+    assert {s["slot"] for s in report["levels"][1]["slots"]} == {0, 1}  # two streams, two slots busy
+    table = dflash_gguf("bench", "--target", trained_pair["target"], "--draft", trained_pair["dflash"],
+                        "--concurrency", "1", "--prompts", prompts, "-n", "8", "--rounds", "1", "--", "-t", "1")
+    assert table.returncode == 0 and "streams" in table.stdout and "drafting " in table.stdout, table.stderr[-2000:]
