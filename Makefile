@@ -34,7 +34,14 @@ setup-run:
 gpu-run:
 	benchmarks/gpu.sh $(GPU_RUN_ARGS)
 
-test: llama
+# The conformance extras (olah, a Hub mirror; xllamacpp, stock llama.cpp) are test-only: their tests
+# skip without them, so `make test` installs them and CI runs those tests too.
+CONFORMANCE_STAMP := $(VENV)/.conformance-installed
+$(CONFORMANCE_STAMP): $(STAMP) pyproject.toml
+	$(PIP) install -q -e '.[test-mirror,test-stock]'
+	touch $@
+
+test: llama $(CONFORMANCE_STAMP)
 	$(PY) -m pytest -q
 
 test-unit: setup

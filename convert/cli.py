@@ -139,6 +139,8 @@ def _print_report(r: dict, list_tensors: bool) -> None:
     default = "" if r["block_size_in_file"] else ", llama.cpp's default: the file sets none"
     spec = f", --spec-type {r['spec_type']}" if r["spec_type"] else ""
     _say(f"  block size      {r['block_size']}  (draft length {r['draft_length']}{spec}{default})")
+    runs = r["runs_on"]
+    _say(f"  runs on         {runs['text']}")
     tl = r["target_layers"]
     _say(f"  target layers   HF {tl['hf']}  ->  llama.cpp {tl['llama_cpp']}")
     _say(f"  mask token      {r['mask_token_id']}   vocabulary {r['vocab_size']}")
@@ -169,7 +171,8 @@ def _print_report(r: dict, list_tensors: bool) -> None:
 @click.option("--tensors", "list_tensors", is_flag=True, help="List every tensor with its type, shape and size.")
 def inspect(file: Path, as_json: bool, list_tensors: bool) -> None:
     """Describe a drafter GGUF: variant (DFlash / DFlash 2 / DSpark / legacy), block size, draft
-    length and --spec-type as llama-server runs it, target layers in both numberings (HF
+    length and --spec-type as llama-server runs it, which llama.cpp runs it (stock llama.cpp, or a
+    build with one of dflash-gguf's patches: measured, convert/llama_support.py), target layers in both numberings (HF
     hidden-state ids and llama.cpp's shifted ids), mask token, tensor types and sizes, and the
     problems it can see (legacy layout, sliding-window layers without window metadata, missing
     keys or tensors). The JSON report (--json) always lists every tensor.

@@ -20,6 +20,7 @@ from .checkpoint import MAX_BLOCK_SIZE
 from .compat import DrafterFacts
 from .gguf_file import GGUFFile
 from .keys import ARCH, DEFAULT_BLOCK_SIZE, LEGACY_ARCH, DFlash, General, Legacy, Tokenizer
+from .llama_support import support_of
 
 # llama.cpp's --spec-type for each variant mainline runs
 SPEC_TYPES = {layout.DFLASH: "draft-dflash", layout.DFLASH2: "draft-dflash", layout.DSPARK: "draft-dspark"}
@@ -108,6 +109,7 @@ class DrafterDescription:
             "architecture": self.architecture,
             "variant": self.variant_name,
             "spec_type": self.spec_type,
+            "runs_on": support_of(self).to_dict(),  # which llama.cpp runs it (convert/llama_support.py)
             "block_size": self.block_size,
             "block_size_in_file": self.block_size_in_file,
             "draft_length": self.draft_length,

@@ -409,7 +409,7 @@ class HubRangeFile(io.RawIOBase):
         self.bytes_fetched = 0
         self.requests = 0
         self.streamed = False  # the server ignored the byte range: read as a stream
-        self._stream = None    # (exit stack, byte iterator, position in the file) of an open 200 answer
+        self._stream = None    # an open 200 answer: (exit stack, chunk iterator, file position, unread bytes)
 
     def readable(self) -> bool:
         return True
@@ -503,7 +503,7 @@ class HubRangeFile(io.RawIOBase):
                 log.info("%s: the server ignored the byte range (HTTP 200); reading the file's start as a stream",
                          self.name)
             self.streamed = True
-            self._stream = (stack, response.iter_raw(STREAM_CHUNK), 0, b"")
+            self._stream = (stack, response.iter_bytes(STREAM_CHUNK), 0, b"")
             stack = None
             return None
         finally:

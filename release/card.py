@@ -49,6 +49,7 @@ class ReleaseResult:
     file_prefix: str = "dflash"  # dflash / dspark: what the variant files' names start with
     sidecar_of: str | None = None  # the GGUF repository the variants are placed in, beside its quants
     sidecar_quant: str | None = None  # the quant of that repository the drafter was converted against
+    runs_on: dict = field(default_factory=dict)  # which llama.cpp runs the files (convert/llama_support.py)
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -106,6 +107,20 @@ def _sources_section(sources: dict) -> list[str]:
     return lines + [""]
 
 
+def _runs_on(runs_on: dict) -> list[str]:
+    """Which llama.cpp runs the files, as the stock conformance test measured it."""
+    if not runs_on:
+        return []
+    measured = (f"measured by dflash-gguf's conformance test against stock llama.cpp "
+                f"(PyPI `{runs_on['measured_on']}`) beside its patched build")
+    if runs_on["stock"]:
+        return [f"**Runs on {runs_on['text']}** (`--spec-type`, no patch needed; {measured}).", ""]
+    patches = ", ".join(f"`ggml_patches/{p}`" for p in runs_on["patches"])
+    return [f"> **This file {runs_on['text']}**: stock llama.cpp does not load it ({measured}). Build one "
+            f"with `dflash-gguf llama build` (the pinned llama.cpp with {patches}), or apply the patch to your "
+            "own llama.cpp tree.", ""]
+
+
 def render_card(result: ReleaseResult, terms: lic.Terms, plan: LicensePlan) -> str:
     meta: dict = dict(plan.card)
     meta["base_model"] = result.base_model
@@ -148,8 +163,7 @@ def render_card(result: ReleaseResult, terms: lic.Terms, plan: LicensePlan) -> s
               "tokens plus the target's own); speedup is generation speed with the drafter over the target "
               "alone. Both are measured by `dflash-gguf validate` on the pinned llama.cpp.", ""]
     lines += _sources_section(result.sources)
-    lines += [
-        "## Run it", "",
+    lines += ["## Run it", ""] + _runs_on(result.runs_on) + [
         "```sh",
         f"llama-server -m {result.name}.gguf {' '.join(result.run_args)}",
         "```", "",

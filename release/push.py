@@ -11,6 +11,7 @@ publish.py. `force` redoes it regardless.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
@@ -26,6 +27,8 @@ from . import licenses as lic
 from .publish import PublishResult, check_repo_id, publish, require_token
 from .card import PROVENANCE_KEY, ReleaseResult
 from .release import parse_types, release
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -95,6 +98,12 @@ def same_release(published: dict | None, sources: dict, types: list[str]) -> str
     return f"already holds this release ({described}; {', '.join(types)}; dflash-gguf {__version__})"
 
 
+def warn_before_publishing(built) -> None:
+    """The release's warnings (a file stock llama.cpp cannot load among them), said before the upload."""
+    for message in built.warnings:
+        log.warning("%s", message)
+
+
 def push_release(draft, target, types: str, repo: str, *, out_dir: Path | None = None, force: bool = False,
                  private: bool = False, **release_options) -> PushResult:
     """Release `draft` for `target` to the Hub repository `repo` in one commit, unless it is there."""
@@ -112,6 +121,7 @@ def push_release(draft, target, types: str, repo: str, *, out_dir: Path | None =
         out_dir = scratch / "release"
     try:
         built = release(draft, target, wanted, out_dir, force=force, **release_options)
+        warn_before_publishing(built)
         message = (f"dflash-gguf {__version__}: " + ", ".join(
             f"{role} {s['repo']}@{s['revision'][:12]}" for role, s in sources.items() if "revision" in s))
         pushed = publish(out_dir, repo, private=private, message=message.rstrip(": "))

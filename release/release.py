@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from ..convert import hub, layout
 from ..convert.converter import convert
 from ..convert.describe import DrafterDescription, describe
+from ..convert.llama_support import support_of
 from ..convert.target import TargetInfo
 from ..errors import ReleaseError
 from ..outputs import Input, Output, check_outputs
@@ -252,6 +253,10 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
 
     with built_beside(out_dir) as folder:
         made = _make_variants(making, settled, wanted, folder, say)
+        runs_on = support_of(made.drafter)
+        if not runs_on.stock:
+            made.warnings.append(f"stock llama.cpp cannot load these files: {runs_on.why}; the file "
+                                 f"{runs_on.text} (the card says so)")
         write_license_files(settled.license_files, folder)
         result = ReleaseResult(
             folder=shown, name=settled.name, base_model=settled.base_model,
@@ -262,7 +267,7 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
             warnings=settled.warnings + made.warnings,
             run_args=speculative_args(made.drafter, shown_path=example_variant(made.variants)), sources=made.sources,
             file_prefix=layout.FILE_PREFIXES[made.drafter.variant], sidecar_of=sidecar_of,
-            sidecar_quant=sidecar_quant)
+            sidecar_quant=sidecar_quant, runs_on=runs_on.to_dict())
         (folder / "README.md").write_text(render_card(result, settled.terms, settled.license_files), encoding="utf-8")
         result.files = sorted(p.name for p in folder.iterdir())
     result.seconds = round(time.perf_counter() - started, 3)

@@ -31,7 +31,7 @@ from . import licenses as lic
 from .card import PROVENANCE_KEY, ReleaseResult
 from .names import QUANT_SUFFIX, safe_name, variant_file
 from .publish import PublishResult, Upload, check_repo_id, commit_files, plan_upload, require_token
-from .push import planned_sources, same_release
+from .push import planned_sources, same_release, warn_before_publishing
 from .release import parse_types, release
 
 # The quant llama.cpp's -hf takes when none is named (find_best_model): these, else the first model file.
@@ -178,6 +178,7 @@ def release_into(draft, into: str, types: str, *, target=None, revision: str | N
         out = out_dir or scratch / "release"
         built = release(draft, target, wanted, out, force=force, name=label, sidecar_of=into,
                         sidecar_quant=quant.group(1).upper() if quant else None, **release_options)
+        warn_before_publishing(built)
         uploads, _ = plan_upload(out)  # the checks `publish` makes: license, listing, nothing leading out
         card_dir = sidecar_card_folder(folder, built.file_prefix, label)
         placed = []
