@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.concurrency [--quick] [--levels 1,2,4,8] [--docs DIR]
 
-Each target below runs `dflash-gguf bench`'s library function (runner/concurrency.py): for every
+Each target below runs `dflash-gguf bench`'s library function (validation/concurrency.py): for every
 level N, the target alone and the target with its drafter, each behind a llama-server with -np N,
 N streams in flight, rounds of one pass on each server side by side; lossless checked on every
 stream against the target alone at one slot. Targets:
@@ -82,7 +82,7 @@ def subjects(quick: bool, backend: str, server_args: list[str], progress: Progre
 def concurrency_section(quick: bool, backend: str, progress: Progress, levels: tuple[int, ...] = LEVELS,
                         n_predict: int | None = None, rounds: int | None = None,
                         server_args: list[str] | None = None) -> dict:
-    from dflash_gguf.runner.concurrency import BenchSettings, concurrency_curve
+    from dflash_gguf.validation.concurrency import BenchSettings, concurrency_curve
 
     n_predict = n_predict or (16 if quick else 64)
     rounds = rounds or (1 if quick else 3)
@@ -105,7 +105,7 @@ def _fmt(x: float | None, spec: str = ".1f") -> str:
 
 
 def curve_table(subject: dict) -> str:
-    from dflash_gguf.runner.concurrency import ALONE, DRAFTER
+    from dflash_gguf.validation.concurrency import ALONE, DRAFTER
 
     lines = ["| streams (-np) | aggregate tok/s, target alone | aggregate tok/s, drafter | speedup (runs) | "
              "per-request tok/s alone / drafter | tau | acceptance per slot | lossless streams |",

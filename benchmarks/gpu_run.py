@@ -72,7 +72,7 @@ def _validate_row(label: str, report: dict) -> dict:
 
 def validate_rows(target: Path, drafts: dict[str, Path], prompts: list[str], n_predict: int, backend: str,
                   server_args: list[str], baseline: Path | None = None) -> list[dict]:
-    from dflash_gguf.runner.validate import ValidationSettings, validate
+    from dflash_gguf.validation.validate import ValidationSettings, validate
 
     rows = []
     for name, draft in drafts.items():

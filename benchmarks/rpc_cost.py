@@ -30,11 +30,12 @@ def progress(msg: str) -> None:
 
 def measure(target: Path, draft: Path, prompts: list[str], n_predict: int, rounds: int, server_args: list[str],
             backend: str = "cpu") -> dict:
-    from dflash_gguf.runner import compare
+    from dflash_gguf.runner.measure import first_divergence
     from dflash_gguf.runner.build import find_bin_dir
     from dflash_gguf.runner.launch import launch_recipe
     from dflash_gguf.runner.rpc import RpcServer
-    from dflash_gguf.runner.validate import measuring_launch, tokenize_prompts
+    from dflash_gguf.runner.measure import measuring_launch
+    from dflash_gguf.runner.prompts import tokenize_prompts
 
     bin_dir = find_bin_dir(backend)
     with contextlib.ExitStack() as stack:
@@ -72,7 +73,7 @@ def measure(target: Path, draft: Path, prompts: list[str], n_predict: int, round
             progress("round %d: %s" % (r + 1, ", ".join(f"{n} {ms[n][-1]:.2f} ms/token" for n in names)))
     cost_alone = [b - a for a, b in zip(ms["local alone"], ms["RPC alone"])]
     cost_spec = [b - a for a, b in zip(ms["local + drafter"], ms["RPC + drafter"])]
-    same = all(compare.first_divergence(a, b) is None for a, b in zip(tokens["RPC + drafter"], tokens["local alone"]))
+    same = all(first_divergence(a, b) is None for a, b in zip(tokens["RPC + drafter"], tokens["local alone"]))
     return {
         "prompts": len(ids), "n_predict": n_predict, "rounds": rounds, "server_args": server_args,
         "ms_per_token": {name: round(statistics.median(v), 3) for name, v in ms.items()},
@@ -84,7 +85,7 @@ def measure(target: Path, draft: Path, prompts: list[str], n_predict: int, round
                                                                                        ms["RPC + drafter"])), 3)},
         "accepted": {"local": accepted["local + drafter"], "RPC": accepted["RPC + drafter"]},
         "rpc_output_identical_to_local": same
-        and all(compare.first_divergence(a, b) is None for a, b in zip(tokens["RPC alone"], tokens["local alone"])),
+        and all(first_divergence(a, b) is None for a, b in zip(tokens["RPC alone"], tokens["local alone"])),
     }
 
 

@@ -93,7 +93,7 @@ def _register() -> None:
     from .convert.cli import commands as convert_commands
     from .quantize.cli import commands as quantize_commands
     from .release.cli import commands as release_commands
-    from .runner.bench_cli import commands as bench_commands
+    from .validation.bench_cli import commands as bench_commands
     from .runner.cli import commands as llama_commands
     from .validation.doctor_cli import commands as doctor_commands
     from .runner.serve_cli import commands as serve_commands

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import click
 
+from .errors import ServerArgsError
+
 # Facts the options state, owned here so that the base needs nothing above it (runner/ imports them)
 BACKENDS = ("cpu", "cuda", "metal")  # the patched llama.cpp builds runner/build.py makes
 STARTUP_TIMEOUT = 300.0               # seconds for the model(s) to load before /health must say ok
@@ -58,9 +60,18 @@ def build_options(f):
              "on macOS, cuda when a CUDA toolkit and an NVIDIA driver are found, else cpu.")(f)
 
 
-def _rpc_servers(_ctx, _param, value: str | None) -> str | None:
-    from .runner.launch import parse_rpc
+def parse_rpc(value: str, flag: str = "--rpc") -> tuple[str, ...]:
+    """`host:port[,host:port...]` (llama-server --rpc) as a tuple; ServerArgsError on a bad entry."""
+    servers = tuple(part.strip() for part in str(value).split(","))
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535 or "/" in host:
+            raise ServerArgsError(f"{flag} {value!r}: {server!r} is not HOST:PORT; give the address of each "
+                                  "ggml-rpc-server, e.g. 192.168.1.10:50052,192.168.1.11:50052")
+    return servers
 
+
+def _rpc_servers(_ctx, _param, value: str | None) -> str | None:
     return ",".join(parse_rpc(value)) if value is not None else None
 
 

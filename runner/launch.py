@@ -25,6 +25,7 @@ from ..convert.compat import check_dflash2_shapes, check_fits_target
 from ..convert.describe import DrafterDescription, describe
 from ..convert.target import load_target
 from ..errors import ServerArgsError
+from ..options import parse_rpc
 from .server import DEFAULT_HOST, LlamaServer
 
 DEFAULT_PARALLEL = 1  # one slot: DFlash acceptance drops with many (llama.cpp #27117)
@@ -98,17 +99,6 @@ def _number(flag: str, value: str | None, low: int, high: int | None = None) -> 
         span = f"{low}..{high}" if high is not None else f"at least {low}"
         raise ServerArgsError(f"{flag} {value!r} after --: expected a whole number, {span}")
     return number
-
-
-def parse_rpc(value: str, flag: str = "--rpc") -> tuple[str, ...]:
-    """`host:port[,host:port...]` (llama-server --rpc) as a tuple; ServerArgsError on a bad entry."""
-    servers = tuple(part.strip() for part in str(value).split(","))
-    for server in servers:
-        host, _, port = server.rpartition(":")
-        if not host or not port.isdigit() or not 1 <= int(port) <= 65535 or "/" in host:
-            raise ServerArgsError(f"{flag} {value!r}: {server!r} is not HOST:PORT; give the address of each "
-                                  "ggml-rpc-server, e.g. 192.168.1.10:50052,192.168.1.11:50052")
-    return servers
 
 
 # ggml-rpc.cpp's server loop accepts one connection and serves it until it closes; a llama-server

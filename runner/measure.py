@@ -56,3 +56,11 @@ def mean_acceptance_length(produced: int, accepted: int, requests: int = 0) -> f
 
 def acceptance_rate(drafted: int, accepted: int) -> float:
     return accepted / drafted if drafted else 0.0
+
+
+def first_divergence(speculative: list[int], target: list[int]) -> int | None:
+    """Index of the first differing new token (or where one run ends early); None if identical."""
+    for i, (a, b) in enumerate(zip(speculative, target)):
+        if a != b:
+            return i
+    return None if len(speculative) == len(target) else min(len(speculative), len(target))

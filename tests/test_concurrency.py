@@ -9,7 +9,7 @@ import json
 import pytest
 
 from dflash_gguf.runner.client import Completion
-from dflash_gguf.runner.concurrency import (ALONE, DRAFTER, Pass, _level, check_levels, deal, stops_paying,
+from dflash_gguf.validation.concurrency import (ALONE, DRAFTER, Pass, _level, check_levels, deal, stops_paying,
                                             verdict_line)
 from dflash_gguf.errors import ServerArgsError
 from tests.conftest import dflash_gguf

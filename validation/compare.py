@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..runner.measure import first_divergence  # noqa: F401 - defined once there, for the runner too
+
 TIE = "tie"
 MISMATCH = "mismatch"
 
@@ -30,14 +32,6 @@ class Finding:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def first_divergence(speculative: list[int], target: list[int]) -> int | None:
-    """Index of the first differing new token (or where one run ends early); None if identical."""
-    for i, (a, b) in enumerate(zip(speculative, target)):
-        if a != b:
-            return i
-    return None if len(speculative) == len(target) else min(len(speculative), len(target))
 
 
 def check_tokens(logits: np.ndarray, tokens: list[int], tolerance: float = DEFAULT_TIE_TOLERANCE) -> list[Finding]:

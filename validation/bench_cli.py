@@ -11,7 +11,7 @@ import click
 from ..errors import OptionError
 from ..options import ServerArgsCommand, build_options, draft_option, json_option, prompts_option, target_option
 from .concurrency import ALONE, DEFAULT_LEVELS, DRAFTER, BenchSettings, concurrency_curve
-from .prompts import BUILTIN_PROMPTS, read_prompts
+from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 
 
 def _levels(_ctx, _param, value: str) -> tuple[int, ...]:

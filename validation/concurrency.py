@@ -29,11 +29,13 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import ServerArgsError
-from . import compare
-from .build import find_bin_dir
-from .client import Completion, LlamaClient
-from .launch import ONE_CLIENT_PER_RPC_SERVER, Launch, launch_recipe, parse_server_args
-from .validate import ValidationSettings, build_info, measuring_launch, run_server
+from ..runner import measure
+from ..runner.build import find_bin_dir
+from ..runner.client import Completion, LlamaClient
+from ..runner.launch import ONE_CLIENT_PER_RPC_SERVER, Launch, launch_recipe, parse_server_args
+from ..runner.build import build_info
+from ..runner.measure import measuring_launch
+from .validate import ValidationSettings, run_server
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
@@ -100,13 +102,13 @@ def run_pass(client: LlamaClient, jobs: list[list[int]], prompt_ids: list[list[i
 
 
 def _streams(passes: list[Pass], jobs: list[list[int]], reference: list[list[int]]) -> list[dict]:
-    """Per stream: its answers over every pass against the reference (compare.first_divergence)."""
+    """Per stream: its answers over every pass against the reference (measure.first_divergence)."""
     out = []
     for s, indices in enumerate(jobs):
         differing = []
         for p in passes:
             for i, c in zip(indices, p.answers[s]):
-                at = compare.first_divergence(c.tokens, reference[i])
+                at = measure.first_divergence(c.tokens, reference[i])
                 if at is not None:
                     differing.append({"prompt": i, "first_divergence": at})
         out.append({"stream": s, "requests": len(indices) * len(passes), "identical": not differing,
@@ -127,8 +129,8 @@ def _slots(passes: list[Pass]) -> list[dict]:
         drafted = sum(c.draft_n for c in answers)
         accepted = sum(c.draft_n_accepted for c in answers)
         rows.append({"slot": slot, "requests": len(answers), "drafted": drafted, "accepted": accepted,
-                     "acceptance_rate": round(compare.acceptance_rate(drafted, accepted), 4),
-                     "tau": round(compare.mean_acceptance_length(produced, accepted, len(answers)), 4)})
+                     "acceptance_rate": round(measure.acceptance_rate(drafted, accepted), 4),
+                     "tau": round(measure.mean_acceptance_length(produced, accepted, len(answers)), 4)})
     return rows
 
 
@@ -154,8 +156,8 @@ def _level(n: int, jobs: list[list[int]], alone: list[Pass], spec: list[Pass], r
         "per_request_tokens_per_second": {ALONE: _per_request(alone), DRAFTER: _per_request(spec)},
         "speedup": round(statistics.median(speedups), 3) if speedups else None,
         "speedup_runs": [round(x, 3) for x in speedups],
-        "tau": round(compare.mean_acceptance_length(produced, accepted, requests), 4),
-        "acceptance_rate": round(compare.acceptance_rate(drafted, accepted), 4),
+        "tau": round(measure.mean_acceptance_length(produced, accepted, requests), 4),
+        "acceptance_rate": round(measure.acceptance_rate(drafted, accepted), 4),
         "slots": _slots(spec),
         "lossless": all(s["identical"] for s in drafter_streams),
         "streams": drafter_streams,
