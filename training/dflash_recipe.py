@@ -279,12 +279,14 @@ def drafter_loss(drafter, target, data: DistillSet, seq, anchors, spec):
 
 
 def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int, seed: int, name: str,
-                  checkpoint: Path | None = None, checkpoint_every: int = 50, bf16: bool = False):
+                  checkpoint: Path | None = None, checkpoint_every: int = 50, bf16: bool = False,
+                  deadline: float | None = None):
     """AdamW on the drafter alone (the target's embeddings and head stay frozen), lr warm-up then
     cosine to 10 %, clip 1.0; progress every 25 steps. With `checkpoint`, the drafter, optimizer,
     batch generator and running statistics are saved every `checkpoint_every` steps and a rerun
     continues from the last one. `bf16` runs the forward under CPU bf16 autocast (weights,
-    optimizer and loss reductions stay float32)."""
+    optimizer and loss reductions stay float32). `deadline` (time.time() seconds) stops the loop
+    early, after a checkpoint; the steps done are in `drafter.trained_steps`."""
     drafter.train()
     params = sum(p.numel() for p in drafter.parameters())
     log(f"{name}: {params / 1e6:.2f} M parameters, {steps} steps, "
@@ -306,7 +308,11 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int, see
             running, first = state["running"], state["step"]
             log(f"{name}: resuming at step {first}/{steps} from {checkpoint}")
     started = time.time()
+    done_steps = first
     for step in range(first, steps):
+        if deadline is not None and time.time() > deadline:
+            log(f"{name}: deadline reached after {step} of {steps} steps")
+            break
         seq, anchors = anchor_batch(data, spec["seqs_per_step"], spec["anchors_per_seq"], generator)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, spec["lr"], 50)
@@ -323,6 +329,7 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int, see
             done = step + 1 - first
             eta = (time.time() - started) / done * (steps - step - 1)
             log(f"{name} step {step}/{steps} {shown} ({time.time() - started:.0f} s, ~{eta / 60:.0f} min left)")
+        done_steps = step + 1
         if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step == steps - 1):
             tmp = checkpoint.with_suffix(".partial")
             torch.save({"steps": steps, "step": step + 1, "drafter": drafter.state_dict(),
@@ -330,4 +337,5 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int, see
                         "running": running}, tmp)
             tmp.replace(checkpoint)
     log(f"{name}: trained in {time.time() - started:.0f} s")
+    drafter.trained_steps = done_steps
     return drafter.eval()
