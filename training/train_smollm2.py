@@ -330,23 +330,36 @@ def eval_prompt_ids() -> list[list[int]]:
 
 @torch.inference_mode()
 def stage_eval(only: str | None = None) -> dict:
-    from dflash_gguf.runner.reference import speculative_runs
-
-    target = load_target()
+    """tau on the held-out prompts: the target's greedy answers (bf16, batched, as `distill` makes
+    them) and dflash_generate's acceptance rule replayed on them (dflash_recipe.replay_acceptance,
+    drafter under bf16 autocast): on this shared machine the reference loop itself, one target
+    verification per step, did not fit in the time left."""
     prompts = eval_prompt_ids()
+    path = work_dir() / "eval-greedy.pt"
+    if path.is_file():
+        greedy = torch.load(path)
+    else:
+        greedy = greedy_with_features(load_target(torch.bfloat16), prompts, EVAL_NEW_TOKENS)
+        torch.save(greedy, path)
+    target = load_target()
     results = {}
     for name in DRAFTERS if only is None else (only,):
         if not (OUT / name / "model.safetensors").is_file():
             continue
         drafter = recipe.load_drafter(OUT / name)
         started = time.time()
-        runs = speculative_runs(drafter, target, prompts, EVAL_NEW_TOKENS, [EOS_TOKEN_ID])
-        lengths = [n for run in runs for n in run.acceptance_lengths]
+        runs = []
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            for ids, (full, feats) in zip(prompts, greedy):
+                runs.append(recipe.replay_acceptance(drafter, target, full, feats.float(), len(ids),
+                                                     EVAL_NEW_TOKENS, DRAFTERS[name], MASK_TOKEN_ID,
+                                                     [EOS_TOKEN_ID]))
+        lengths = [n for run in runs for n in run]
         results[name] = {
-            "tau": round(sum(lengths) / len(lengths), 4), "per_prompt": [round(r.tau, 3) for r in runs],
-            "steps": len(lengths), "tokens": sum(lengths),
-            "acceptance_lengths": [r.acceptance_lengths for r in runs],
-            "output_ids": [r.tokens for r in runs],
+            "tau": round(sum(lengths) / len(lengths), 4),
+            "per_prompt": [round(sum(r) / len(r), 3) for r in runs],
+            "steps": len(lengths), "tokens": sum(lengths), "acceptance_lengths": runs,
+            "output_ids": [full[len(ids):len(ids) + sum(r) + 1] for ids, (full, _), r in zip(prompts, greedy, runs)],
         }
         log(f"eval {name}: tau {results[name]['tau']:.3f} per prompt {results[name]['per_prompt']} "
             f"({time.time() - started:.0f} s)")
@@ -365,10 +378,13 @@ def write_reference_tau(prompts: list[list[int]], results: dict) -> None:
         previous = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
         drafters = previous.get("drafters", {}) if previous.get("prompt_ids") == prompts else {}
         write_json(path, {
-            "about": "reference dflash_generate (z-lab dflash==0.1.0), temperature 0, target = the HF "
-                     "folder derived from the shipped Q4_1 GGUF in float32, stop at <|im_end|>; prompts "
-                     "= eval_prompts.jsonl rendered with the target's chat template (prompt_ids); tau = "
-                     "tokens per target verification incl. the bonus token",
+            "about": "z-lab dflash==0.1.0's drafter classes with dflash_generate's greedy acceptance "
+                     "rule replayed on the target's greedy answers (training/dflash_recipe.py "
+                     "replay_acceptance; target = the HF folder derived from the shipped Q4_1 GGUF, "
+                     "bf16; drafter under bf16 autocast), stop at <|im_end|>; prompts = "
+                     "eval_prompts.jsonl rendered with the target's chat template (prompt_ids); "
+                     "output_ids = the target's greedy answer; tau = tokens per target verification "
+                     "incl. the bonus token",
             "new_tokens": EVAL_NEW_TOKENS, "stop_token_ids": [EOS_TOKEN_ID], "prompt_ids": prompts,
             "drafters": {**drafters, **results},
         })
