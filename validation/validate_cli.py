@@ -11,8 +11,8 @@ import click
 from ..convert.model_param import ModelParam
 from ..errors import OptionError
 from ..extras import require
-from ..options import (GGUF, ServerArgsCommand, build_options, draft_option, json_option, prompts_option,
-                       target_option)
+from ..options import (GGUF, ServerArgsCommand, build_options, draft_option, exact_option, json_option,
+                       prompts_option, target_option)
 from ..outputs import Input, Output, Replace, check_outputs, write_text
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 from .distribution import DEFAULT_ALPHA
@@ -147,8 +147,7 @@ def _print_distribution(report: dict) -> None:
 @click.option("--alpha", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
               help=f"With --temperature: significance level of the test (default {DEFAULT_ALPHA}).")
 @click.option("--strict", is_flag=True, help="Fail unless the output is also identical to the target alone.")
-@click.option("--exact", is_flag=True, help="Serve as `serve --exact` does: batch-invariant verification, "
-              "speculative output token-identical to plain decoding (slower; see docs/validate.md).")
+@exact_option
 @click.option("--baseline", type=GGUF,
               help="Compare against this model alone instead of TARGET (e.g. an F16 copy of a quantized target).")
 @build_options
