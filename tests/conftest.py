@@ -109,6 +109,15 @@ def drafter_copy(fixtures: Path, tmp_path: Path):
 
 
 @pytest.fixture(scope="session")
+def smollm2(tmp_path_factory, llama_bin) -> dict[str, Path]:
+    """SmolLM2-135M-Instruct's targets (Q4_1 as shipped, F16, Q8_0, Q4_K_M) and its committed
+    drafters (dflash, dflash2) as GGUF files (tests/fixtures/smollm2.py; the targets are cached)."""
+    from tests.fixtures.smollm2 import smollm2_ggufs
+
+    return smollm2_ggufs(tmp_path_factory.mktemp("smollm2"), llama_bin)
+
+
+@pytest.fixture(scope="session")
 def trained_pair(tmp_path_factory, llama_bin) -> dict[str, Path]:
     """The committed trained pair as GGUF files: target, dflash, dflash2 and prompts (held-out)."""
     from tests.fixtures.trained_gguf import trained_ggufs

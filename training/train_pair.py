@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import sys
 import sysconfig
@@ -39,6 +38,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from training import dflash_recipe as recipe
+from training.dflash_recipe import DistillSet, DrafterShape, log, lr_at
+from training.dflash_recipe import write_json as _write_json
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "tests" / "fixtures" / "trained"
@@ -94,7 +97,11 @@ DRAFTERS = {
         "markov_rank": 32,
     },
 }
-_DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+SHAPE = DrafterShape(
+    hidden=HIDDEN_SIZE, n_head=NUM_HEADS, n_head_kv=NUM_KV_HEADS, head_dim=HEAD_DIM, ffn=TARGET_FFN,
+    vocab=VOCAB_SIZE, rope_theta=ROPE_THETA, rms_eps=RMS_EPS, max_positions=MAX_POSITIONS,
+    num_target_layers=TARGET_LAYERS, target_layer_ids=tuple(TARGET_LAYER_IDS),
+    mask_token_id=MASK_TOKEN_ID, eos_token_id=EOS_TOKEN_ID)
 
 # --- held-out evaluation -------------------------------------------------------------------
 # Opening tokens of modules that are not in the stdlib (found through importlib in this venv).
@@ -117,10 +124,6 @@ GREEDY_PROMPTS = 3
 GREEDY_NEW_TOKENS = 32
 
 
-def log(*parts) -> None:
-    print(time.strftime("%H:%M:%S"), *parts, flush=True)
-
-
 def work_dir() -> Path:
     """Intermediate data (token stream, distillation set): outside the repository."""
     from dflash_gguf.paths import cache_dir
@@ -128,11 +131,6 @@ def work_dir() -> Path:
     folder = cache_dir() / "training"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
-
-def _write_json(path: Path, data) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
-                    encoding="utf-8")
 
 
 # --- corpus --------------------------------------------------------------------------------
@@ -234,13 +232,6 @@ def target_config():
     )
 
 
-def _lr_at(step: int, total: int, peak: float, warmup: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 def stage_target(steps: int = TARGET_STEPS) -> None:
     from transformers import GenerationConfig, Qwen3ForCausalLM
 
@@ -267,7 +258,7 @@ def stage_target(steps: int = TARGET_STEPS) -> None:
         offsets = torch.where(at_start, file_offsets, random_offsets)
         batch = torch.stack([stream[o:o + TARGET_SEQ_LEN] for o in offsets.tolist()])
         for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, steps, TARGET_LR, 40)
+            group["lr"] = lr_at(step, steps, TARGET_LR, 40)
         loss = model(input_ids=batch, labels=batch).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -349,218 +340,25 @@ def stage_distill() -> None:
         f"({eos_rate:.0%} reach <|endoftext|>)")
 
 
-# --- stages: dflash, dflash2 ---------------------------------------------------------------
+# --- stages: dflash, dflash2, dspark (training/dflash_recipe.py) ---------------------------
 
 def drafter_config_dict(name: str) -> dict:
-    """config.json as z-lab's 2026 drafters write it (settings nested in dflash_config)."""
-    spec = DRAFTERS[name]
-    dflash = {"block_size": spec["block_size"], "mask_token_id": MASK_TOKEN_ID,
-              "target_layer_ids": TARGET_LAYER_IDS}
-    dflash.update({key: spec[key] for key in _DFLASH2_KEYS if key in spec})
-    n = spec["num_layers"]
-    config = {
-        "architectures": [spec["architecture"]], "attention_bias": False, "attention_dropout": 0.0,
-        "bos_token_id": None, "eos_token_id": EOS_TOKEN_ID, "dflash_config": dflash,
-        "dtype": "bfloat16", "head_dim": HEAD_DIM, "hidden_act": "silu",
-        "hidden_size": HIDDEN_SIZE, "initializer_range": 0.02, "intermediate_size": TARGET_FFN,
-        "layer_types": ["full_attention"] * n, "max_position_embeddings": MAX_POSITIONS,
-        "max_window_layers": n, "model_type": "qwen3", "num_attention_heads": NUM_HEADS,
-        "num_hidden_layers": n, "num_key_value_heads": NUM_KV_HEADS,
-        "num_target_layers": TARGET_LAYERS, "rms_norm_eps": RMS_EPS,
-        "rope_parameters": {"rope_theta": ROPE_THETA, "rope_type": "default"},
-        "sliding_window": None, "tie_word_embeddings": False, "use_cache": True,
-        "use_sliding_window": False, "vocab_size": VOCAB_SIZE,
-    }
-    if spec["architecture"] == "DFlashDraftModel":  # z-lab's DFlash 2 configs carry no auto_map
-        config["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
-    if spec["architecture"] == "DSparkDraftModel":
-        # DSpark's DFlash lineage: the settings at the top level, no dflash_config
-        config.update(config.pop("dflash_config"), markov_head_type="vanilla",
-                      markov_rank=spec["markov_rank"], has_confidence_head=True)
-    return config
-
-
-def _drafter_class(name: str):
-    from dflash import model as ref
-
-    if DRAFTERS[name]["architecture"] == "DSparkDraftModel":
-        from dflash_gguf.validation.dspark_reference import DSparkDraftModel
-        return DSparkDraftModel
-    return getattr(ref, DRAFTERS[name]["architecture"])
+    return recipe.drafter_config_dict(DRAFTERS[name], SHAPE)
 
 
 def new_drafter(name: str):
-    from transformers import Qwen3Config
-
-    config = Qwen3Config(**drafter_config_dict(name))
-    torch.manual_seed(SEED + 10 + list(DRAFTERS).index(name))
-    drafter = _drafter_class(name)(config)
-    if getattr(drafter, "markov_head", None) is not None:
-        with torch.no_grad():
-            drafter.markov_head.markov_w2.weight.zero_()  # no bias at the start: the DFlash layers alone
-    for layer in drafter.layers:  # the reference leaves the conv base kernels uninitialised
-        for conv in (layer.attention_conv, layer.mlp_conv):
-            if conv is not None:
-                with torch.no_grad():
-                    conv.base_kernel.zero_()
-                    conv.base_kernel[:, 0, :] = 1.0  # identity: y[t] = x[t] at the start
-    for pname, param in drafter.named_parameters():
-        if not torch.isfinite(param).all():
-            raise RuntimeError(f"{pname} is not initialised")
-    return drafter.float()
+    return recipe.new_drafter(drafter_config_dict(name), SEED + 10 + list(DRAFTERS).index(name))
 
 
 def save_drafter(drafter, name: str) -> None:
-    """config.json + model.safetensors, bf16, the codebooks named without `.weight` as z-lab ships."""
-    from safetensors.torch import save_file
-
-    folder = OUT / name
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {}
-    for key, value in drafter.state_dict().items():
-        if key.endswith("rotary_emb.inv_freq"):
-            continue
-        if key.startswith("candidate_selector.") and key.endswith("_codebook.weight"):
-            key = key[: -len(".weight")]
-        tensors[key] = value.detach().to(torch.bfloat16).contiguous()
-    save_file(dict(sorted(tensors.items())), folder / "model.safetensors", metadata={"format": "pt"})
-    (folder / "model.safetensors").chmod(0o644)  # safetensors writes it private to its owner
-    _write_json(folder / "config.json", drafter_config_dict(name))
+    recipe.save_drafter(drafter, OUT / name, drafter_config_dict(name))
 
 
 def load_drafter(name: str):
-    drafter = _drafter_class(name).from_pretrained(OUT / name, dtype=torch.float32)
-    return drafter.eval().requires_grad_(False)
+    return recipe.load_drafter(OUT / name)
 
 
-def _anchor_batch(ids, valid_end, seqs, anchors_per_seq, generator):
-    """Training sequences and anchors [seqs, anchors_per_seq]: each block's first token is the
-    anchor (a real token of the continuation), its other positions are masks whose labels are the
-    target's own greedy tokens. Anchors run from the last prompt token to the last one that still
-    has a label after it."""
-    low = PROMPT_TOKENS - 1
-    usable = torch.nonzero(valid_end - 1 - low > 0)[:, 0]
-    seq = usable[torch.randint(0, len(usable), (seqs,), generator=generator)]
-    span = (valid_end[seq] - 1 - low).float()
-    anchors = low + (torch.rand(seqs, anchors_per_seq, generator=generator) * span[:, None]).long()
-    return seq, anchors
-
-
-def _block_tokens(ids, valid_end, seq, anchors, length):
-    """The real tokens from each anchor on, [rows, n, length], and whether each is a label (before
-    the sequence's end)."""
-    positions = anchors[..., None] + torch.arange(length)
-    tokens = ids[seq[:, None, None], positions.clamp(max=ids.shape[1] - 1)]
-    return tokens, positions < valid_end[seq][:, None, None]
-
-
-def _block_hidden(drafter, target, feats, seq, anchors, block_ids):
-    """The drafter's hidden states [rows * n, block, H] for blocks `[anchor token, mask x (block-1)]`
-    at the anchors' positions, each seeing the target features before its anchor and its own block."""
-    rows, n, block = block_ids.shape
-    ctx_len = int(anchors.max())
-    positions = anchors[..., None] + torch.arange(block)
-    noise_ids = torch.full_like(block_ids, MASK_TOKEN_ID)
-    noise_ids[..., 0] = block_ids[..., 0]
-    noise_embedding = F.embedding(noise_ids.view(rows, n * block), target.get_input_embeddings().weight)
-    context = feats[seq, :ctx_len].float()
-    position_ids = torch.cat([torch.arange(ctx_len).expand(rows, -1), positions.view(rows, -1)], 1)
-    visible_ctx = (torch.arange(ctx_len) < anchors[..., None]).repeat_interleave(block, dim=1)
-    block_of = torch.arange(n * block) // block
-    visible_blocks = (block_of[:, None] == block_of[None, :]).expand(rows, -1, -1)
-    mask = torch.cat([visible_ctx, visible_blocks], -1)[:, None]  # [rows, 1, n*block, ctx+n*block]
-
-    hidden = drafter(position_ids=position_ids, attention_mask=mask,
-                     noise_embedding=noise_embedding, target_hidden=context)
-    return hidden.view(rows * n, block, -1)
-
-
-def dspark_loss(drafter, target, ids, feats, valid_end, seq, anchors, spec):
-    """DSpark's anchor-first loss: the same blocks as DFlash (packed per sequence), but block
-    position i predicts the token *after* it (position 0, the anchor, drafts the first token), with
-    the Markov bias of the true token at position i (teacher forcing; at run time the chain's own
-    argmax, equal to it while everything before was accepted). The confidence head learns whether
-    position i's argmax is right, from the detached hidden state and the previous token's
-    markov_w1 row (not detached: its loss trains markov_w1 too); the loss weights decay as DFlash's."""
-    block = spec["block_size"]
-    tokens, is_label = _block_tokens(ids, valid_end, seq, anchors, block + 1)
-    hidden = _block_hidden(drafter, target, feats, seq, anchors, tokens[..., :block])
-    previous = tokens[..., :block].reshape(-1, block)
-    labels = tokens[..., 1:].reshape(-1, block)
-    ok = is_label[..., 1:].reshape(-1, block).float()
-    logits = drafter.position_logits(hidden, previous, target.lm_head)
-    weights = torch.exp(-torch.arange(block, dtype=torch.float32) / spec["gamma"])[None] * ok
-    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(ok)
-    loss = (ce * weights).sum() / weights.sum().clamp_min(1e-6)
-    hit = (logits.argmax(-1) == labels).float().detach()
-    confidence = drafter.confidence_logit(hidden.detach(), previous)
-    conf_loss = (F.binary_cross_entropy_with_logits(confidence, hit, reduction="none") * ok).sum() / ok.sum().clamp_min(1)
-    with torch.no_grad():
-        stats = {"ce": loss.item(), "acc": ((hit * ok).sum() / ok.sum().clamp_min(1)).item(),
-                 "accept": ((hit * ok).cumprod(1)).sum(1).mean().item(), "conf": conf_loss.item()}
-    return loss + conf_loss, stats
-
-
-def drafter_loss(drafter, target, ids, feats, valid_end, seq, anchors, spec):
-    """Block-diffusion loss of the reference recipe.
-
-    Every block's draft queries see the target's features at positions < anchor and their own
-    block, bidirectionally (the reference's non-causal attention), which is exactly the view
-    `dflash_generate` gives them. DFlash packs a sequence's blocks into one row behind its context
-    (blocks invisible to each other); DFlash 2 gives every block a row of its own, so that its
-    causal convolutions, which run along the row, never cross from one block into the next.
-    """
-    if spec["architecture"] == "DSparkDraftModel":
-        return dspark_loss(drafter, target, ids, feats, valid_end, seq, anchors, spec)
-    block = spec["block_size"]
-    if spec["architecture"] == "DFlash2DraftModel":
-        seq = seq.repeat_interleave(anchors.shape[1])
-        anchors = anchors.reshape(-1, 1)
-    block_ids, label_ok = _block_tokens(ids, valid_end, seq, anchors, block)
-    label_ok &= torch.arange(block) > 0
-    hidden = _block_hidden(drafter, target, feats, seq, anchors, block_ids)[:, 1:]
-    rows, n = anchors.shape
-    block_ids = block_ids.view(rows * n, block)
-    label_ok = label_ok.view(rows * n, block)
-    head = target.lm_head
-    logits = drafter.compute_logits(hidden, head)  # [B, block-1, V]
-    labels = block_ids[:, 1:]
-    ok = label_ok[:, 1:].float()
-    weights = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / spec["gamma"])[None] * ok
-    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(ok)
-    loss = (ce * weights).sum() / weights.sum().clamp_min(1e-6)
-    with torch.no_grad():
-        hit = (logits.argmax(-1) == labels).float() * ok
-        accept = (hit.cumprod(1) * ok).sum(1).mean().item()  # accepted drafts per block, teacher-forced
-        stats = {"ce": loss.item(), "acc": (hit.sum() / ok.sum().clamp_min(1)).item(), "accept": accept}
-
-    if spec["architecture"] == "DFlash2DraftModel":
-        # Candidate selector: among the draft's top_k, pick the target's next token given the
-        # previous one (the anchor for position 1, then the true path; at inference the path is the
-        # drafter's own choice, equal to the truth as long as everything before was accepted).
-        selector = drafter.candidate_selector
-        unary, candidates = torch.topk(logits, selector.top_k, dim=-1)
-        projected = selector.hidden_projection(hidden)
-        previous = block_ids[:, :-1]
-        pair = torch.einsum("bpr,bpkr->bpk", selector.predecessor_codebook(previous) * projected,
-                            selector.successor_codebook(candidates))
-        scores = unary + pair
-        is_label = candidates == labels[..., None]
-        present = is_label.any(-1).float() * ok
-        sel_ce = F.cross_entropy(scores.flatten(0, 1), is_label.float().argmax(-1).flatten(),
-                                 reduction="none").view_as(ok)
-        sel_w = weights * present
-        sel_loss = (sel_ce * sel_w).sum() / sel_w.sum().clamp_min(1e-6)
-        loss = loss + sel_loss
-        with torch.no_grad():
-            picked = candidates.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
-            sel_hit = (picked == labels).float() * ok
-            stats.update(sel=sel_loss.item(), sel_acc=(sel_hit.sum() / ok.sum().clamp_min(1)).item(),
-                         sel_accept=(sel_hit.cumprod(1) * ok).sum(1).mean().item())
-    return loss, stats
-
-
-def load_distill():
+def load_distill() -> DistillSet:
     data = torch.load(work_dir() / "distill.pt")
     if data["target_layer_ids"] != TARGET_LAYER_IDS or data["prompt_tokens"] != PROMPT_TOKENS:
         raise RuntimeError("distill.pt was made with other settings: rerun --stage distill")
@@ -571,43 +369,14 @@ def load_distill():
     first_eos = torch.where(cont.any(1), cont.float().argmax(1) + PROMPT_TOKENS + 1,
                             torch.full((len(ids),), ids.shape[1]))
     valid_end = first_eos.clamp(max=feats.shape[1])  # features exist for ids[:, :-1]
-    return ids, feats, valid_end
+    return DistillSet(ids=ids, feats=feats, valid_end=valid_end,
+                      first_anchor=torch.full((len(ids),), PROMPT_TOKENS - 1), mask_token_id=MASK_TOKEN_ID)
 
 
 def stage_drafter(name: str, steps: int | None = None) -> None:
     spec = DRAFTERS[name]
-    steps = steps or spec["steps"]
-    target = load_target()
-    ids, feats, valid_end = load_distill()
-    drafter = new_drafter(name)
-    drafter.train()
-    params = sum(p.numel() for p in drafter.parameters())
-    log(f"{name}: {params / 1e6:.2f} M parameters, {steps} steps, "
-        f"{spec['seqs_per_step']}x{spec['anchors_per_seq']} blocks of {spec['block_size']}")
-    decay = [p for n, p in drafter.named_parameters() if p.ndim >= 2 and "base_kernel" not in n]
-    no_decay = [p for n, p in drafter.named_parameters() if p.ndim < 2 or "base_kernel" in n]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=spec["lr"], betas=(0.9, 0.95))
-    generator = torch.Generator().manual_seed(SEED + 20 + list(DRAFTERS).index(name))
-    started = time.time()
-    running: dict[str, float] = {}
-    for step in range(steps):
-        seq, anchors = _anchor_batch(ids, valid_end, spec["seqs_per_step"], spec["anchors_per_seq"],
-                                     generator)
-        for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, steps, spec["lr"], 50)
-        loss, stats = drafter_loss(drafter, target, ids, feats, valid_end, seq, anchors, spec)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        optimizer.step()
-        for key, value in stats.items():
-            running[key] = 0.9 * running.get(key, value) + 0.1 * value
-        if step % 25 == 0 or step == steps - 1:
-            shown = " ".join(f"{k} {v:.3f}" for k, v in running.items())
-            log(f"{name} step {step}/{steps} {shown} ({time.time() - started:.0f} s)")
-    log(f"{name}: trained in {time.time() - started:.0f} s")
+    drafter = recipe.train_drafter(new_drafter(name), load_target(), load_distill(), spec,
+                                   steps or spec["steps"], SEED + 20 + list(DRAFTERS).index(name), name)
     save_drafter(drafter, name)
 
 

@@ -1,0 +1,333 @@
+"""The DFlash training recipe, shared by every drafter this project trains (training/train_pair.py's
+tiny pair, training/train_smollm2.py's SmolLM2 drafters): the drafter's config.json, its
+initialisation, the block-diffusion loss on the target's own greedy continuations, the training
+loop (checkpointed, resumable) and the bf16 safetensors it is saved as. The recipe itself is
+described in training/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+@dataclass
+class DistillSet:
+    """The self-distillation set: token rows (prompt + the target's greedy continuation, padded),
+    the target's tapped hidden states of every token, where each row's labels end (exclusive) and
+    its first anchor (the last prompt token)."""
+
+    ids: torch.Tensor           # [N, L] long
+    feats: torch.Tensor         # [N, >= L - 1, n_taps * hidden] (half precision)
+    valid_end: torch.Tensor     # [N]
+    first_anchor: torch.Tensor  # [N]
+    mask_token_id: int
+
+
+@dataclass(frozen=True)
+class DrafterShape:
+    """The sizes a drafter shares with its target (it borrows the target's embeddings and head)."""
+
+    hidden: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    rope_theta: float
+    rms_eps: float
+    max_positions: int
+    num_target_layers: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    eos_token_id: int | None
+
+
+def log(*parts) -> None:
+    print(time.strftime("%H:%M:%S"), *parts, flush=True)
+
+
+def write_json(path: Path, data) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
+                    encoding="utf-8")
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def drafter_config_dict(spec: dict, shape: DrafterShape) -> dict:
+    """config.json as z-lab's 2026 drafters write it (settings nested in dflash_config)."""
+    dflash = {"block_size": spec["block_size"], "mask_token_id": shape.mask_token_id,
+              "target_layer_ids": list(shape.target_layer_ids)}
+    dflash.update({key: spec[key] for key in DFLASH2_KEYS if key in spec})
+    n = spec["num_layers"]
+    config = {
+        "architectures": [spec["architecture"]], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": None, "eos_token_id": shape.eos_token_id, "dflash_config": dflash,
+        "dtype": "bfloat16", "head_dim": shape.head_dim, "hidden_act": "silu",
+        "hidden_size": shape.hidden, "initializer_range": 0.02,
+        "intermediate_size": spec.get("ffn", shape.ffn),
+        "layer_types": ["full_attention"] * n, "max_position_embeddings": shape.max_positions,
+        "max_window_layers": n, "model_type": "qwen3", "num_attention_heads": shape.n_head,
+        "num_hidden_layers": n, "num_key_value_heads": shape.n_head_kv,
+        "num_target_layers": shape.num_target_layers, "rms_norm_eps": shape.rms_eps,
+        "rope_parameters": {"rope_theta": shape.rope_theta, "rope_type": "default"},
+        "sliding_window": None, "tie_word_embeddings": False, "use_cache": True,
+        "use_sliding_window": False, "vocab_size": shape.vocab,
+    }
+    if spec["architecture"] == "DFlashDraftModel":  # z-lab's DFlash 2 configs carry no auto_map
+        config["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
+    if spec["architecture"] == "DSparkDraftModel":
+        # DSpark's DFlash lineage: the settings at the top level, no dflash_config
+        config.update(config.pop("dflash_config"), markov_head_type="vanilla",
+                      markov_rank=spec["markov_rank"], has_confidence_head=True)
+    return config
+
+
+def drafter_class(architecture: str):
+    from dflash import model as ref
+
+    if architecture == "DSparkDraftModel":
+        from dflash_gguf.validation.dspark_reference import DSparkDraftModel
+        return DSparkDraftModel
+    return getattr(ref, architecture)
+
+
+def new_drafter(config_dict: dict, seed: int):
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(**config_dict)
+    torch.manual_seed(seed)
+    drafter = drafter_class(config_dict["architectures"][0])(config)
+    if getattr(drafter, "markov_head", None) is not None:
+        with torch.no_grad():
+            drafter.markov_head.markov_w2.weight.zero_()  # no bias at the start: the DFlash layers alone
+    for layer in drafter.layers:  # the reference leaves the conv base kernels uninitialised
+        for conv in (layer.attention_conv, layer.mlp_conv):
+            if conv is not None:
+                with torch.no_grad():
+                    conv.base_kernel.zero_()
+                    conv.base_kernel[:, 0, :] = 1.0  # identity: y[t] = x[t] at the start
+    for pname, param in drafter.named_parameters():
+        if not torch.isfinite(param).all():
+            raise RuntimeError(f"{pname} is not initialised")
+    return drafter.float()
+
+
+def save_drafter(drafter, folder: Path, config_dict: dict) -> None:
+    """config.json + model.safetensors, bf16, the codebooks named without `.weight` as z-lab ships."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for key, value in drafter.state_dict().items():
+        if key.endswith("rotary_emb.inv_freq"):
+            continue
+        if key.startswith("candidate_selector.") and key.endswith("_codebook.weight"):
+            key = key[: -len(".weight")]
+        tensors[key] = value.detach().to(torch.bfloat16).contiguous()
+    save_file(dict(sorted(tensors.items())), folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "model.safetensors").chmod(0o644)  # safetensors writes it private to its owner
+    write_json(folder / "config.json", config_dict)
+
+
+def load_drafter(folder: Path):
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    drafter = drafter_class(config["architectures"][0]).from_pretrained(folder, dtype=torch.float32)
+    return drafter.eval().requires_grad_(False)
+
+
+def anchor_batch(data: DistillSet, seqs: int, anchors_per_seq: int, generator):
+    """Training sequences and anchors [seqs, anchors_per_seq]: each block's first token is the
+    anchor (a real token of the continuation), its other positions are masks whose labels are the
+    target's own greedy tokens. Anchors run from the last prompt token to the last one that still
+    has a label after it."""
+    usable = torch.nonzero(data.valid_end - 1 - data.first_anchor > 0)[:, 0]
+    seq = usable[torch.randint(0, len(usable), (seqs,), generator=generator)]
+    low = data.first_anchor[seq]
+    span = (data.valid_end[seq] - 1 - low).float()
+    anchors = low[:, None] + (torch.rand(seqs, anchors_per_seq, generator=generator) * span[:, None]).long()
+    return seq, anchors
+
+
+def block_tokens(ids, valid_end, seq, anchors, length):
+    """The real tokens from each anchor on, [rows, n, length], and whether each is a label (before
+    the sequence's end)."""
+    positions = anchors[..., None] + torch.arange(length)
+    tokens = ids[seq[:, None, None], positions.clamp(max=ids.shape[1] - 1)]
+    return tokens, positions < valid_end[seq][:, None, None]
+
+
+def block_hidden(drafter, target, feats, seq, anchors, block_ids, mask_token_id: int):
+    """The drafter's hidden states [rows * n, block, H] for blocks `[anchor token, mask x (block-1)]`
+    at the anchors' positions, each seeing the target features before its anchor and its own block."""
+    rows, n, block = block_ids.shape
+    ctx_len = int(anchors.max())
+    positions = anchors[..., None] + torch.arange(block)
+    noise_ids = torch.full_like(block_ids, mask_token_id)
+    noise_ids[..., 0] = block_ids[..., 0]
+    noise_embedding = F.embedding(noise_ids.view(rows, n * block), target.get_input_embeddings().weight)
+    context = feats[seq, :ctx_len].float()
+    position_ids = torch.cat([torch.arange(ctx_len).expand(rows, -1), positions.view(rows, -1)], 1)
+    visible_ctx = (torch.arange(ctx_len) < anchors[..., None]).repeat_interleave(block, dim=1)
+    block_of = torch.arange(n * block) // block
+    visible_blocks = (block_of[:, None] == block_of[None, :]).expand(rows, -1, -1)
+    mask = torch.cat([visible_ctx, visible_blocks], -1)[:, None]  # [rows, 1, n*block, ctx+n*block]
+
+    hidden = drafter(position_ids=position_ids, attention_mask=mask,
+                     noise_embedding=noise_embedding, target_hidden=context)
+    return hidden.view(rows * n, block, -1)
+
+
+def dspark_loss(drafter, target, data: DistillSet, seq, anchors, spec):
+    """DSpark's anchor-first loss: the same blocks as DFlash (packed per sequence), but block
+    position i predicts the token *after* it (position 0, the anchor, drafts the first token), with
+    the Markov bias of the true token at position i (teacher forcing; at run time the chain's own
+    argmax, equal to it while everything before was accepted). The confidence head learns whether
+    position i's argmax is right, from the detached hidden state and the previous token's
+    markov_w1 row (not detached: its loss trains markov_w1 too); the loss weights decay as DFlash's."""
+    block = spec["block_size"]
+    tokens, is_label = block_tokens(data.ids, data.valid_end, seq, anchors, block + 1)
+    hidden = block_hidden(drafter, target, data.feats, seq, anchors, tokens[..., :block], data.mask_token_id)
+    previous = tokens[..., :block].reshape(-1, block)
+    labels = tokens[..., 1:].reshape(-1, block)
+    ok = is_label[..., 1:].reshape(-1, block).float()
+    logits = drafter.position_logits(hidden, previous, target.lm_head)
+    weights = torch.exp(-torch.arange(block, dtype=torch.float32) / spec["gamma"])[None] * ok
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(ok)
+    loss = (ce * weights).sum() / weights.sum().clamp_min(1e-6)
+    hit = (logits.argmax(-1) == labels).float().detach()
+    confidence = drafter.confidence_logit(hidden.detach(), previous)
+    conf_loss = (F.binary_cross_entropy_with_logits(confidence, hit, reduction="none") * ok).sum() / ok.sum().clamp_min(1)
+    with torch.no_grad():
+        stats = {"ce": loss.item(), "acc": ((hit * ok).sum() / ok.sum().clamp_min(1)).item(),
+                 "accept": ((hit * ok).cumprod(1)).sum(1).mean().item(), "conf": conf_loss.item()}
+    return loss + conf_loss, stats
+
+
+def drafter_loss(drafter, target, data: DistillSet, seq, anchors, spec):
+    """Block-diffusion loss of the reference recipe.
+
+    Every block's draft queries see the target's features at positions < anchor and their own
+    block, bidirectionally (the reference's non-causal attention), which is exactly the view
+    `dflash_generate` gives them. DFlash packs a sequence's blocks into one row behind its context
+    (blocks invisible to each other); DFlash 2 gives every block a row of its own, so that its
+    causal convolutions, which run along the row, never cross from one block into the next.
+    """
+    if spec["architecture"] == "DSparkDraftModel":
+        return dspark_loss(drafter, target, data, seq, anchors, spec)
+    block = spec["block_size"]
+    if spec["architecture"] == "DFlash2DraftModel":
+        seq = seq.repeat_interleave(anchors.shape[1])
+        anchors = anchors.reshape(-1, 1)
+    block_ids, label_ok = block_tokens(data.ids, data.valid_end, seq, anchors, block)
+    label_ok &= torch.arange(block) > 0
+    hidden = block_hidden(drafter, target, data.feats, seq, anchors, block_ids, data.mask_token_id)[:, 1:]
+    rows, n = anchors.shape
+    block_ids = block_ids.view(rows * n, block)
+    label_ok = label_ok.view(rows * n, block)
+    head = target.lm_head
+    logits = drafter.compute_logits(hidden, head)  # [B, block-1, V]
+    labels = block_ids[:, 1:]
+    ok = label_ok[:, 1:].float()
+    weights = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / spec["gamma"])[None] * ok
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(ok)
+    loss = (ce * weights).sum() / weights.sum().clamp_min(1e-6)
+    with torch.no_grad():
+        hit = (logits.argmax(-1) == labels).float() * ok
+        accept = (hit.cumprod(1) * ok).sum(1).mean().item()  # accepted drafts per block, teacher-forced
+        stats = {"ce": loss.item(), "acc": (hit.sum() / ok.sum().clamp_min(1)).item(), "accept": accept}
+
+    if spec["architecture"] == "DFlash2DraftModel":
+        # Candidate selector: among the draft's top_k, pick the target's next token given the
+        # previous one (the anchor for position 1, then the true path; at inference the path is the
+        # drafter's own choice, equal to the truth as long as everything before was accepted).
+        selector = drafter.candidate_selector
+        unary, candidates = torch.topk(logits, selector.top_k, dim=-1)
+        projected = selector.hidden_projection(hidden)
+        previous = block_ids[:, :-1]
+        pair = torch.einsum("bpr,bpkr->bpk", selector.predecessor_codebook(previous) * projected,
+                            selector.successor_codebook(candidates))
+        scores = unary + pair
+        is_label = candidates == labels[..., None]
+        present = is_label.any(-1).float() * ok
+        sel_ce = F.cross_entropy(scores.flatten(0, 1), is_label.float().argmax(-1).flatten(),
+                                 reduction="none").view_as(ok)
+        sel_w = weights * present
+        sel_loss = (sel_ce * sel_w).sum() / sel_w.sum().clamp_min(1e-6)
+        loss = loss + sel_loss
+        with torch.no_grad():
+            picked = candidates.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
+            sel_hit = (picked == labels).float() * ok
+            stats.update(sel=sel_loss.item(), sel_acc=(sel_hit.sum() / ok.sum().clamp_min(1)).item(),
+                         sel_accept=(sel_hit.cumprod(1) * ok).sum(1).mean().item())
+    return loss, stats
+
+
+
+
+def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int, seed: int, name: str,
+                  checkpoint: Path | None = None, checkpoint_every: int = 50, bf16: bool = False):
+    """AdamW on the drafter alone (the target's embeddings and head stay frozen), lr warm-up then
+    cosine to 10 %, clip 1.0; progress every 25 steps. With `checkpoint`, the drafter, optimizer,
+    batch generator and running statistics are saved every `checkpoint_every` steps and a rerun
+    continues from the last one. `bf16` runs the forward under CPU bf16 autocast (weights,
+    optimizer and loss reductions stay float32)."""
+    drafter.train()
+    params = sum(p.numel() for p in drafter.parameters())
+    log(f"{name}: {params / 1e6:.2f} M parameters, {steps} steps, "
+        f"{spec['seqs_per_step']}x{spec['anchors_per_seq']} blocks of {spec['block_size']}")
+    decay = [p for n, p in drafter.named_parameters() if p.ndim >= 2 and "base_kernel" not in n]
+    no_decay = [p for n, p in drafter.named_parameters() if p.ndim < 2 or "base_kernel" in n]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=spec["lr"], betas=(0.9, 0.95))
+    generator = torch.Generator().manual_seed(seed)
+    running: dict[str, float] = {}
+    first = 0
+    if checkpoint is not None and checkpoint.is_file():
+        state = torch.load(checkpoint, weights_only=False)
+        if state["steps"] == steps:
+            drafter.load_state_dict(state["drafter"])
+            optimizer.load_state_dict(state["optimizer"])
+            generator.set_state(state["generator"])
+            running, first = state["running"], state["step"]
+            log(f"{name}: resuming at step {first}/{steps} from {checkpoint}")
+    started = time.time()
+    for step in range(first, steps):
+        seq, anchors = anchor_batch(data, spec["seqs_per_step"], spec["anchors_per_seq"], generator)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, steps, spec["lr"], 50)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss, stats = drafter_loss(drafter, target, data, seq, anchors, spec)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        optimizer.step()
+        for key, value in stats.items():
+            running[key] = 0.9 * running.get(key, value) + 0.1 * value
+        if step % 25 == 0 or step == steps - 1:
+            shown = " ".join(f"{k} {v:.3f}" for k, v in running.items())
+            done = step + 1 - first
+            eta = (time.time() - started) / done * (steps - step - 1)
+            log(f"{name} step {step}/{steps} {shown} ({time.time() - started:.0f} s, ~{eta / 60:.0f} min left)")
+        if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step == steps - 1):
+            tmp = checkpoint.with_suffix(".partial")
+            torch.save({"steps": steps, "step": step + 1, "drafter": drafter.state_dict(),
+                        "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
+                        "running": running}, tmp)
+            tmp.replace(checkpoint)
+    log(f"{name}: trained in {time.time() - started:.0f} s")
+    return drafter.eval()

@@ -1,0 +1,194 @@
+"""Chat prompts for training SmolLM2's drafters, built offline from what is installed here.
+
+Every prompt is a chat conversation ({"messages": [...]}), half code requests, half chat:
+
+    code   from the CPython standard library's source, parsed with `ast`: "write a function that
+           <its docstring's first sentence>", "explain / document / review this function", and
+           "how do I use <module>.<function>"
+    docs   from `pydoc_data.topics` (the language reference pages behind `help()`) and module
+           docstrings: "explain this Python feature", "summarise this passage"
+    chat   everyday requests: a few hand-written templates (advice, short writing, explanations)
+           crossed with subjects taken from the same docs' vocabulary and a short hand-written list
+
+A quarter of the conversations open with one of a few system messages; the others get the chat
+template's default one. Nothing here comes from tests/fixtures/smollm2/eval_prompts.jsonl (the
+held-out prompts, written by hand); `build_prompts` drops any prompt equal to one of them.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import re
+import sysconfig
+from pathlib import Path
+
+SYSTEM_MESSAGES = (
+    "You are a helpful assistant.",
+    "You are a concise assistant. Keep answers short.",
+    "You are an experienced Python developer who writes clean, readable code.",
+    "You are a patient teacher who explains things step by step.",
+    "You are a friendly assistant for beginners.",
+)
+
+CODE_TEMPLATES = (
+    "Write a Python function `{name}({args})` that {summary}",
+    "Can you write Python code that {summary} Please include an example.",
+    "Implement `{name}` in Python: it {summary}",
+)
+EXPLAIN_TEMPLATES = (
+    "Explain what this Python function does:\n\n```python\n{source}\n```",
+    "Write a docstring for this function:\n\n```python\n{source}\n```",
+    "How could this code be improved?\n\n```python\n{source}\n```",
+    "What does this code return, and when could it fail?\n\n```python\n{source}\n```",
+)
+USAGE_TEMPLATES = (
+    "How do I use `{module}.{name}` in Python? Show a short example.",
+    "What is the `{module}` module in Python used for?",
+)
+TOPIC_TEMPLATES = (
+    "Explain Python's {topic} with an example.",
+    "What should a beginner know about {topic} in Python?",
+    "Summarize this passage from the Python documentation:\n\n{passage}",
+    "Explain this in simpler words:\n\n{passage}",
+)
+CHAT_TEMPLATES = (
+    "Give me three tips for {activity}.",
+    "What are the pros and cons of {activity}?",
+    "Write a short poem about {thing}.",
+    "Write a short story about {thing}.",
+    "Explain {thing} to a ten-year-old.",
+    "Write a short email to a colleague about {thing}.",
+    "What is the history of {thing}, in a few sentences?",
+    "How do I get started with {activity}?",
+    "Describe {thing} in three sentences.",
+    "List five interesting facts about {thing}.",
+)
+ACTIVITIES = (
+    "learning a new language", "cooking at home", "running a marathon", "saving money", "studying for exams",
+    "working from home", "public speaking", "gardening", "learning to draw", "travelling on a budget",
+    "writing a novel", "keeping a journal", "starting a small business", "learning the guitar",
+    "making new friends", "hiking in the mountains", "reading more books", "meditation", "baking bread",
+    "taking better photos", "learning to program", "managing time", "preparing for a job interview",
+    "moving to a new city", "raising a puppy", "cycling to work", "planning a wedding", "volunteering",
+)
+THINGS = (
+    "the moon", "a lighthouse", "autumn leaves", "the ocean", "a city at night", "volcanoes", "honeybees",
+    "the internet", "electricity", "a library", "rainbows", "the Roman Empire", "photosynthesis",
+    "black holes", "a lost cat", "an old clock", "the first computer", "dinosaurs", "a mountain village",
+    "coffee", "the printing press", "snowflakes", "a friendly dragon", "the human heart", "trains",
+    "the pyramids", "a rainy day", "music", "chess", "a time traveller", "the solar system", "forests",
+)
+
+
+def _summary(docstring: str) -> str | None:
+    """A docstring's first sentence as an instruction tail ("returns the ..."), or None."""
+    first = docstring.strip().split("\n\n")[0].replace("\n", " ")
+    first = re.split(r"(?<=[.!?])\s", first)[0].strip()
+    if not 20 <= len(first) <= 160 or not first[0].isupper() or ">>>" in first:
+        return None
+    words = first.split()
+    verb = words[0]
+    # "Return the x." -> "returns the x." (imperative docstrings read as a description)
+    if verb.isalpha() and not verb.endswith("s"):
+        verb = verb + ("es" if verb.endswith(("sh", "ch", "x")) else "s")
+    text = " ".join([verb.lower(), *words[1:]])
+    return text if text.endswith((".", "?", "!")) else text + "."
+
+
+def _functions(path: Path):
+    """(module, name, args, docstring, source) for the public top-level functions of a file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text)
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return
+    module = path.stem
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+            continue
+        doc = ast.get_docstring(node)
+        source = ast.get_source_segment(text, node) or ""
+        args = ", ".join(a.arg for a in node.args.args)
+        yield module, node.name, args, doc, source
+
+
+def stdlib_sources() -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return [p for p in sorted(root.glob("*.py")) if not p.name.startswith("_")]
+
+
+def code_prompts(rng: random.Random) -> list[str]:
+    out = []
+    for path in stdlib_sources():
+        for module, name, args, doc, source in _functions(path):
+            summary = _summary(doc) if doc else None
+            if summary:
+                out.append(rng.choice(CODE_TEMPLATES).format(name=name, args=args, summary=summary))
+                out.append(rng.choice(USAGE_TEMPLATES).format(module=module, name=name))
+            lines = source.splitlines()
+            if 3 <= len(lines) <= 24 and len(source) <= 900:
+                # without its docstring, so "write a docstring" is a real request
+                body = re.sub(r'\n\s+("""|\'\'\')[\s\S]*?\1', "", source, count=1) if doc else source
+                out.append(rng.choice(EXPLAIN_TEMPLATES).format(source=body))
+    return out
+
+
+def doc_prompts(rng: random.Random) -> list[str]:
+    from pydoc_data.topics import topics
+
+    out = []
+    for topic, text in sorted(topics.items()):
+        label = topic.replace("-", " ")
+        out.append(TOPIC_TEMPLATES[0].format(topic=f"`{label}`"))
+        out.append(TOPIC_TEMPLATES[1].format(topic=f"`{label}`"))
+        paragraphs = [p.strip() for p in text.split("\n\n")
+                      if 200 <= len(p.strip()) <= 700 and not p.strip().startswith((" ", ">>>", "*"))]
+        for passage in rng.sample(paragraphs, min(4, len(paragraphs))):
+            out.append(rng.choice(TOPIC_TEMPLATES[2:]).format(passage=" ".join(passage.split())))
+    return out
+
+
+def chat_prompts() -> list[str]:
+    out = []
+    for template in CHAT_TEMPLATES:
+        for subject in ACTIVITIES if "{activity}" in template else THINGS:
+            out.append(template.format(activity=subject, thing=subject))
+    return out
+
+
+def build_prompts(count: int, seed: int, held_out: list[str]) -> list[dict]:
+    """`count` conversations, half code and half chat (docs + everyday), in a seeded order."""
+    rng = random.Random(seed)
+    code = code_prompts(rng)
+    chat = doc_prompts(rng) + chat_prompts()
+    held = set(held_out)
+    rng.shuffle(code)
+    rng.shuffle(chat)
+    half = count // 2
+    picked = code[:half] + chat[: count - half]
+    if len(picked) < count:
+        raise RuntimeError(f"only {len(code)} code and {len(chat)} chat prompts here; asked for {count}")
+    rng.shuffle(picked)
+    conversations = []
+    for text in picked:
+        if text in held:
+            continue
+        messages = [{"role": "user", "content": text}]
+        if rng.random() < 0.25:
+            messages.insert(0, {"role": "system", "content": rng.choice(SYSTEM_MESSAGES)})
+        conversations.append({"messages": messages})
+    return conversations
+
+
+def prompt_counts() -> dict[str, int]:
+    rng = random.Random(0)
+    return {"code": len(code_prompts(rng)), "docs": len(doc_prompts(rng)), "chat": len(chat_prompts())}
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(prompt_counts()))
+    for c in build_prompts(6, 1, []):
+        print(json.dumps(c)[:300])
