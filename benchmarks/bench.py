@@ -504,12 +504,13 @@ def _md_table(header: list[str], rows: list[list], align: str | None = None) -> 
 
 
 def _exact(r: dict) -> str:
-    """yes; or how many prompts diverged, ties (top-2 near-equal logits, allowed) and mismatches apart."""
+    """yes; or how many prompts diverged, numerical (the target's own choice in a wider batch, allowed) and
+    mismatches apart."""
     if r["exact"]:
         return "yes"
     kinds = r.get("divergences") or []
-    ties, other = kinds.count("tie"), len(kinds) - kinds.count("tie")
-    parts = ([f"{ties} tie{'s' if ties > 1 else ''}"] if ties else []) + ([f"{other} MISMATCH"] if other else [])
+    ties, other = kinds.count("numerical"), len(kinds) - kinds.count("numerical")
+    parts = ([f"{ties} numerical"] if ties else []) + ([f"{other} MISMATCH"] if other else [])
     return ("yes, " if not other else "NO, ") + " + ".join(parts)
 
 
@@ -832,7 +833,7 @@ def observations(results: dict) -> list[str]:
             continue
         where = f"{DRAFTER_LABELS[r['drafter']]} {r['type']} " + (
             f"-np {r['parallel']}" if "parallel" in r else f"{r['recipe']} (d)")
-        if all(k == "tie" for k in r["divergences"]):
+        if all(k == "numerical" for k in r["divergences"]):
             if "parallel" in r:
                 ties_b.append(where)
             else:

@@ -43,6 +43,10 @@ def prompts_option(default: str):
                              rf'chat template as llama-server renders it, or {{"prompt": "..."}}. Default: {default}')
 
 
+exact_option = click.option(
+    "--exact", is_flag=True,
+    help="Batch-invariant verification (llama-server --no-repack on the CPU build): speculative greedy output "
+         "token-identical to plain decoding, at some speed (docs/validate.md, \"Exact mode\").")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")
 force_option = click.option("--force", is_flag=True, help="Replace the output if it exists.")
 

@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'drafter':<9} {'exact':<28} {'tau':>6} {'accept':>7} {'target tok/s':>13} {'spec tok/s':>11} {'speedup':>8}")
     for name, r in reports.items():
         tps = r["tokens_per_second"]
-        print(f"{LABELS[name]:<9} {exactness(r).split(' (')[0]:<28} {r['mean_acceptance_length']:>6.2f} "
+        exact = exactness(r).split(":")[0] + ("" if r.get("lossless", True) else ", NOT lossless")
+        print(f"{LABELS[name]:<9} {exact:<28} {r['mean_acceptance_length']:>6.2f} "
               f"{r['acceptance_rate']:>7.2f} {tps['target']:>13.1f} {tps['speculative']:>11.1f} {r['speedup']:>7.2f}x")
     print("\n" + "\n".join(verdict_lines(reports)))
     min_speedup = tuning["settings"]["min_speedup"]

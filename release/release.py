@@ -89,7 +89,7 @@ def validate_variant(target: Path | TargetInfo, draft_path: Path, settings=None)
     target, draft_path = Path(target), Path(draft_path)
     result = validator.validate(target, draft_path, list(BUILTIN_PROMPTS), settings or validator.ValidationSettings())
     if validator.verdict(result, False) != 0:
-        bad = sum(1 for d in result.get("divergences", []) if d.get("kind") != "tie")
+        bad = sum(1 for d in result.get("divergences", []) if d.get("kind") == "mismatch")
         raise ReleaseError(f"{draft_path.name}: validation failed: with the drafter, {bad} token(s) were not "
                            f"{target.name}'s own; run `dflash-gguf validate` for the report")
     speedup = result.get("speedup")
@@ -229,11 +229,12 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
             backend: str | None = None, llama_bin: Path | None = None, threads: int | None = None,
             force: bool = False, server_args: tuple[str, ...] | list[str] = (),
             progress: Progress | None = None, sidecar_of: str | None = None,
-            sidecar_quant: str | None = None) -> ReleaseResult:
+            sidecar_quant: str | None = None, exact: bool = False) -> ReleaseResult:
     """Convert, quantize, validate and describe one drafter as a release folder at `out_dir`.
     `backend` / `llama_bin` choose the llama.cpp build that quantizes and validates; `server_args`
     go to llama-server in each validation, as after `validate --`. `sidecar_of` / `sidecar_quant`:
-    the GGUF repository (and its quant) the variants will sit in, for the card (sidecar.py)."""
+    the GGUF repository (and its quant) the variants will sit in, for the card (sidecar.py). `exact`:
+    validate as `validate --exact` does."""
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
     shown = str(out_dir)
@@ -248,7 +249,8 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
     from ..validation.validate import ValidationSettings
 
     validation = (None if skip_validate
-                  else ValidationSettings(backend=backend, llama_bin=llama_bin, server_args=list(server_args)))
+                  else ValidationSettings(backend=backend, llama_bin=llama_bin, server_args=list(server_args),
+                                          exact=exact))
     making = _Making(draft_dir, target, rec, backend, llama_bin, threads, validation)
 
     with built_beside(out_dir) as folder:

@@ -14,6 +14,7 @@ from ..options import (
     ServerArgsCommand,
     build_options,
     draft_option,
+    exact_option,
     json_option,
     server_options,
     target_option,
@@ -30,7 +31,7 @@ from .server_log import is_server_log
 def _start(target: Path, draft: Path, *, backend: str | None, llama_bin: Path | None, host: str | None,
            port: int | None, parallel: int | None, draft_max: int | None, log_path: Path | None,
            startup_timeout: float, server_args: tuple[str, ...], use_tuned: bool = False,
-           request_timeout: float | None = 600.0) -> tuple[Launch, LlamaServer]:
+           request_timeout: float | None = 600.0, exact: bool = False) -> tuple[Launch, LlamaServer]:
     """The launch recipe for the pair (checked first; its warnings printed once) and its server.
     `use_tuned`: under the setting `tune` saved for the pair and build, if any (the launch may
     then be the target alone)."""
@@ -38,13 +39,14 @@ def _start(target: Path, draft: Path, *, backend: str | None, llama_bin: Path | 
         check_outputs([Output(log_path, "--log", Replace.OWNED, owned=is_server_log, what="llama-server log")],
                       [Input(target, "--target"), Input(draft, "--draft")])
     launch = launch_recipe(target, draft, parallel=parallel, draft_max=draft_max, host=host, port=port,
-                           server_args=server_args)
+                           server_args=server_args, exact=exact)
     bin_dir = find_bin_dir(backend, llama_bin)
     applied = _tuned(target, draft, build_info(bin_dir, backend)["build"], draft_max, server_args) \
         if use_tuned else None
     if applied is not None:
         launch = launch_recipe(target, draft if applied.drafting else None, parallel=parallel,
-                               draft_max=applied.draft_max, host=host, port=port, server_args=applied.server_args)
+                               draft_max=applied.draft_max, host=host, port=port, server_args=applied.server_args,
+                               exact=exact)
     for warning in launch.warnings:
         click.echo(f"warning: {warning}", err=True)
     server = launch.server(bin_dir=bin_dir, log_path=log_path, startup_timeout=startup_timeout,
@@ -77,9 +79,10 @@ def _tuned(target: Path, draft: Path, build: str, draft_max: int | None,
 @server_options
 @click.option("--no-tuned", is_flag=True,
               help="Ignore the setting `dflash-gguf tune` saved for this target, drafter and build.")
+@exact_option
 def serve(target: Path, draft: Path, backend: str | None, llama_bin: Path | None, host: str | None,
           port: int | None, parallel: int | None, draft_max: int | None, log_path: Path | None,
-          startup_timeout: float, rpc: str | None, no_tuned: bool, server_args: tuple[str, ...]) -> None:
+          startup_timeout: float, rpc: str | None, no_tuned: bool, exact: bool, server_args: tuple[str, ...]) -> None:
     """Run llama-server with TARGET and its DFlash drafter until Ctrl-C or SIGTERM.
 
     \b
@@ -110,7 +113,8 @@ def serve(target: Path, draft: Path, backend: str | None, llama_bin: Path | None
     server_args = with_rpc(rpc, server_args)
     launch, server = _start(target, draft, backend=backend, llama_bin=llama_bin, host=host, port=port,
                             parallel=parallel, draft_max=draft_max, log_path=log_path,
-                            startup_timeout=startup_timeout, server_args=server_args, use_tuned=not no_tuned)
+                            startup_timeout=startup_timeout, server_args=server_args, use_tuned=not no_tuned,
+                            exact=exact)
     click.echo(f"starting llama-server ({server.exe}) ...", err=True)
     try:
         with stop_on_signals(), server:

@@ -239,6 +239,7 @@ class TuneSettings:
     llama_bin: Path | None = None
     server_args: list[str] = field(default_factory=list)  # the user's (after --)
     cpus: int | None = None           # the thread grid's top; default: this process's CPUs
+    exact: bool = False               # serve --exact: every setting measured batch-invariant
 
 
 @dataclass
@@ -310,7 +311,8 @@ class _Tuner:
     def _server(self, setting: Setting) -> LlamaServer:
         launch = launch_recipe(self.target, self.draft if setting.drafting else None,
                                draft_max=setting.draft_max if setting.drafting else None,
-                               server_args=[*setting.server_args(), *self.settings.server_args], check=False)
+                               server_args=[*setting.server_args(), *self.settings.server_args], check=False,
+                               exact=self.settings.exact)
         return measuring_launch(launch, self.texts, self.settings.n_predict).server(bin_dir=self.bin_dir)
 
     @contextlib.contextmanager

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from ..options import (ServerArgsCommand, build_options, draft_option, json_option, prompts_option, rpc_option,
-                       target_option)
+from ..options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, prompts_option,
+                       rpc_option, target_option)
 from . import tuned
 from .launch import with_rpc
 from .prompts import BUILTIN_PROMPTS, read_prompts
@@ -79,12 +79,13 @@ def print_table(result: dict, saved: Path | None) -> None:
               help="Start no new search stage after this many seconds (the confirmation still runs).")
 @click.option("--min-speedup", type=click.FloatRange(min=1.0), default=DEFAULT_MIN_SPEEDUP, show_default=True,
               help="Drafting pays when the confirmed speedup reaches this; below it serve runs the target alone.")
+@exact_option
 @json_option
 @build_options
 @rpc_option
 def tune_command(target: Path, draft: Path, prompts_file: Path | None, n_predict: int | None, rounds: int | None,
                  quick: bool, max_seconds: float | None, min_speedup: float, as_json: bool, backend: str | None,
-                 llama_bin: Path | None, rpc: str | None, server_args: tuple[str, ...]) -> None:
+                 llama_bin: Path | None, rpc: str | None, exact: bool, server_args: tuple[str, ...]) -> None:
     """Find the fastest way to serve TARGET with its drafter on this machine, and whether
     drafting pays at all; `serve` then uses it.
 
@@ -129,7 +130,7 @@ def tune_command(target: Path, draft: Path, prompts_file: Path | None, n_predict
         n_predict=n_predict or (QUICK["n_predict"] if quick else TuneSettings.n_predict),
         rounds=explore, confirm_rounds=QUICK["confirm_rounds"] if quick and rounds is None else 2 * explore,
         min_speedup=min_speedup, max_seconds=max_seconds, quick=quick, backend=backend, llama_bin=llama_bin,
-        server_args=list(server_args))
+        server_args=list(server_args), exact=exact)
     result: TuneResult = tune(target, draft, prompts, settings, progress=lambda msg: click.echo(msg, err=True))
     report = result.to_dict()
     key = tuned.TuneKey.of(target, draft, result.llama["build"])
