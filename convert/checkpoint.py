@@ -128,16 +128,15 @@ class Checkpoint:
             weight_map = data.get("weight_map") if isinstance(data, dict) else None
             if not isinstance(weight_map, dict) or not weight_map:
                 raise CheckpointError(f"{shown(index.path)}: 'weight_map' is missing or empty")
-            names = list(dict.fromkeys(weight_map.values()))
+            try:  # each a plain name inside the folder, before anything is done with it
+                names = list(dict.fromkeys(safe_name(v, index.path, "weight_map shard") for v in weight_map.values()))
+            except InputError as err:
+                raise CheckpointError(str(err)) from None
             if len(names) > MAX_SHARDS:
                 raise CheckpointError(f"{shown(index.path)}: weight_map names {len(names)} shards, more than the "
                                       f"{MAX_SHARDS} a checkpoint is split into; fix the index")
             files = []
             for name in names:
-                try:
-                    safe_name(name, index.path, "weight_map shard")
-                except InputError as err:
-                    raise CheckpointError(str(err)) from None
                 if not name.endswith(".safetensors"):
                     raise CheckpointError(f"{shown(index.path)}: weight_map shard {shown(repr(name)[:80])} is not a "
                                           ".safetensors file; the index names the checkpoint's own shards")
