@@ -18,6 +18,7 @@ from gguf import LlamaFileType as FT
 
 from ..errors import CheckpointError
 from ..hashing import hash_files
+from ..terminal import shown
 from ..licenses import License, license_from_folder, with_override
 from . import config_values as cv
 from . import hub, layout
@@ -270,7 +271,7 @@ def qwen3_hparams(ckpt: Checkpoint, arch: str, file_type: FT) -> tuple[gguf.GGUF
     cfg, src = ckpt.config, ckpt.config_path
     w = gguf.GGUFWriter(path=None, arch=arch)
     w.add_type(gguf.GGUFType.MODEL)
-    w.add_name(hub.folder_name(ckpt.folder))
+    w.add_name(shown(hub.folder_name(ckpt.folder)))  # a folder name that is not UTF-8 is written escaped
     w.add_block_count(ckpt.n_layers)
     if (n_ctx := ckpt.top("max_position_embeddings")) is not None:
         w.add_context_length(n_ctx)

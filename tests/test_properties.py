@@ -277,7 +277,8 @@ YAML_TEXT = st.one_of(
     st.text(alphabet="ab:-[]{}&*!|>#'\"\n\t %@`,?\x1b\x07", max_size=60),
     st.sampled_from(["a: &x [1]\nb: *x\n", "license: !!python/object:os.system ls\n", "license: " + "[" * 100,
                      "license:\n  - " + "\n  - ".join(["x"] * 3), "license_name: \"\\e[2K\"\n",
-                     f"license: mit\nlicense_name: \"{TOKEN}\\u001b\"\n", "license: mit\nlicense_link: [1]\n"]))
+                     f"license: mit\nlicense_name: \"{TOKEN}\\u001b\"\n", "license: mit\nlicense_link: [1]\n",
+                     "license: mit\nsize: " + "9" * 5000 + "\n", "license: mit\ndate: 2024-13-45\n"]))
 
 
 @budget(25)
