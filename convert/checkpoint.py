@@ -15,7 +15,6 @@ from ..inputs import parse_json
 from ..terminal import shown
 from . import config_values as cv
 from . import layout
-from .config_values import MAX_BLOCK_SIZE, MAX_SIZE, MAX_VOCAB  # noqa: F401 - named here by other modules
 from .quantized import FP8Weight, dequantized
 from .safetensors_file import MAX_TENSORS, StoredTensor, read_header
 
@@ -37,8 +36,6 @@ def _confined(folder: Path, name: str, what: str, required: bool = True) -> Open
         return open_in(folder, name, what) if required else find_in(folder, name, what)
     except InputError as err:
         raise CheckpointError(str(err)) from None
-
-
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:

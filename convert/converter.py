@@ -401,7 +401,7 @@ def _finite(ckpt: DrafterCheckpoint, name: str, value) -> float | None:
 
 def sliding_window(ckpt: DrafterCheckpoint) -> tuple[int, list[bool]] | None:
     """The checkpoint's attention window and which layers use it; None without sliding-window layers."""
-    cfg, src = ckpt.config, ckpt.config_path
+    src = ckpt.config_path
     use_swa_everywhere = cv.read(src, "dflash_config.use_swa", ckpt.dflash_config.get("use_swa"), False)
     window = (cv.read(src, "dflash_config.swa_window_size", ckpt.dflash_config.get("swa_window_size"))
               or ckpt.top("sliding_window"))

@@ -19,7 +19,7 @@ bounded size and depth) and license files, through the confined reader, or from 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
