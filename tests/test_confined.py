@@ -311,3 +311,14 @@ def test_a_sparse_huge_tokenizer_is_refused_unread(ckpt, target_folder, tmp_path
     out = tmp_path / "o.gguf"
     _, _, stderr = check(["convert", ckpt, "--target", target_folder, "-o", out], {2}, outputs=[out])
     assert "tokenizer.json" in stderr and "MiB" in stderr, stderr
+
+
+def test_a_token_inside_an_input_never_reaches_the_gguf(ckpt, target_folder, tmp_path):
+    """Even inside the folder: a chat template holding the user's token is refused, not copied."""
+    config = json.loads((target_folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{{ messages }} " + TOKEN
+    (target_folder / "tokenizer_config.json").write_text(json.dumps(config))
+    out = tmp_path / "o.gguf"
+    _, stdout, stderr = check(["convert", ckpt, "--target", target_folder, "-o", out], {2},
+                              inputs=[target_folder], outputs=[out], env={"HF_TOKEN": TOKEN})
+    assert "would carry the Hugging Face token" in stderr and TOKEN not in stdout + stderr, stderr
