@@ -15,7 +15,6 @@ from ..inputs import parse_json
 from ..terminal import shown
 from . import config_values as cv
 from . import layout
-from .config_values import MAX_BLOCK_SIZE, MAX_SIZE, MAX_VOCAB  # noqa: F401 - named here by other modules
 from .quantized import FP8Weight, dequantized
 from .safetensors_file import MAX_TENSORS, StoredTensor, read_header
 
@@ -37,8 +36,6 @@ def _confined(folder: Path, name: str, what: str, required: bool = True) -> Open
         return open_in(folder, name, what) if required else find_in(folder, name, what)
     except InputError as err:
         raise CheckpointError(str(err)) from None
-
-
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -128,16 +125,15 @@ class Checkpoint:
             weight_map = data.get("weight_map") if isinstance(data, dict) else None
             if not isinstance(weight_map, dict) or not weight_map:
                 raise CheckpointError(f"{shown(index.path)}: 'weight_map' is missing or empty")
-            names = list(dict.fromkeys(weight_map.values()))
+            try:  # each a plain name inside the folder, before anything is done with it
+                names = list(dict.fromkeys(safe_name(v, index.path, "weight_map shard") for v in weight_map.values()))
+            except InputError as err:
+                raise CheckpointError(str(err)) from None
             if len(names) > MAX_SHARDS:
                 raise CheckpointError(f"{shown(index.path)}: weight_map names {len(names)} shards, more than the "
                                       f"{MAX_SHARDS} a checkpoint is split into; fix the index")
             files = []
             for name in names:
-                try:
-                    safe_name(name, index.path, "weight_map shard")
-                except InputError as err:
-                    raise CheckpointError(str(err)) from None
                 if not name.endswith(".safetensors"):
                     raise CheckpointError(f"{shown(index.path)}: weight_map shard {shown(repr(name)[:80])} is not a "
                                           ".safetensors file; the index names the checkpoint's own shards")

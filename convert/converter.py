@@ -18,6 +18,7 @@ from gguf import LlamaFileType as FT
 
 from ..errors import CheckpointError
 from ..hashing import hash_files
+from ..terminal import shown
 from ..licenses import License, license_from_folder, with_override
 from . import config_values as cv
 from . import hub, layout
@@ -270,7 +271,7 @@ def qwen3_hparams(ckpt: Checkpoint, arch: str, file_type: FT) -> tuple[gguf.GGUF
     cfg, src = ckpt.config, ckpt.config_path
     w = gguf.GGUFWriter(path=None, arch=arch)
     w.add_type(gguf.GGUFType.MODEL)
-    w.add_name(hub.folder_name(ckpt.folder))
+    w.add_name(shown(hub.folder_name(ckpt.folder)))  # a folder name that is not UTF-8 is written escaped
     w.add_block_count(ckpt.n_layers)
     if (n_ctx := ckpt.top("max_position_embeddings")) is not None:
         w.add_context_length(n_ctx)
@@ -400,7 +401,7 @@ def _finite(ckpt: DrafterCheckpoint, name: str, value) -> float | None:
 
 def sliding_window(ckpt: DrafterCheckpoint) -> tuple[int, list[bool]] | None:
     """The checkpoint's attention window and which layers use it; None without sliding-window layers."""
-    cfg, src = ckpt.config, ckpt.config_path
+    src = ckpt.config_path
     use_swa_everywhere = cv.read(src, "dflash_config.use_swa", ckpt.dflash_config.get("use_swa"), False)
     window = (cv.read(src, "dflash_config.swa_window_size", ckpt.dflash_config.get("swa_window_size"))
               or ckpt.top("sliding_window"))

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import CheckpointError
 from . import layout
-from .checkpoint import MAX_BLOCK_SIZE
+from .config_values import MAX_BLOCK_SIZE
 from .compat import DrafterFacts
 from .gguf_file import GGUFFile
 from .keys import ARCH, DEFAULT_BLOCK_SIZE, LEGACY_ARCH, DFlash, General, Legacy, Tokenizer

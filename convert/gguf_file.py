@@ -26,6 +26,7 @@ from ..errors import GGUFFormatError, InputError
 from .keys import General
 from ..inputs import open_regular
 from ..outputs import guard, named_for, partial_name
+from ..secrets import refuse_secrets
 
 MAGIC = b"GGUF"
 VERSION = 3
@@ -396,6 +397,7 @@ def write_gguf(plan: GGUFPlan, out: Path, progress=None) -> None:
     """
     out = Path(out)
     tmp = partial_name(out)
+    refuse_secrets((kv.value for kv in plan.kv if kv.type == GGUFValueType.STRING), out)
     try:
         guard(out)
         with open(tmp, "wb") as fh:

@@ -73,7 +73,7 @@ class HubRef:
 
 
 def parse_ref(text: str) -> HubRef | None:
-    m = _REF.match(str(text).strip())
+    m = _REF.fullmatch(str(text).strip(" "))  # fullmatch: `$` alone would take "owner/name\n"
     if not m or ".." in m.group("repo") or (m.group("path") and ".." in m.group("path").split("/")):
         return None
     if m.group("repo").lower().endswith(".gguf"):
@@ -125,7 +125,7 @@ def cache_source(path: str | os.PathLike) -> HubSource | None:
         if part.startswith("models--") and part.count("--") >= 2 and parts[i + 1] == "snapshots":
             repo = part[len("models--"):].replace("--", "/", 1)
             sha = parts[i + 2]
-            if _COMMIT.match(sha):
+            if _COMMIT.fullmatch(sha):
                 rest = "/".join(parts[i + 3:]) or None
                 return HubSource(repo, sha, rest if rest and rest.endswith(".gguf") else None)
     return None
@@ -566,11 +566,11 @@ def _cached_snapshot(repo: str, revision: str | None) -> Path | None:
 
     storage = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
     rev = revision or "main"
-    sha = rev if _COMMIT.match(rev) else None
+    sha = rev if _COMMIT.fullmatch(rev) else None
     ref_file = storage / "refs" / rev
     if sha is None and ref_file.is_file():
         sha = ref_file.read_text(errors="replace")[:64].strip()
-        sha = sha if _COMMIT.match(sha) else None
+        sha = sha if _COMMIT.fullmatch(sha) else None
     folder = storage / "snapshots" / sha if sha else None
     return folder if folder is not None and folder.is_dir() else None
 
@@ -619,7 +619,7 @@ def open_gguf(ref: HubRef) -> HubGGUF:
         url = hf_hub_url(ref.repo, name, revision=sha)
         meta = get_hf_file_metadata(url)
         etag = (meta.etag or "").strip('"')
-        source = HubSource(ref.repo, sha, name, etag if _SHA256.match(etag) else None)
+        source = HubSource(ref.repo, sha, name, etag if _SHA256.fullmatch(etag) else None)
         if not meta.size:
             raise HubError(f"{ref}: the Hub gave no size for {name}; download it and give its path")
         # Read from where the Hub redirects (the CDN for LFS files), sparing a redirect per read.

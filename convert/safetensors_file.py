@@ -91,8 +91,9 @@ def read_header(source: Opened) -> dict[str, StoredTensor]:
         if not all(_is_count(v) for v in (*shape, begin, end)):
             raise CheckpointError(f"{path}: tensor {name!r} has a shape or data_offsets that are not whole numbers "
                                   f"(shape {meta['shape']!r}, data_offsets {meta['data_offsets']!r}): corrupt file")
-        if dtype not in DTYPES:
-            raise CheckpointError(f"{path}: tensor {name!r} has dtype {dtype}, which this converter does not read")
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise CheckpointError(f"{shown(path)}: tensor {name!r} has dtype {shown(repr(dtype)[:40])}, which this "
+                                  "converter does not read")
         expected = math.prod(shape) * DTYPES[dtype][1]
         if not (0 <= begin <= end) or end - begin != expected:
             raise CheckpointError(

@@ -11,7 +11,6 @@ import pickle
 import struct
 import zipfile
 import zlib
-from pathlib import Path
 from typing import Any
 
 import numpy as np

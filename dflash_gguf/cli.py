@@ -24,6 +24,9 @@ class _Group(click.Group):
     def main(self, args=None, prog_name=None, **kwargs):
         """Every error is one line on stderr, click's usage errors too (exit 2); whatever is written
         on stderr passes the secret filter (secrets.py)."""
+        for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 is printed escaped, never a traceback
+            if hasattr(stream, "reconfigure"):
+                stream.reconfigure(errors="backslashreplace")
         stderr = sys.stderr
         sys.stderr = ScrubbingStream(stderr)
         try:

@@ -31,10 +31,15 @@ MAX_INT_DIGITS = 40    # digits of a JSON integer: far beyond any u64 or i64 a m
 # (device, inode) -> the resolved path, and resolved path -> the same, of every file read
 _read_ids: dict[tuple[int, int], str] = {}
 _read_paths: set[str] = set()
-_held: list[object] = []  # confined files opened during the command, closed when it ends
+_held: list[object] = []  # confined files opened during a command (`reading()`), closed when it ends
+_sessions = 0
 
 
 def record(real: Path | str, ident: tuple[int, int], held: object | None = None) -> None:
+    """Remember a file read by the command that runs (nothing outside `reading()`: a library caller's
+    files close with their objects, and no record outlives the command)."""
+    if not _sessions:
+        return
     _read_ids[ident] = str(real)
     _read_paths.add(str(real))
     if held is not None:
@@ -62,15 +67,23 @@ def read_paths_under(folder: Path | str) -> list[str]:
 @contextlib.contextmanager
 def reading() -> Iterator[None]:
     """A command's span: the record of files read starts empty and the files it held are closed."""
+    global _sessions
+    if _sessions:  # nested: the outer command's record stands
+        yield
+        return
     _read_ids.clear()
     _read_paths.clear()
+    _sessions += 1
     try:
         yield
     finally:
+        _sessions -= 1
         for held in _held:
             with contextlib.suppress(Exception):
                 held.close()
         _held.clear()
+        _read_ids.clear()
+        _read_paths.clear()
 
 
 def open_regular(path: Path | str, what: str = "file") -> BinaryIO:

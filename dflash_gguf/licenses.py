@@ -19,7 +19,7 @@ bounded size and depth) and license files, through the confined reader, or from 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
@@ -254,6 +254,9 @@ def split_front_matter(text: str, source: str = "README.md") -> tuple[dict, str]
         raise LicenseError(f"{source}: front matter is not valid YAML{line}") from None
     except RecursionError:
         raise LicenseError(f"{source}: front matter is nested too deeply to be a model card") from None
+    except (ValueError, TypeError, OverflowError) as err:  # an integer of 5,000 digits, a date out of range
+        raise LicenseError(f"{source}: front matter holds a value YAML cannot build ({str(err)[:60]}); fix the "
+                           "model card") from None
     if not isinstance(meta, dict):
         raise LicenseError(f"{source}: front matter is not a YAML mapping")
     return meta, "".join(lines[end + 1:])

@@ -61,6 +61,20 @@ def scrub(text: str, secrets: list[str] | None = None) -> str:
     return text
 
 
+def refuse_secrets(texts, where: object) -> None:
+    """Refuse (OutputError) to write an artifact (a GGUF's text metadata, a release card) that holds a
+    token of this process: an artifact is never scrubbed in silence, it is not written."""
+    from .errors import OutputError
+
+    secrets = known_secrets()
+    if not secrets:
+        return
+    for text in texts:
+        if isinstance(text, str) and any(secret in text for secret in secrets):
+            raise OutputError(f"{where}: would carry the Hugging Face token (HF_TOKEN or the stored login) "
+                              "found in an input's text; remove it from the input")
+
+
 class ScrubbingStream:
     """A text stream that scrubs what is written to it (the secrets are read once, when it is made)."""
 

@@ -21,6 +21,7 @@ Licenses are read from a model folder's README.md front matter or from a GGUF's 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,8 +29,8 @@ from ..confine import file_in
 from ..convert.gguf_license import license_from_gguf
 from ..errors import LicenseError
 from ..licenses import *  # noqa: F401,F403 - the base's parser and kinds, as `lic.X` everywhere
-from ..licenses import LLAMA, STRICTNESS, Kind, License, LlamaTerms, license_from_card, licenses_in_texts, \
-    read_text, split_front_matter, strictest
+from ..licenses import LLAMA, STRICTNESS, Kind, License, LlamaTerms, gating_fields, license_from_card, \
+    licenses_in_texts, read_text, split_front_matter, strictest
 
 
 

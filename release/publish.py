@@ -20,6 +20,7 @@ from ..confine import check_inside, file_in, find_in
 from ..convert import layout
 from ..errors import DflashError, PublishError
 from ..secrets import known_secrets, scrub
+from ..terminal import shown
 from . import licenses as lic
 
 log = logging.getLogger(__name__)
@@ -42,8 +43,8 @@ class Upload:
 
 
 def check_repo_id(repo: str) -> str:
-    if not _REPO_ID.match(repo) or ".." in repo or repo.endswith((".git", ".")):
-        raise PublishError(f"--repo {repo!r}: give the repository as ORG/NAME (letters, digits, '.', '_', '-')")
+    if not _REPO_ID.fullmatch(repo) or ".." in repo or repo.endswith((".git", ".")):
+        raise PublishError(f"--repo {shown(repr(repo))}: give the repository as ORG/NAME (letters, digits, '.', '_', '-')")
     return repo
 
 

@@ -32,6 +32,7 @@ from ..convert.llama_support import support_of
 from ..convert.target import TargetInfo
 from ..errors import ReleaseError
 from ..outputs import Input, Output, check_outputs
+from ..secrets import refuse_secrets
 from ..quantize.quantize import (DEFAULT_RECIPE, FLOAT_TYPES, Recipe, find_llama_quantize, get_recipe, parse_type,
                                  quantize)
 from ..runner.launch import parse_server_args, speculative_args
@@ -270,7 +271,9 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
             run_args=speculative_args(made.drafter, shown_path=example_variant(made.variants)), sources=made.sources,
             file_prefix=layout.FILE_PREFIXES[made.drafter.variant], sidecar_of=sidecar_of,
             sidecar_quant=sidecar_quant, runs_on=runs_on.to_dict())
-        (folder / "README.md").write_text(render_card(result, settled.terms, settled.license_files), encoding="utf-8")
+        card = render_card(result, settled.terms, settled.license_files)
+        refuse_secrets([card], out_dir / "README.md")
+        (folder / "README.md").write_text(card, encoding="utf-8")
         result.files = sorted(p.name for p in folder.iterdir())
     result.seconds = round(time.perf_counter() - started, 3)
     return result

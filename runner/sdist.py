@@ -9,7 +9,6 @@ needs llama-cpp-python's scikit-build-core and fails on a fresh machine.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os

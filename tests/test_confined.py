@@ -251,3 +251,74 @@ def test_reports_are_scrubbed(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     write_text(tmp_path / "r.json", json.dumps({"error": f"server said {TOKEN}"}))
     assert TOKEN not in (tmp_path / "r.json").read_text()
+
+
+# -- terminal-safe human output; names that are not what they look like ------------------------------------
+
+def test_inspect_escapes_values_from_the_file_and_json_stays_exact(ckpt, target_gguf, tmp_path):
+    from gguf import GGUFValueType as T
+
+    from tests.malformed import encode, rebuild_gguf
+
+    good = tmp_path / "dflash-b16.gguf"
+    check(["convert", ckpt, "--target", target_gguf, "-o", good], {0}, inputs=[ckpt], outputs=[good])
+    fake = "mit\x1b[2K\r  problems        none found"
+    bad = rebuild_gguf(good, tmp_path / "dflash-x.gguf",
+                       kv=lambda kvs: [(k, v) for k, v in kvs if k != "general.license"]
+                       + [("general.license", encode(T.STRING, fake))])
+    _, stdout, _ = check(["inspect", bad], {0, 1}, inputs=[bad])
+    assert "\x1b" not in stdout and "\r" not in stdout and "\\x1b[2K" in stdout, stdout
+    _, report, _ = check(["inspect", "--json", bad], {0, 1}, inputs=[bad])
+    assert json.loads(report)["license"] == fake
+
+
+def test_an_output_name_that_is_not_utf8_is_written_and_shown_escaped(ckpt, target_gguf, tmp_path):
+    out = Path(os.fsdecode(bytes(tmp_path) + b"/\xff-out.gguf"))
+    proc = dflash_gguf("convert", ckpt, "--target", target_gguf, "-o", out)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "\\udcff" in proc.stdout or "\\xff" in proc.stdout, proc.stdout
+    assert out.exists()
+
+
+@pytest.mark.parametrize("repo", ["me/tiny\n", "me/tiny\nother", "me/ti\x1bny"])
+def test_a_repo_id_with_a_control_character_is_refused(tmp_path, repo):
+    from tests.test_publish import _folder
+
+    folder = _folder(tmp_path / "rel", "license: mit\n")
+    _, _, stderr = check(["publish", folder, "--repo", repo, "--dry-run"], {2}, inputs=[folder])
+    assert "\x1b" not in stderr and "--repo" in stderr
+
+
+@pytest.mark.parametrize("front", ["a: &x [1]\nb: *x\n", "size: " + "9" * 5000 + "\n", "date: 2024-13-45\n",
+                                   "license: " + "[" * 200 + "]" * 200 + "\n", "x: '" + "a" * (300 << 10) + "'\n"])
+def test_card_front_matter_is_parsed_with_limits(front):
+    """Billion laughs, integers of thousands of digits, impossible dates, deep nesting, a huge front
+    matter: one LicenseError each, before anything is built (and quickly)."""
+    import time
+
+    from dflash_gguf.errors import LicenseError
+    from dflash_gguf.licenses import split_front_matter
+
+    started = time.monotonic()
+    with pytest.raises(LicenseError):
+        split_front_matter(f"---\n{front}---\n# card\n", "README.md")
+    assert time.monotonic() - started < 2
+
+
+def test_a_sparse_huge_tokenizer_is_refused_unread(ckpt, target_folder, tmp_path):
+    with open(target_folder / "tokenizer.json", "r+b") as fh:
+        fh.truncate(6 << 30)  # 6 GiB, sparse: nothing to read, everything to refuse
+    out = tmp_path / "o.gguf"
+    _, _, stderr = check(["convert", ckpt, "--target", target_folder, "-o", out], {2}, outputs=[out])
+    assert "tokenizer.json" in stderr and "MiB" in stderr, stderr
+
+
+def test_a_token_inside_an_input_never_reaches_the_gguf(ckpt, target_folder, tmp_path):
+    """Even inside the folder: a chat template holding the user's token is refused, not copied."""
+    config = json.loads((target_folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{{ messages }} " + TOKEN
+    (target_folder / "tokenizer_config.json").write_text(json.dumps(config))
+    out = tmp_path / "o.gguf"
+    _, stdout, stderr = check(["convert", ckpt, "--target", target_folder, "-o", out], {2},
+                              inputs=[target_folder], outputs=[out], env={"HF_TOKEN": TOKEN})
+    assert "would carry the Hugging Face token" in stderr and TOKEN not in stdout + stderr, stderr
