@@ -128,8 +128,12 @@ def test_stock_llama_cpp_runs_what_the_table_says(family, stock_bin, family_mode
             assert f.patch_label in runs_on.text
 
 
-def test_every_row_of_the_table_is_measured():
+def test_every_row_of_the_table_is_measured_and_documented():
     assert {f.key for f in FEATURES} == {feature for _, feature in FAMILIES.values() if feature}
+    docs = (Path(__file__).parents[1] / "docs" / "llama.md").read_text()
+    for f in FEATURES:  # docs/llama.md's table says what this one does
+        assert f.name in docs and (f.patch or "| stock |") in docs and (f.stock_refusal or "") in docs, f.key
+    assert STOCK_MEASURED in docs
 
 
 @pytest.mark.integration
