@@ -9,8 +9,9 @@ Wherever a command takes a checkpoint or target folder, or a target GGUF, it als
 and a local path that exists always wins over a repo id. Files go through huggingface_hub: its
 cache, resumed downloads, HF_HUB_OFFLINE=1 (from the cache only), HF_TOKEN or the stored login, and
 HF_ENDPOINT (a mirror of the Hub, such as olah, works: model info is always asked at a revision,
-and a server that ignores byte ranges is read as a stream). Only the files a command reads are fetched (the drafter's config, weights, index and
-card; the target's config, tokenizer and card). A target GGUF that is not in the cache already is
+and a server that ignores byte ranges is read as a stream; the provenance names the endpoint read).
+Only the files a command reads are fetched (the drafter's config, weights, index and card; the
+target's config, tokenizer and card). A target GGUF that is not in the cache already is
 not downloaded: its header and metadata are read in place by HTTP range requests.
 
 Every Hub failure becomes one HubError line naming the repository and what to do.
@@ -89,9 +90,6 @@ def as_model(value: str | os.PathLike | HubRef) -> Path | HubRef:
     if path.exists():
         return path
     return parse_ref(str(value)) or path
-
-
-PUBLIC_ENDPOINT = "https://huggingface.co"
 
 
 def hub_endpoint() -> str:

@@ -9,6 +9,7 @@ installs it); the cache tests use the local Hub stand-in (tests/local_hub.py) an
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -196,3 +197,11 @@ def test_an_incomplete_cached_snapshot_offline_is_one_line(hub, fixtures, tmp_pa
                        env=hub_env(hub, tmp_path, HF_HUB_OFFLINE="1"))
     _one_line_error(proc, "z-lab/tiny-dflash", "HF_HUB_OFFLINE=1", "run once online")
     assert not out.exists()
+
+
+def test_the_endpoint_recorded_never_carries_a_password(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env["HF_ENDPOINT"] = "http://mirror-user:s3cret@127.0.0.1:8090/"
+    code = "from dflash_gguf.convert.hub import HubSource; print(HubSource('o/n', 'a' * 40).url)"
+    shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert shown.strip() == "http://127.0.0.1:8090/o/n"

@@ -46,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-np", "--parallel", type=int, default=1)
     p.add_argument("-c", "--ctx-size", type=int, default=4096)
     p.add_argument("-t", "--threads", type=int, default=1)
+    p.add_argument("-fit", "--fit", choices=("on", "off"), default="on")
     return p
 
 
@@ -61,6 +62,7 @@ def main(argv: list[str]) -> int:
     params.n_ctx = args.ctx_size
     params.cpuparams.n_threads = params.cpuparams_batch.n_threads = args.threads
     params.endpoint_metrics = args.metrics
+    params.fit_params = args.fit == "on"
     if args.model_draft:
         kind = {"draft-dflash": "DFLASH", "draft-dspark": "DSPARK"}[args.spec_type or "draft-dflash"]
         params.speculative.types = [getattr(xlc.common_speculative_type, f"COMMON_SPECULATIVE_TYPE_DRAFT_{kind}")]
