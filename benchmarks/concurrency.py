@@ -81,7 +81,7 @@ def subjects(quick: bool, backend: str, server_args: list[str], progress: Progre
 
 def concurrency_section(quick: bool, backend: str, progress: Progress, levels: tuple[int, ...] = LEVELS,
                         n_predict: int | None = None, rounds: int | None = None,
-                        server_args: list[str] | None = None) -> dict:
+                        server_args: list[str] | None = None, llama_bin: Path | None = None) -> dict:
     from dflash_gguf.validation.concurrency import BenchSettings, concurrency_curve
 
     n_predict = n_predict or (16 if quick else 64)
@@ -91,7 +91,7 @@ def concurrency_section(quick: bool, backend: str, progress: Progress, levels: t
         progress(f"(h) {subject.label}: concurrency {','.join(map(str, levels))}, {len(subject.prompts)} prompts x "
                  f"{n_predict} tokens, {rounds} round(s)")
         settings = BenchSettings(levels=levels, n_predict=n_predict, rounds=rounds, backend=backend,
-                                 server_args=subject.server_args)
+                                 llama_bin=llama_bin, server_args=subject.server_args)
         report = concurrency_curve(subject.target, subject.draft, subject.prompts, settings,
                                    progress=lambda m: progress("    " + m))
         rows.append({"label": subject.label, "target_mib": round(subject.target.stat().st_size / 2**20, 1),
@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-n", "--n-predict", type=int, default=None, help="new tokens per request (64)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per level (3)")
     parser.add_argument("--backend", choices=("cpu", "cuda", "metal"), default=None)
+    parser.add_argument("--llama-bin", type=Path, default=None, help="another build's bin folder")
     parser.add_argument("--docs", type=Path, default=DOCS, help=f"where {PAGE} and {PLOT} go")
     parser.add_argument("--json", type=Path, default=None, help=f"raw results (default {WORK}/results.json)")
     parser.add_argument("server_args", nargs="*", help="llama-server arguments after -- (default: -t 1)")
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     load = {"start": os.getloadavg()}
     started = time.perf_counter()
     section = concurrency_section(args.quick, backend, progress, tuple(int(x) for x in args.levels.split(",")),
-                                  args.n_predict, args.rounds, args.server_args or None)
+                                  args.n_predict, args.rounds, args.server_args or None, args.llama_bin)
     load["end"] = os.getloadavg()
     section["run_seconds"] = round(time.perf_counter() - started, 1)
     out_json = args.json or WORK / "results.json"

@@ -71,12 +71,13 @@ def _validate_row(label: str, report: dict) -> dict:
 
 
 def validate_rows(target: Path, drafts: dict[str, Path], prompts: list[str], n_predict: int, backend: str,
-                  server_args: list[str], baseline: Path | None = None) -> list[dict]:
+                  server_args: list[str], baseline: Path | None = None, llama_bin: Path | None = None) -> list[dict]:
     from dflash_gguf.validation.validate import ValidationSettings, validate
 
     rows = []
     for name, draft in drafts.items():
-        settings = ValidationSettings(n_predict=n_predict, backend=backend, server_args=list(server_args))
+        settings = ValidationSettings(n_predict=n_predict, backend=backend, llama_bin=llama_bin,
+                                      server_args=list(server_args))
         progress(f"validate {target.name} + {draft.name}: {len(prompts)} prompts x {n_predict} tokens")
         report = validate(target, draft, prompts, settings, baseline=baseline, progress=lambda m: progress("    " + m))
         rows.append(_validate_row(DRAFTER_LABELS.get(name, name), report))
@@ -112,16 +113,17 @@ def run(args: argparse.Namespace) -> dict:
 
     progress("(1) validate: the trained pair")
     results["sections"]["validate"] = validate_rows(pair["target"], drafts, prompts, args.n_predict, args.backend,
-                                                    server_args)
+                                                    server_args, llama_bin=args.llama_bin)
     wide = memory_bound_target(pair["target"], REPO / "build" / "bench" / "trained" / "regimes")
     if clock.fits("memory-bound", args.estimate * 3):
         progress(f"(2) memory-bound: {wide.name} ({wide.stat().st_size / 2**20:.0f} MiB), tokens against the original")
         bound_args = [*server_args, *concurrency.MEMORY_BOUND_ARGS]
         proof = validate_rows(wide, {"dflash": drafts["dflash"]}, prompts, args.n_predict, args.backend, bound_args,
-                              baseline=pair["target"])
+                              baseline=pair["target"], llama_bin=args.llama_bin)
         results["sections"]["memory_bound_proof"] = proof
         results["sections"]["memory_bound"] = validate_rows(
-            wide, {k: drafts[k] for k in ("dflash", "dflash2")}, prompts, args.n_predict, args.backend, bound_args)
+            wide, {k: drafts[k] for k in ("dflash", "dflash2")}, prompts, args.n_predict, args.backend, bound_args,
+            llama_bin=args.llama_bin)
     smol = concurrency.smollm2_pair()
     if smol is None:
         results["sections"]["smollm2"] = None
@@ -129,12 +131,13 @@ def run(args: argparse.Namespace) -> dict:
     elif clock.fits("SmolLM2", args.estimate):
         progress(f"(3) SmolLM2: {smol[0].name} + {smol[1].name}")
         results["sections"]["smollm2"] = validate_rows(smol[0], {"dflash": smol[1]}, list(BUILTIN_PROMPTS),
-                                                       args.n_predict, args.backend, server_args)
+                                                       args.n_predict, args.backend, server_args,
+                                                       llama_bin=args.llama_bin)
     if clock.fits("concurrency", args.estimate * 3):
         progress(f"(4) concurrency {args.levels}")
         results["sections"]["concurrency"] = concurrency.concurrency_section(
             False, args.backend, progress, tuple(int(x) for x in args.levels.split(",")), args.n_predict,
-            args.rounds, server_args)
+            args.rounds, server_args, llama_bin=args.llama_bin)
     return results
 
 
@@ -154,12 +157,19 @@ def render(results: dict, args: argparse.Namespace, machine: dict, load: dict) -
              "the speculative server on the same prompts one after the other (greedy, every emitted token "
              "checked against the target's logits); the concurrency curve alternates passes of the same streams "
              "on both servers and gives the median of its rounds.", ""]
-    sections = [("Trained pair (validate)", "validate"), ("Memory-bound widening: same tokens as the original",
-                                                        "memory_bound_proof"),
-                ("Memory-bound widening (validate)", "memory_bound"), ("SmolLM2 (validate)", "smollm2")]
+    if s.get("memory_bound_proof"):
+        p = s["memory_bound_proof"][0]
+        same = "the same tokens as" if p["exact"] and not p["mismatches"] else "**other tokens than**"
+        s_proof = (f"The widened target with {p['label']} gives {same} the original alone "
+                   f"(`validate --baseline`, {p['checked']} of {p['produced']} tokens checked).")
+    sections = [("Trained pair (validate)", "validate"), ("Memory-bound widening (validate)", "memory_bound"),
+                ("SmolLM2 (validate)", "smollm2")]
     for title, key in sections:
         if s.get(key):
-            lines += [f"## {title}", "", validate_table(s[key]), ""]
+            lines += [f"## {title}", ""]
+            if key == "memory_bound" and s.get("memory_bound_proof"):
+                lines += [s_proof, ""]
+            lines += [validate_table(s[key]), ""]
     if s.get("smollm2", 0) is None:
         lines += ["## SmolLM2", "", f"Not run: no target-*.gguf and dflash*.gguf under `build/fixtures/smollm2`.", ""]
     if s.get("concurrency"):
@@ -183,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=6, help="held-out prompts of the trained pair to use")
     parser.add_argument("-n", "--n-predict", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--llama-bin", type=Path, default=None, help="another build's bin folder")
     parser.add_argument("--shared", action="store_true", help="say on the page that the machine was shared")
     parser.add_argument("server_args", nargs="*", help="llama-server arguments for every run (after --)")
     args = parser.parse_args(argv)

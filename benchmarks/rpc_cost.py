@@ -4,7 +4,7 @@ on two `ggml-rpc-server` processes on 127.0.0.1, with and without the drafter (o
     .venv/bin/python -m benchmarks.rpc_cost [--prompts 6] [-n 64] [--rounds 3] [-- -t 1]
 
 Four servers run at once (serve's launch, one slot): local alone, local with the drafter, RPC alone,
-RPC with the drafter (`-devd none`: the drafter on the head's CPU); each RPC one has its own two
+RPC with the drafter (which follows --device: `-devd none` aborts, see launch.py); each RPC one has its own two
 rpc-servers (an rpc-server serves one client at a time). Each round sends every prompt to
 each of the four, one after the other (the order rotating by round), and reports per server the
 milliseconds per generated token (the server's own `predicted_ms`); the RPC cost per token is the
@@ -43,7 +43,7 @@ def measure(target: Path, draft: Path, prompts: list[str], n_predict: int, round
             return [stack.enter_context(RpcServer(bin_dir=bin_dir, threads=1)).address for _ in range(2)]
 
         local = measuring_launch(launch_recipe(target, draft, server_args=server_args), prompts, n_predict)
-        head = [*server_args, "-devd", "none"]
+        head = list(server_args)
         rpc = workers()
         launches = {"local alone": local.alone(), "local + drafter": local,
                     "RPC alone": measuring_launch(launch_recipe(target, None, rpc=workers(), server_args=head),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -126,6 +127,7 @@ def rpc_server_command(backend: str | None, llama_bin: Path | None, host: str, p
     try:
         with stop_on_signals(), server:
             click.echo(server.address)
+            sys.stdout.flush()
             click.echo(f"ggml-rpc-server pid {server.pid} listening; log {server.log_path}. Ctrl-C stops it.", err=True)
             rc = server.wait()
             raise ServerError(f"ggml-rpc-server exited by itself with status {rc} (log: {server.log_path})")

@@ -188,6 +188,22 @@ def split_mode_problem(draft: DrafterDescription, server_args: Sequence[str]) ->
             "fix pending in #27858); use --split-mode layer after --")
 
 
+DRAFT_DEVICE = ("-devd", "--spec-draft-device", "--device-draft")
+
+
+def rpc_draft_device_problem(rpc: Sequence[str], server_args: Sequence[str]) -> str | None:
+    """`-devd none` beside `--rpc`: the drafter computes its logits with the target's output layer
+    (borrowed through ctx_other), which --rpc places on an RPC server, and a drafter limited to the
+    head's CPU cannot run an operation on it: llama.cpp aborts at start-up (ggml-backend.cpp,
+    "pre-allocated tensor (token_embd.weight) in a buffer (RPC0[...]) that cannot run the operation")."""
+    device = ServerArgs(tuple(server_args)).value_of(DRAFT_DEVICE)
+    if not rpc or device is None or device.strip().lower() != "none":
+        return None
+    return ("-devd none with --rpc: the drafter uses the target's output layer, which --rpc puts on an RPC "
+            "server, and llama.cpp aborts when the drafter may not run there (pre-allocated tensor in a buffer "
+            "that cannot run the operation); leave -devd out, so the drafter follows --device")
+
+
 def read_draft(draft_gguf: str | Path) -> DrafterDescription:
     """The description of a drafter GGUF llama-server can run (CheckpointError otherwise)."""
     desc = describe(draft_gguf)
@@ -286,6 +302,8 @@ def launch_recipe(target: str | Path, draft: str | Path | None, *, parallel: int
     given = parse_server_args(server_args)
     desc = read_draft(draft) if draft is not None else None
     problem = split_mode_problem(desc, given.passthrough) if desc is not None else None
+    rpc_servers = _once("rpc", tuple(rpc) if rpc else None, given) or ()
+    problem = problem or (rpc_draft_device_problem(rpc_servers, given.passthrough) if desc is not None else None)
     if problem is not None:
         raise ServerArgsError(problem)
     warnings = tuple(check_pair(target, desc)) if desc is not None and check else ()
@@ -295,7 +313,7 @@ def launch_recipe(target: str | Path, draft: str | Path | None, *, parallel: int
         draft_max=_once("draft_max", draft_max, given),
         host=_once("host", host, given) or DEFAULT_HOST,
         port=_once("port", port, given),
-        rpc=_once("rpc", tuple(rpc) if rpc else None, given) or (),
+        rpc=rpc_servers,
         api_key=given.api_key, user_args=given.passthrough, warnings=warnings, exact=exact)
 
 

@@ -73,6 +73,13 @@ class RpcServer:
     def start(self) -> "RpcServer":
         if self.port is None:
             self.port = free_port(self.host)
+        else:  # our readiness probe would take another listener for this server
+            with socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET) as probe:
+                try:
+                    probe.bind((self.host, self.port))
+                except OSError as err:
+                    raise ServerStartError(f"{EXE}: {self.address} is in use ({err.strerror}); give another --port",
+                                           None, None) from None
         fd, name = tempfile.mkstemp(prefix="ggml-rpc-server-", suffix=".log")
         os.close(fd)
         self.log_path = Path(name)

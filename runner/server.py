@@ -74,6 +74,7 @@ def error_line(lines: Sequence[str]) -> str | None:
     tests = (
         lambda l: re.search(r"(^|\s)dflash: ", l) is not None and level(l) in ("E", None),  # patched checks
         lambda l: "GGML_ASSERT" in l or "GGML_ABORT" in l,
+        lambda l: re.match(r"\S+\.(c|cpp|cu|m):\d+: \S", l) is not None,  # GGML_ABORT's "file:line: message"
         lambda l: level(l) == "E" and "exiting due to" not in l,
         lambda l: re.search(r"\berror\b|\bfailed\b|terminate called|what\(\)", l, re.IGNORECASE) is not None,
     )

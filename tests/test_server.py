@@ -378,6 +378,9 @@ def test_rpc_servers_from_the_option_or_after_the_dashes_go_into_the_launch(targ
     # an rpc-server serves one llama-server at a time (ggml-rpc.cpp's accept loop)
     ("tune", ["--rpc", "127.0.0.1:50052"], "tune runs two llama-servers side by side"),
     ("bench", ["--", "--rpc", "127.0.0.1:50052"], "bench runs two llama-servers side by side"),
+    # the drafter borrows the target's output layer, on an RPC server: llama.cpp aborts
+    ("serve", ["--rpc", "127.0.0.1:50052", "--", "-devd", "none"], "-devd none with --rpc: the drafter uses"),
+    ("validate", ["--", "--rpc=h:1", "--spec-draft-device=none"], "leave -devd out"),
 ])
 def test_bad_rpc_addresses_are_refused_at_once(target_gguf: Path, converted: dict[str, Path], command: str,
                                                args: list[str], needle: str):
