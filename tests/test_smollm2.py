@@ -1,0 +1,130 @@
+"""The real target: SmolLM2-135M-Instruct (llama architecture, a real 49,152-token BPE, ChatML) and
+the drafters trained for it (`make fixtures`: tests/fixtures/smollm2.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+
+import pytest
+
+from dflash_gguf.convert.gguf_file import GGUFFile
+from dflash_gguf.runner.launch import launch_recipe
+from dflash_gguf.runner.prompts import ChatPrompt, read_prompts, tokenize_prompts
+from tests.conftest import dflash_gguf
+from tests.fixtures.smollm2 import COMMITTED, DRAFTERS, EVAL_PROMPTS, hf_target, smollm2_ggufs
+from tests.gguf_compare import differences
+from tests.upstream import run_upstream_converter
+
+pytestmark = pytest.mark.integration
+
+N = 48            # new tokens per prompt
+N_PROMPTS = 8     # of the 24 held-out chat prompts (the bench runs all of them)
+THREADS = "1"
+
+
+@pytest.fixture(scope="module")
+def smollm2(llama_bin):
+    return smollm2_ggufs(bin_dir=llama_bin)
+
+
+@pytest.fixture(scope="module")
+def held_out(tmp_path_factory):
+    """The first held-out chat prompts, as a user's JSONL file."""
+    lines = [line for line in EVAL_PROMPTS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    path = tmp_path_factory.mktemp("prompts") / "chats.jsonl"
+    path.write_text("\n".join(lines[:N_PROMPTS]) + "\n", encoding="utf-8")
+    return path
+
+
+def _chat(url: str, messages: list[dict], n: int) -> dict:
+    body = {"messages": messages, "max_tokens": n, "temperature": 0, "cache_prompt": False}
+    request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=300) as resp:
+        return json.loads(resp.read())
+
+
+def test_chat_prompts_are_what_llama_server_evaluates_for_a_chat_request(smollm2, held_out, llama_bin):
+    """The ids validate/tune/doctor send for a conversation are the ones llama-server evaluates for the
+    same conversation at /v1/chat/completions: same prompt length, same greedy answer; and the
+    template is the GGUF's own (its default system prompt), not a fallback."""
+    target = smollm2["F16"]
+    with GGUFFile(target) as f:
+        template = f.get("tokenizer.chat_template")
+    default_system = re.search(r"<\|im_start\|>system\n(.+?)<\|im_end\|>", template).group(1)
+    prompts = read_prompts(held_out)[:3]
+    assert all(isinstance(p, ChatPrompt) for p in prompts)
+    launch = launch_recipe(target, None, server_args=["-t", THREADS, "-c", "2048"])
+    with launch.server(bin_dir=llama_bin) as server:
+        client = server.client
+        ids = tokenize_prompts(client, prompts)
+        for prompt, tokens in zip(prompts, ids):
+            text = client.detokenize(tokens)
+            assert text.endswith("<|im_start|>assistant\n")
+            assert prompt.messages[-1]["content"] in text
+            if prompt.messages[0]["role"] != "system":
+                assert default_system in text
+            chat = _chat(client.url, list(prompt.messages), 24)
+            ours = client.complete(tokens, 24, temperature=0.0, cache_prompt=False)
+            assert chat["usage"]["prompt_tokens"] == len(tokens)
+            assert chat["choices"][0]["message"]["content"] == ours.content
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_conversion_against_a_real_tokenizer_matches_upstream(drafter, smollm2, tmp_path):
+    """Against a llama-architecture target GGUF with a real BPE (pre-tokenizer smollm, 49,152 tokens),
+    every tensor and every tokenizer key is what the pinned converter writes from the target's HF
+    folder, but the keys that GGUF itself lacks (it was made by an older converter): those only may
+    be missing, and only where upstream writes llama.cpp's default for them."""
+    theirs = run_upstream_converter(COMMITTED / drafter, tmp_path / "theirs.gguf", "f16", hf_target())
+    ours = tmp_path / "ours.gguf"
+    proc = dflash_gguf("convert", COMMITTED / drafter, "--target", smollm2["F16"], "-o", ours, "--outtype", "f16")
+    assert proc.returncode == 0, proc.stderr
+    with GGUFFile(ours) as f:
+        assert f.get("tokenizer.ggml.pre") == "smollm" and len(f.get("tokenizer.ggml.tokens")) == 49152
+    diffs = differences(ours, theirs)
+    assert all(d.startswith("key only in upstream: tokenizer.") for d in diffs), diffs
+    missing = {d.removeprefix("key only in upstream: ") for d in diffs}
+    with GGUFFile(smollm2["F16"]) as target, GGUFFile(theirs) as upstream:
+        assert not missing & set(target.kv)
+        assert {k: upstream.get(k) for k in missing} == {"tokenizer.ggml.add_eos_token": False}
+
+
+@pytest.mark.parametrize("qtype", ["F16", "Q4_K_M"])
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_lossless_on_held_out_chat_prompts(drafter, qtype, smollm2, held_out, tmp_path):
+    """`validate` on the held-out chat prompts: every emitted token is the target's (exit 0), with
+    drafts accepted (so the drafter was really at work); at F16 the PyTorch reference runs on the
+    same token ids and llama.cpp's tau is at least the reference's minus 5 %."""
+    reference = ["--reference-draft", COMMITTED / drafter, "--reference-target", hf_target()] if qtype == "F16" else []
+    report = tmp_path / "report.json"
+    proc = dflash_gguf("validate", "--target", smollm2[qtype], "--draft", smollm2[drafter], "--prompts", held_out,
+                       "-n", N, "--threads", THREADS, "--report", report, *reference)
+    data = json.loads(report.read_text())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert data["positions_checked"] == data["produced"] == N_PROMPTS * N
+    assert not [d for d in data["divergences"] if d["kind"] == "mismatch"]
+    assert data["accepted"] > data["produced"] / 4, data["mean_acceptance_length"]
+    if reference:
+        ref = data["reference"]["mean_acceptance_length"]
+        assert data["mean_acceptance_length"] >= 0.95 * ref, (data["mean_acceptance_length"], ref)
+
+
+def test_release_of_the_smollm2_drafter_loads_and_drafts(smollm2, tmp_path):
+    """A release (Apache-2.0 on both sides) whose variant the patched llama-server loads and drafts
+    with: release validates it beside the target, and the card records what that run measured."""
+    out = tmp_path / "release"
+    proc = dflash_gguf("release", COMMITTED / "dflash2", "--target", smollm2["Q4_K_M"], "--types", "Q8_0",
+                       "-o", out, "--name", "SmolLM2-135M-Instruct", "--json", "--", "-t", THREADS)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "dflash-SmolLM2-135M-Instruct-Q8_0.gguf").is_file()
+    card = (out / "README.md").read_text()
+    assert re.search(r"^license: apache-2.0$", card, re.MULTILINE), card[:400]
+    (variant,) = json.loads(proc.stdout)["variants"]
+    assert variant["file"] == "dflash-SmolLM2-135M-Instruct-Q8_0.gguf"
+    # validated beside the target (lossless, or release would have failed) with drafts accepted
+    assert variant["validation"]["validated"] and variant["validation"]["tau"] > 1.2, variant["validation"]
+    assert f"{variant['validation']['tau']:.2f}" in card
