@@ -125,8 +125,9 @@ def general_metadata(kv: dict[str, KV], path: object) -> dict[str, Any]:
             raise GGUFFormatError(f"{path}: {key} is {entry.type.name}, not a STRING; the file is not a model GGUF "
                                   "this tool reads (fix or re-convert it)")
         if entry.type == GGUFValueType.STRING:  # free text (a description) may hold newlines, never bad UTF-8
-            values.string(path, key, entry.value, 1 << 20, control_ok=key not in GENERAL_STRINGS,
-                          error=GGUFFormatError)
+            values.string(path, key, entry.value, 1 << 20, control_ok=True, error=GGUFFormatError)
+            if key in GENERAL_STRINGS:  # surrounding whitespace is the license parser's to strip
+                values.string(path, key, entry.value.strip(), 1 << 20, error=GGUFFormatError)
         out[key] = entry.value
     return out
 

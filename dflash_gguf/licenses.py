@@ -295,8 +295,9 @@ def strictest(found: list[License]) -> License:
 
 def license_from_card(meta: dict, source: str, folder: Path | None = None, repo: str | None = None) -> License:
     name, link = meta.get("license_name"), meta.get("license_link")
-    name = values.string(source, "license_name", str(name), 256, error=LicenseError) if name is not None else None
-    link = values.string(source, "license_link", str(link), 2048, error=LicenseError) if link is not None else None
+    # typed: text without control characters (a YAML block scalar's final newline is whitespace, stripped)
+    name = values.string(source, "license_name", str(name).strip(), 256, error=LicenseError) if name is not None else None
+    link = values.string(source, "license_link", str(link).strip(), 2048, error=LicenseError) if link is not None else None
     found = [License(i, source, name, link, folder, repo) for i in license_ids(meta.get("license"))]
     return strictest(found) if found else License(None, source, name, link, folder, repo)
 
