@@ -137,7 +137,7 @@ def render_markdown(section: dict, machine: dict, load: dict, png_name: str | No
         f"{section['subjects'][0]['llama']['build'] if section['subjects'] else '-'} "
         f"({section['subjects'][0]['llama']['backend'] if section['subjects'] else '-'}). "
         + (f"**The machine was shared** (load average {load['start'][0]:.2f} at the start, {load['end'][0]:.2f} "
-           "at the end, on " f"{machine['nproc']} cores): absolute tokens/s are noisy; "
+           "at the end, on " f"{machine['nproc']} cores): absolute tokens/s are noisy. "
            if shared(load, machine) else
            f"Load average {load['start'][0]:.2f} at the start, {load['end'][0]:.2f} at the end. ")
         + "Each speedup is a ratio measured side by side (the same "
@@ -230,7 +230,10 @@ def main(argv: list[str] | None = None) -> None:
     out_json = args.json or WORK / "results.json"
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(section, indent=2, default=str))
-    page = write(section, args.docs, machine_info(), load, "python -m benchmarks.concurrency")
+    import sys
+
+    shown = [a for a in (argv if argv is not None else sys.argv[1:])]
+    page = write(section, args.docs, machine_info(), load, " ".join(["python -m benchmarks.concurrency", *shown]))
     progress(f"wrote {page}, {out_json} in {section['run_seconds'] / 60:.1f} min "
              f"({_dt.datetime.now(_dt.timezone.utc):%H:%M} UTC)")
 

@@ -29,7 +29,7 @@ def progress(msg: str) -> None:
 
 
 def measure(target: Path, draft: Path, prompts: list[str], n_predict: int, rounds: int, server_args: list[str],
-            backend: str = "cpu") -> dict:
+            backend: str = "cpu", llama_bin: Path | None = None) -> dict:
     from dflash_gguf.runner.measure import first_divergence
     from dflash_gguf.runner.build import find_bin_dir
     from dflash_gguf.runner.launch import launch_recipe
@@ -37,7 +37,7 @@ def measure(target: Path, draft: Path, prompts: list[str], n_predict: int, round
     from dflash_gguf.runner.measure import measuring_launch
     from dflash_gguf.runner.prompts import tokenize_prompts
 
-    bin_dir = find_bin_dir(backend)
+    bin_dir = find_bin_dir(backend, llama_bin)
     with contextlib.ExitStack() as stack:
         def workers() -> list[str]:
             return [stack.enter_context(RpcServer(bin_dir=bin_dir, threads=1)).address for _ in range(2)]
@@ -97,11 +97,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=6, help="held-out prompts of the trained pair")
     parser.add_argument("-n", "--n-predict", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--llama-bin", type=Path, default=None, help="another build's bin folder")
     parser.add_argument("server_args", nargs="*", help="llama-server arguments (default: -t 1)")
     args = parser.parse_args(argv)
     pair = trained_ggufs()
     report = measure(pair["target"], pair["dflash"], read_prompts(pair["prompts"])[: args.prompts], args.n_predict,
-                     args.rounds, args.server_args or ["-t", "1"])
+                     args.rounds, args.server_args or ["-t", "1"], llama_bin=args.llama_bin)
     print(json.dumps(report, indent=2))
 
 
