@@ -279,12 +279,14 @@ def drafter_loss(drafter, target, data: DistillSet, seq, anchors, spec):
 
 
 def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int, seed: int, name: str,
-                  checkpoint: Path | None = None, checkpoint_every: int = 50, bf16: bool = False):
+                  checkpoint: Path | None = None, checkpoint_every: int = 50, bf16: bool = False,
+                  deadline: float | None = None):
     """AdamW on the drafter alone (the target's embeddings and head stay frozen), lr warm-up then
     cosine to 10 %, clip 1.0; progress every 25 steps. With `checkpoint`, the drafter, optimizer,
     batch generator and running statistics are saved every `checkpoint_every` steps and a rerun
     continues from the last one. `bf16` runs the forward under CPU bf16 autocast (weights,
-    optimizer and loss reductions stay float32)."""
+    optimizer and loss reductions stay float32). `deadline` (time.time() seconds) stops the loop
+    early, after a checkpoint; the steps done are in `drafter.trained_steps`."""
     drafter.train()
     params = sum(p.numel() for p in drafter.parameters())
     log(f"{name}: {params / 1e6:.2f} M parameters, {steps} steps, "
@@ -306,7 +308,11 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int, see
             running, first = state["running"], state["step"]
             log(f"{name}: resuming at step {first}/{steps} from {checkpoint}")
     started = time.time()
+    done_steps = first
     for step in range(first, steps):
+        if deadline is not None and time.time() > deadline:
+            log(f"{name}: deadline reached after {step} of {steps} steps")
+            break
         seq, anchors = anchor_batch(data, spec["seqs_per_step"], spec["anchors_per_seq"], generator)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, spec["lr"], 50)
@@ -323,6 +329,7 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int, see
             done = step + 1 - first
             eta = (time.time() - started) / done * (steps - step - 1)
             log(f"{name} step {step}/{steps} {shown} ({time.time() - started:.0f} s, ~{eta / 60:.0f} min left)")
+        done_steps = step + 1
         if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step == steps - 1):
             tmp = checkpoint.with_suffix(".partial")
             torch.save({"steps": steps, "step": step + 1, "drafter": drafter.state_dict(),
@@ -330,4 +337,52 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int, see
                         "running": running}, tmp)
             tmp.replace(checkpoint)
     log(f"{name}: trained in {time.time() - started:.0f} s")
+    drafter.trained_steps = done_steps
     return drafter.eval()
+
+
+@torch.inference_mode()
+def replay_acceptance(drafter, target, ids: list[int], feats: torch.Tensor, prompt_len: int,
+                      max_new: int, spec: dict, mask_token_id: int, stop_ids: list[int]) -> list[int]:
+    """`dflash_generate`'s acceptance lengths at temperature 0 for one prompt, replayed on the
+    target's greedy output `ids` (prompt + answer) and its features (`feats[i]`: token i's): at
+    temperature 0 the output is the target's greedy path whatever the drafter does, so each step's
+    draft depends only on where the step starts. Every possible block (one per answer position) is
+    drafted in one batched pass through `block_hidden`, the view `dflash_generate` gives the
+    drafter; the walk then applies its acceptance rule. One difference: `dflash_generate` drafts
+    the last block of a run shorter when fewer than `block_size` tokens remain; here it is drafted
+    at full length and cut."""
+    block = spec["block_size"]
+    n = len(ids)
+    anchors = torch.arange(prompt_len, max(prompt_len + 1, n - 1))
+    data = DistillSet(ids=torch.tensor([ids]), feats=feats[None], valid_end=torch.tensor([n]),
+                      first_anchor=torch.tensor([prompt_len]), mask_token_id=mask_token_id)
+    if spec["architecture"] == "DFlash2DraftModel":
+        seq, anchor_grid = torch.zeros(len(anchors), dtype=torch.long), anchors[:, None]
+    else:
+        seq, anchor_grid = torch.zeros(1, dtype=torch.long), anchors[None]
+    block_ids, _ = block_tokens(data.ids, data.valid_end, seq, anchor_grid, block)
+    hidden = block_hidden(drafter, target, data.feats, seq, anchor_grid, block_ids, mask_token_id)[:, 1:]
+    first = block_ids.reshape(-1, block)[:, 0]
+    if hasattr(drafter, "propose"):
+        drafts = drafter.propose(hidden, first, target.lm_head, 0.0)[0]
+    else:
+        drafts = drafter.compute_logits(hidden, target.lm_head).argmax(-1)
+    max_length = prompt_len + max_new
+    lengths, start = [], prompt_len
+    stopped = ids[start] in stop_ids
+    while start + 1 < max_length and start + 1 < n and not stopped:
+        verify = min(block, max_length - start)
+        draft = drafts[start - prompt_len, : verify - 1].tolist()
+        truth = ids[start + 1: start + verify]
+        accepted = 0
+        while accepted < min(len(draft), len(truth)) and draft[accepted] == truth[accepted]:
+            accepted += 1
+        produced = min(accepted + 1, max_length - start - 1)
+        made = ids[start + 1: start + produced + 1]
+        if any(t in stop_ids for t in made):
+            produced = next(i for i, t in enumerate(made) if t in stop_ids) + 1
+            stopped = True
+        start += produced
+        lengths.append(produced)
+    return lengths
