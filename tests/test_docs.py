@@ -158,9 +158,10 @@ def table_commands(text: str) -> list[str]:
 
 
 def make_targets_shown(text: str) -> set[str]:
-    """The make targets named in the page's code: `make X` in a code block or an inline code span."""
+    """The make targets named in the page's code: `make X` opening a code span, a line of a code block or a
+    command after `;`/`&&` (a message quoted in code that says "make stock" is not a target)."""
     code = _fenced_blocks(text) + CODE_SPAN.findall("\n".join(_outside_fences(text)))
-    return {m for chunk in code for m in re.findall(r"(?:^|\s)make ([a-z][\w\-]*)", chunk)}
+    return {m for chunk in code for m in re.findall(r"(?:^|\n|;|&&)\s*make ([a-z][\w\-]*)", chunk)}
 
 
 def _makefile_targets() -> set[str]:
