@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ..confine import file_in
 from ..convert import layout
 from ..convert.describe import describe
 from ..convert.gguf_file import GGUFFile
@@ -145,11 +146,15 @@ def check_files(target: Path, draft: Path, checkpoint: Path | None = None) -> li
 
 def card_tau(draft: Path) -> float | None:
     """tau for this file in the release card beside it (the table `dflash-gguf release` writes)."""
-    card = draft.parent / CARD_NAME
-    if not card.is_file():
+    opened = file_in(draft.parent, CARD_NAME, "model card")
+    if opened is None:
         return None
+    try:
+        text = opened.read(what="model card").decode("utf-8", errors="replace")
+    finally:
+        opened.close()
     header: list[str] | None = None
-    for line in card.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if header is None and any(c.startswith("τ") for c in cells):
             header = cells

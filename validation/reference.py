@@ -8,13 +8,14 @@ both sides on the same prompts shows it.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..confine import open_in
 from ..convert import layout
 from ..extras import require
+from ..inputs import parse_json
 
 
 @dataclass
@@ -42,7 +43,12 @@ def drafter_class(draft_dir: Path):
     require("reference", "the z-lab PyTorch reference")
     from dflash import model as dflash_model
 
-    arch = (json.loads((Path(draft_dir) / "config.json").read_text()).get("architectures") or [""])[0]
+    opened = open_in(draft_dir, "config.json", "drafter config")
+    try:
+        config = parse_json(opened.read(what="drafter config"), opened.path)
+    finally:
+        opened.close()
+    arch = ((config.get("architectures") if isinstance(config, dict) else None) or [""])[0]
     if layout.ARCHITECTURES.get(arch) == layout.DSPARK:
         from .dspark_reference import DSparkDraftModel
         return DSparkDraftModel
