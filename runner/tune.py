@@ -535,7 +535,9 @@ def tune(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], setti
     spec, alone, stopped = tuner.run()
     if stopped:
         progress(f"--max-seconds {settings.max_seconds:g} reached: skipped the search from the {stopped} stage on")
-    pays = drafting_pays(spec.speedup, settings.min_speedup)
+    # decided on the speedup as saved (3 decimals), so serve's verdict line, computed from the saved
+    # figure, never says "pays" beside the target alone
+    pays = drafting_pays(None if spec.speedup is None else round(spec.speedup, 3), settings.min_speedup)
     return TuneResult(
         target=target, draft=draft, chosen=tuner.as_run(spec.setting if pays else alone), drafting=spec,
         alone=alone,
