@@ -42,7 +42,7 @@ $(CONFORMANCE_STAMP): $(STAMP) pyproject.toml
 	touch $@
 
 test: llama $(CONFORMANCE_STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not integration and not upstream"

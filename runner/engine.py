@@ -20,9 +20,14 @@ def use_patched_library(backend: str | None = None, bin_dir: Path | None = None)
     """Point the bindings at the build in `bin_dir` (default: the patched build for `backend`);
     must run before `import llama_cpp`."""
     bin_dir = Path(bin_dir) if bin_dir is not None else build.find_bin_dir(backend)
-    current = os.environ.get("LLAMA_CPP_LIB_PATH")
-    if current and Path(current) != bin_dir:
-        raise LlamaBuildError(f"LLAMA_CPP_LIB_PATH is already {current}; unset it to use the patched build {bin_dir}")
+    # The bindings read LLAMA_CPP_LIB_PATH once, when they load: before that the variable (a user's,
+    # or one inherited from a parent process) is ours to set; after, this process has its libllama.
+    if "llama_cpp" in sys.modules:
+        current = os.environ.get("LLAMA_CPP_LIB_PATH")
+        if current is None or Path(current).resolve() != bin_dir.resolve():
+            raise LlamaBuildError(f"this process already loaded libllama from {current or 'elsewhere'}; "
+                                  f"run the step on {bin_dir} in a new process")
+        return bin_dir
     os.environ["LLAMA_CPP_LIB_PATH"] = str(bin_dir)
     return bin_dir
 
