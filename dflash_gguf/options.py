@@ -39,7 +39,7 @@ def prompts_option(default: str):
     """--prompts FILE (runner/prompts.py reads it); `default` says what is used without it."""
     return click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                         help=r"One prompt per line (\n for a newline), or JSONL (a .jsonl file): one object a "
-                             r'line, {"messages": [{"role": "user", "content": "..."}]} rendered by the target\'s '
+                             'line, {"messages": [{"role": "user", "content": "..."}]} rendered by the target\'s '
                              rf'chat template as llama-server renders it, or {{"prompt": "..."}}. Default: {default}')
 
 

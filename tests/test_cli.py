@@ -82,3 +82,13 @@ def test_llama_path_without_a_build_is_one_line_exit_2(tmp_path: Path):
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("error: no llama.cpp build") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_help_text_reads_as_written(name):
+    """No escape left in a help text (a raw string once printed `target\\'s`), no paragraph twice."""
+    with click.Context(COMMANDS[name], info_name=name) as ctx:
+        text = COMMANDS[name].get_help(ctx)
+    assert "\\'" not in text and '\\"' not in text
+    paragraphs = [p.strip() for p in text.split("\n\n") if len(p.strip()) > 40]
+    assert len(paragraphs) == len(set(paragraphs))
