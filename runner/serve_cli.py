@@ -41,8 +41,8 @@ def _start(target: Path, draft: Path, *, backend: str | None, llama_bin: Path | 
     launch = launch_recipe(target, draft, parallel=parallel, draft_max=draft_max, host=host, port=port,
                            server_args=server_args, exact=exact)
     bin_dir = find_bin_dir(backend, llama_bin)
-    applied = _tuned(target, draft, build_info(bin_dir, backend)["build"], draft_max, server_args) \
-        if use_tuned else None
+    applied = _tuned(tuned.TuneKey.of(target, draft, build_info(bin_dir, backend)["build"], exact), target,
+                     draft_max, server_args) if use_tuned else None
     if applied is not None:
         launch = launch_recipe(target, draft if applied.drafting else None, parallel=parallel,
                                draft_max=applied.draft_max, host=host, port=port, server_args=applied.server_args,
@@ -54,11 +54,10 @@ def _start(target: Path, draft: Path, *, backend: str | None, llama_bin: Path | 
     return launch, server
 
 
-def _tuned(target: Path, draft: Path, build: str, draft_max: int | None,
+def _tuned(key: tuned.TuneKey, target: Path, draft_max: int | None,
            server_args: tuple[str, ...]) -> tuned.TunedServe | None:
-    """The setting `tune` saved for this target, drafter and build, applied under the user's own
-    choices (and said on stderr); None when there is none."""
-    key = tuned.TuneKey.of(target, draft, build)
+    """The setting `tune` saved under `key` (this target, drafter, build and --exact), applied under
+    the user's own choices (and said on stderr); None when there is none."""
     try:
         record = tuned.load(key)
     except tuned.UnreadableTuning as err:
@@ -98,11 +97,12 @@ def serve(target: Path, draft: Path, backend: str | None, llama_bin: Path | None
     however it ends.
 
     \b
-    When `dflash-gguf tune` has measured this target, drafter and llama.cpp build, serve
-    uses its result (and says so on stderr): the tuned -t, --spec-draft-n-max and
-    --spec-draft-p-min, each unless you give your own (--draft-max, or after `--`). When
-    no drafting setting reached tune's --min-speedup, serve runs the target WITHOUT the
-    drafter rather than slower. --no-tuned ignores the tuning.
+    When `dflash-gguf tune` has measured this target, drafter and llama.cpp build, with
+    --exact as this serve has it or not, serve uses its result (and says so on stderr): the
+    tuned -t, --spec-draft-n-max and --spec-draft-p-min, each unless you give your own
+    (--draft-max, or after `--`). When no drafting setting reached tune's --min-speedup,
+    serve runs the target WITHOUT the drafter rather than slower. --no-tuned ignores the
+    tuning.
 
     \b
     Examples:

@@ -133,7 +133,7 @@ def tune_command(target: Path, draft: Path, prompts_file: Path | None, n_predict
         server_args=list(server_args), exact=exact)
     result: TuneResult = tune(target, draft, prompts, settings, progress=lambda msg: click.echo(msg, err=True))
     report = result.to_dict()
-    key = tuned.TuneKey.of(target, draft, result.llama["build"])
+    key = tuned.TuneKey.of(target, draft, result.llama["build"], exact)
     saved = tuned.save(key, report)
     click.echo(f"saved the tuned setting to {saved}", err=True)
     for message in result.warnings:

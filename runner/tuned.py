@@ -1,5 +1,5 @@
-"""Tuned settings in the cache, one per (target file, drafter file, llama.cpp build), and how
-`serve` applies one.
+"""Tuned settings in the cache, one per (target file, drafter file, llama.cpp build, --exact), and
+how `serve` applies one.
 
     <cache>/tuned/<key>.json     (paths.tuned_dir) `tune`'s result (runner/tune.py TuneResult.to_dict) plus the key parts
 
@@ -7,7 +7,9 @@ A file is known by its identity, not its path: its size and the sha256 of its fi
 last MiB (the GGUF header with its metadata, and tensor data), so a copy or a move keeps its
 tuning while another model or quantization, even under the same name, does not, and a many-GB
 target is not read whole at every `serve`. The build is the key of the patched build that ran
-(runner/build.py; another build's folder name under --llama-bin).
+(runner/build.py; another build's folder name under --llama-bin). `--exact` (batch-invariant
+verification, slower) is a setting of its own: a tuning measured with it is not applied without it,
+nor the other way round.
 
 Applying a result to serve's launch, the user's choices win: `--draft-max`, and `-t`,
 `--spec-draft-n-max`, `--spec-draft-p-min` after `--`, are kept and only what the user left open
@@ -51,14 +53,19 @@ class TuneKey:
     target: str   # file_identity of each
     draft: str
     build: str    # the llama.cpp build key
+    exact: bool = False
 
     @classmethod
-    def of(cls, target: str | Path, draft: str | Path, build: str) -> "TuneKey":
-        return cls(file_identity(target), file_identity(draft), build)
+    def of(cls, target: str | Path, draft: str | Path, build: str, exact: bool = False) -> "TuneKey":
+        return cls(file_identity(target), file_identity(draft), build, exact)
+
+    def parts(self) -> dict:
+        """The key as a record stores it (`exact` only when set: records from before it still match)."""
+        return {"target": self.target, "draft": self.draft, "build": self.build, **({"exact": True} if self.exact else {})}
 
     def path(self) -> Path:
-        name = hashlib.sha256(f"{self.target}\0{self.draft}\0{self.build}".encode()).hexdigest()[:24]
-        return tuned_dir() / f"{name}.json"
+        words = f"{self.target}\0{self.draft}\0{self.build}" + ("\0exact" if self.exact else "")
+        return tuned_dir() / f"{hashlib.sha256(words.encode()).hexdigest()[:24]}.json"
 
 
 def save(key: TuneKey, result: dict) -> Path:
@@ -66,7 +73,7 @@ def save(key: TuneKey, result: dict) -> Path:
     path = key.path()
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"format": FORMAT, "version": VERSION,
-              "key": {"target": key.target, "draft": key.draft, "build": key.build}, **result}
+              "key": key.parts(), **result}
     write_text(path, json.dumps(record, indent=2) + "\n")
     return path
 
@@ -87,7 +94,7 @@ def load(key: TuneKey) -> dict | None:
     try:
         if record["format"] != FORMAT or record["version"] != VERSION:
             raise KeyError("format")
-        if record["key"] != {"target": key.target, "draft": key.draft, "build": key.build}:
+        if record["key"] != key.parts():
             raise KeyError("key")
         Setting.from_dict(record["chosen"])
         bool(record["drafting_pays"])

@@ -161,6 +161,10 @@ def test_saved_per_target_drafter_and_build_whole_or_not_at_all(tmp_path: Path, 
     assert tuned.load(key)["chosen"] == Setting(True, 1, 4).to_dict()
     assert tuned.load(tuned.TuneKey.of(target, draft, "6a1ab817b7daca0a")) is None   # another build
     assert tuned.load(tuned.TuneKey.of(draft, target, "71e8d1dc00673b20")) is None   # the pair swapped
+    assert tuned.load(tuned.TuneKey.of(target, draft, "71e8d1dc00673b20", exact=True)) is None  # --exact
+    exact = tuned.save(tuned.TuneKey.of(target, draft, "71e8d1dc00673b20", exact=True), _record(Setting(False, 2), False))
+    assert exact != path and tuned.load(key)["chosen"] == Setting(True, 1, 4).to_dict()
+    exact.unlink()
     with pytest.raises(TypeError):  # a result that cannot be written leaves the saved one as it was
         tuned.save(key, {**_record(Setting(False, 2), False), "bad": object()})
     assert tuned.load(key)["chosen"] == Setting(True, 1, 4).to_dict()
