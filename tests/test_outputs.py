@@ -188,3 +188,17 @@ def test_hub_cache_blob_behind_a_snapshot_link_is_protected(tmp_path):
     (snap / "model.safetensors").symlink_to(blob)
     with pytest.raises(DflashError, match="never replaces"):
         check_outputs([Output(blob, "-o")], [Input(snap, "SRC")], force=True)
+
+
+def test_is_report_reads_only_a_regular_file(tmp_path):
+    """validate's --report check opens nothing that could block or stream forever (a FIFO)."""
+    from dflash_gguf.validation.validate import REPORT_KEYS, REPORT_KINDS, is_report
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert not is_report(fifo)  # returns at once: no writer ever opens the FIFO
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps({**{k: 1 for k in REPORT_KEYS}, sorted(REPORT_KINDS)[0]: 1}))
+    assert is_report(report)
+    report.write_text("{}")
+    assert not is_report(report)

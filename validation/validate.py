@@ -27,6 +27,7 @@ from typing import Sequence
 from ..convert import hub
 from ..convert.hub import HubRef
 from ..errors import InputError
+from ..outputs import head
 from ..runner.build import build_info, find_bin_dir
 from ..runner.client import Completion, LlamaClient
 from ..runner.launch import Launch, launch_recipe
@@ -199,11 +200,12 @@ _REPORT_MAX_BYTES = 256 << 20
 
 def is_report(path: Path) -> bool:
     """Whether `path` holds a report `validate --json` wrote (what a new report may replace)."""
+    text = head(path, _REPORT_MAX_BYTES + 1)  # a regular file's bytes; b"" for a FIFO or device
+    if len(text) > _REPORT_MAX_BYTES:
+        return False
     try:
-        if path.stat().st_size > _REPORT_MAX_BYTES:
-            return False
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(text)
+    except ValueError:
         return False
     return (isinstance(data, dict) and all(key in data for key in REPORT_KEYS)
             and any(key in data for key in REPORT_KINDS))
