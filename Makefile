@@ -41,8 +41,11 @@ $(CONFORMANCE_STAMP): $(STAMP) pyproject.toml
 	$(PIP) install -q -e '.[test-mirror,test-stock]'
 	touch $@
 
+# One pytest worker per core (every llama-server a test starts runs -t 1), a test file per worker so
+# its module fixtures are made once; the tests marked serial measure the machine, so they run alone.
 test: llama $(CONFORMANCE_STAMP)
-	$(PY) -m pytest -q --durations=30
+	$(PY) -m pytest -q -n auto --dist loadfile -m "not serial" --durations=30
+	$(PY) -m pytest -q -m serial
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not integration and not upstream"

@@ -231,6 +231,7 @@ def _voluntary_switches(pid: int) -> int:
     return total
 
 
+@pytest.mark.serial  # -t 2 threads that wait at OpenMP barriers sleep (and switch) when other work holds a core
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts context switches in /proc")
 @pytest.mark.parametrize("drafter", [None, "dflash2"])
 def test_server_decode_does_not_wake_the_task_worker(llama_bin: Path, trained_pair: dict[str, Path],
