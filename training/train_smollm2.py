@@ -40,15 +40,15 @@ from training.smollm2_prompts import build_prompts, prompt_counts
 SEED = 20261201
 OUT = fixture.COMMITTED
 
-PROMPTS = 576                 # of the prompts stage's 800 (in its seeded order)
-PROMPT_POOL = 800
+PROMPTS = 1200                # all the prompts stage made (in its seeded order)
+PROMPT_POOL = 1200            # of the 1,336 the pools give half code, half chat (training/smollm2_prompts.py)
 MAX_PROMPT_TOKENS = 320       # longer rendered prompts are dropped
 ANSWER_TOKENS = 64            # greedy tokens per answer (as many as the evaluation drafts)
 TARGET_LAYER_IDS = (1, 14, 27)  # dflash.model.build_target_layer_ids(30, 3)
 DISTILL_BATCH = 32
 # The committed run distilled only the first 10 of the 18 batches (the 320 shortest prompts): the
 # shared machine ran several times slower than measured quiet. None distills them all.
-DISTILLED_BATCHES: int | None = 10
+DISTILLED_BATCHES: int | None = None
 # SmolLM2's embedding has no spare row (49,152 tokens, all in use): the mask is <empty_output>, a
 # special token of its pretraining format that chat never produces.
 MASK_TOKEN_ID = 16
@@ -63,11 +63,11 @@ NORM_INIT = 0.05
 DRAFTERS = {
     "dflash": {
         "architecture": "DFlashDraftModel", "num_layers": 2, "block_size": 16,
-        "steps": 400, "seqs_per_step": 4, "anchors_per_seq": 8, "lr": 1.5e-3, "gamma": 7.0,
+        "steps": 1600, "seqs_per_step": 4, "anchors_per_seq": 8, "lr": 1.5e-3, "gamma": 7.0,
     },
     "dflash2": {
         "architecture": "DFlash2DraftModel", "num_layers": 2, "block_size": 8,
-        "steps": 400, "seqs_per_step": 4, "anchors_per_seq": 8, "lr": 1.5e-3, "gamma": 4.0,
+        "steps": 1200, "seqs_per_step": 4, "anchors_per_seq": 8, "lr": 1.5e-3, "gamma": 4.0,
         # llama.cpp: n_embd % conv_group_size == 0 and n_embd >= top_k * (top_k + 1); rank 16
         # keeps the codebooks (2 x 49,152 x rank) inside the 40 MB the two drafters may commit
         "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 16, "selector_top_k": 8,
