@@ -75,7 +75,7 @@ def _median_run(reports: list[dict]) -> dict:
 
 def _validate(target: Path, draft: Path, prompts, backend: str, server_args: list[str], repeats: int,
               progress: Progress) -> dict:
-    from dflash_gguf.runner.validate import ValidationSettings, validate
+    from dflash_gguf.validation.validate import ValidationSettings, validate
 
     settings = ValidationSettings(n_predict=N_PREDICT, parallel=1, backend=backend, server_args=server_args)
     reports = [validate(target, draft, prompts, settings, progress=lambda m: progress("      " + m))
@@ -92,7 +92,7 @@ def _validate(target: Path, draft: Path, prompts, backend: str, server_args: lis
 
 
 def _per_position(target: Path, draft: Path, prompts, backend: str) -> dict:
-    from dflash_gguf.runner.doctor import measure
+    from dflash_gguf.validation.doctor import measure
 
     m = measure(target, draft, ["-t", str(THREADS)], prompts, N_PREDICT, backend)
     return {"tau": m["tau"], "acceptance_per_position": m["acceptance_per_position"]}

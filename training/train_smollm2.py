@@ -46,9 +46,6 @@ MAX_PROMPT_TOKENS = 320       # longer rendered prompts are dropped
 ANSWER_TOKENS = 64            # greedy tokens per answer (as many as the evaluation drafts)
 TARGET_LAYER_IDS = (1, 14, 27)  # dflash.model.build_target_layer_ids(30, 3)
 DISTILL_BATCH = 32
-# The committed run distilled only the first 10 of the 18 batches (the 320 shortest prompts): the
-# shared machine ran several times slower than measured quiet. None distills them all.
-DISTILLED_BATCHES: int | None = None
 # SmolLM2's embedding has no spare row (49,152 tokens, all in use): the mask is <empty_output>, a
 # special token of its pretraining format that chat never produces.
 MASK_TOKEN_ID = 16
@@ -227,7 +224,7 @@ def stage_distill(batch_size: int = DISTILL_BATCH) -> None:
     parts.mkdir(exist_ok=True)
     target = load_target(torch.bfloat16)
     started, made = time.time(), 0
-    batches = [order[n:n + batch_size] for n in range(0, len(order), batch_size)][:DISTILLED_BATCHES]
+    batches = [order[n:n + batch_size] for n in range(0, len(order), batch_size)]
     for b, rows in enumerate(batches):
         part = parts / f"{b:04d}.pt"
         if part.is_file() or not _claim(part):
