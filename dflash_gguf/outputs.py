@@ -196,9 +196,10 @@ def head(path: Path, n: int = 4096) -> bytes:
     except OSError:
         return b""
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             return b""
-        return os.read(fd, n)
+        return os.read(fd, min(n, st.st_size + 1))  # +1: a file that grew since is still seen as longer
     finally:
         os.close(fd)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 
@@ -16,7 +17,7 @@ def test_an_inherited_lib_path_is_replaced_before_the_bindings_load(monkeypatch,
     monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
     monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(tmp_path / "elsewhere"))
     assert engine.use_patched_library(bin_dir=tmp_path / "build") == tmp_path / "build"
-    assert engine.os.environ["LLAMA_CPP_LIB_PATH"] == str(tmp_path / "build")
+    assert os.environ["LLAMA_CPP_LIB_PATH"] == str(tmp_path / "build")
 
 
 def test_a_loaded_library_is_not_switched_silently(monkeypatch, tmp_path):

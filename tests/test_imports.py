@@ -10,12 +10,11 @@ import importlib
 import pytest
 
 from tests.conftest import REPO
+from tests.test_layers import _package_dirs
 
-FOLDERS = ("dflash_gguf", "convert", "quantize", "release", "runner", "validation", "benchmarks", "training",
-           "examples", "tests")
-# where the package's subpackages live in the source tree (pyproject's package-dir)
-PACKAGE_OF = {"convert": "dflash_gguf.convert", "quantize": "dflash_gguf.quantize", "release": "dflash_gguf.release",
-              "runner": "dflash_gguf.runner", "validation": "dflash_gguf.validation"}
+# folder -> the package its modules are imported as (pyproject's package-dir; the rest by their name)
+PACKAGE_OF = {folder.name: name for name, folder in _package_dirs().items()}
+FOLDERS = ("dflash_gguf", *PACKAGE_OF, "benchmarks", "training", "examples", "tests")
 
 
 def _imports():
