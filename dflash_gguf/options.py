@@ -45,8 +45,10 @@ def prompts_option(default: str):
 
 exact_option = click.option(
     "--exact", is_flag=True,
-    help="Batch-invariant verification (llama-server --no-repack on the CPU build): speculative greedy output "
-         "token-identical to plain decoding, at some speed (docs/validate.md, \"Exact mode\").")
+    help="Batch-invariant verification on the CPU build: llama-server --no-repack with ggml-cpu's reference "
+         "kernels (GGML_CPU_USE_REF=1, patch 0007), so every row of a verify batch is computed as one decoded "
+         "token is and speculative greedy output is token-identical to plain decoding, at some speed on "
+         "batches (docs/validate.md, \"Exact mode\").")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")
 force_option = click.option("--force", is_flag=True, help="Replace the output if it exists.")
 

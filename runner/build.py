@@ -651,6 +651,18 @@ def build(backend: str | None = None, source_dir: Path | None = None, jobs: int 
     return BuildResult(key=key, root=root, manifest=manifest, built=True)
 
 
+# patch 0007's switch for ggml-cpu's reference kernels (`--exact`); its name is in the CPU library
+REFERENCE_KERNELS_ENV = "GGML_CPU_USE_REF"
+
+
+def has_reference_kernels(bin_dir: Path) -> bool:
+    """Whether the CPU backend of the build in `bin_dir` reads REFERENCE_KERNELS_ENV (a build with
+    patch 0007; a stock llama.cpp build does not)."""
+    mark = REFERENCE_KERNELS_ENV.encode()
+    libraries = {p.resolve() for p in Path(bin_dir).glob("*ggml-cpu*") if p.is_file()}
+    return any(mark in p.read_bytes() for p in libraries)
+
+
 def build_info(bin_dir: Path, backend: str | None) -> dict:
     """Which patched build ran: backend, build key, bin folder."""
     manifest = bin_dir.parent / "build.json"

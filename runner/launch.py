@@ -15,6 +15,8 @@ refused before anything starts, with the option to use instead (`-m`, `-md`, `--
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +28,10 @@ from ..convert.describe import DrafterDescription, describe
 from ..convert.target import load_target
 from ..errors import ServerArgsError
 from ..options import parse_rpc
+from .build import REFERENCE_KERNELS_ENV, has_reference_kernels
 from .server import DEFAULT_HOST, LlamaServer
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PARALLEL = 1  # one slot: DFlash acceptance drops with many (llama.cpp #27117)
 
@@ -58,9 +63,19 @@ TENSOR_SPLIT_ABORTS = frozenset({layout.DFLASH2, layout.DSPARK})
 
 # `--exact`: what makes the CPU build batch-invariant for verification, so that speculative greedy
 # output is token-identical to plain decoding (docs/validate.md, "Exact mode", for the measurements):
-# without repacking, every quantized matrix product of a verify batch runs the same per-row kernels
-# as one token does.
+# no repacked weights, and ggml-cpu's reference kernels (patch 0007: no llamafile sgemm, no tiled
+# K-quant matmul, no tiled or split-KV flash attention), so every row of a verify batch is computed
+# by the same per-row kernels, in the same order, as one decoded token.
 EXACT_ARGS = ("--no-repack",)
+EXACT_ENV = {REFERENCE_KERNELS_ENV: "1"}
+
+
+@functools.lru_cache(maxsize=None)  # once per build and process
+def _check_reference_kernels(bin_dir: Path) -> None:
+    if not has_reference_kernels(bin_dir):
+        log.warning("--exact: the llama.cpp build in %s does not read %s (dflash-gguf's patch 0007), so only "
+                    "%s applies and verify batches may still differ from one decoded token; run the patched "
+                    "build (`dflash-gguf llama build`)", bin_dir, REFERENCE_KERNELS_ENV, " ".join(EXACT_ARGS))
 
 
 def _split(arg: str) -> tuple[str, str | None]:
@@ -282,8 +297,14 @@ class Launch:
 
     def server(self, **kwargs: Any) -> LlamaServer:
         """A LlamaServer for this launch, not started (kwargs: bin_dir, backend, log_path, ...)."""
-        return LlamaServer(self.target, self.args(), host=self.host, port=self.port, api_key=self.api_key,
-                           **kwargs)
+        env = kwargs.pop("env", None)
+        if self.exact:
+            env = {**(os.environ if env is None else env), **EXACT_ENV}
+        server = LlamaServer(self.target, self.args(), host=self.host, port=self.port, api_key=self.api_key,
+                             env=env, **kwargs)
+        if self.exact:
+            _check_reference_kernels(server.exe.parent)
+        return server
 
     def summary(self) -> dict[str, Any]:
         """What a report says about the launch."""

@@ -579,3 +579,30 @@ def test_patched_server_refuses_a_misfit_drafter_cleanly(llama_bin: Path, target
     log = (tmp_path / "server.log").read_text(errors="replace")
     assert "GGML_ASSERT" not in log and "core dumped" not in log
     assert llama_servers_using(draft) == []
+
+
+def test_exact_launches_with_the_reference_kernels_and_warns_on_a_build_without_them(
+        target_gguf: Path, converted: dict[str, Path], llama_bin: Path, tmp_path: Path, caplog):
+    """--exact: --no-repack plus GGML_CPU_USE_REF=1 in the server's environment (patch 0007); a
+    build whose CPU library does not read the variable (a stock one) gets a warning, once."""
+    from dflash_gguf.runner import launch as launch_module
+    from dflash_gguf.runner.build import has_reference_kernels
+
+    exact = launch_module.launch_recipe(target_gguf, converted["dflash-b16"], exact=True)
+    server = exact.server(bin_dir=llama_bin)
+    assert "--no-repack" in server.args and server.env["GGML_CPU_USE_REF"] == "1"
+    assert has_reference_kernels(llama_bin)
+    plain = launch_module.launch_recipe(target_gguf, converted["dflash-b16"]).server(bin_dir=llama_bin)
+    assert "--no-repack" not in plain.args and plain.env.get("GGML_CPU_USE_REF") == os.environ.get("GGML_CPU_USE_REF")
+
+    stock = tmp_path / "bin"  # llama-server and a CPU library that never names the variable
+    stock.mkdir()
+    (stock / "llama-server").write_bytes((llama_bin / "llama-server").read_bytes())
+    (stock / "libggml-cpu.so").write_bytes(b"\x7fELF a CPU backend without the switch")
+    assert not has_reference_kernels(stock)
+    launch_module._check_reference_kernels.cache_clear()
+    with caplog.at_level("WARNING"):
+        exact.server(bin_dir=stock)
+        exact.server(bin_dir=stock)
+    warned = [r.getMessage() for r in caplog.records if "GGML_CPU_USE_REF" in r.getMessage()]
+    assert len(warned) == 1 and str(stock) in warned[0] and "patch 0007" in warned[0]

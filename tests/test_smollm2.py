@@ -115,6 +115,22 @@ def test_lossless_on_held_out_chat_prompts(drafter, qtype, smollm2, held_out, tm
         assert data["mean_acceptance_length"] >= 0.95 * ref, (data["mean_acceptance_length"], ref)
 
 
+def test_exact_mode_is_batch_invariant(smollm2, held_out, llama_bin, tmp_path):
+    """`validate --exact` on Q4_K_M (Q5_0, Q4_K and Q6_K weights: tinyBLAS from 2 rows and the tiled
+    K-quant matmul from 8 otherwise) with DFlash 2 (verify batches up to 8): every verify row is
+    bit-for-bit the logits of plain decoding (noise 0.0 at every width) and the text is the target
+    alone's. Without patch 0007 the batching noise here is about 0.5 logits at widths 1-7, 1.9 at 8."""
+    report = tmp_path / "report.json"
+    proc = dflash_gguf("validate", "--target", smollm2["Q4_K_M"], "--draft", smollm2["dflash2"], "--prompts", held_out,
+                       "-n", N, "--threads", THREADS, "--exact", "--llama-bin", llama_bin, "--report", report)
+    data = json.loads(report.read_text())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    noise = data["replay"]["noise_by_width"]
+    assert "8" in noise, noise  # full verify batches (draft length 7 + 1) were measured
+    assert set(noise.values()) == {0.0}, noise
+    assert data["exact"] and data["replay"]["exact"], data["divergences"]
+
+
 def test_release_of_the_smollm2_drafter_loads_and_drafts(smollm2, tmp_path):
     """A release (Apache-2.0 on both sides) whose variant the patched llama-server loads and drafts
     with: release validates it beside the target (Q4_K_M, as users run it; F16 took 5 min), and

@@ -6,16 +6,18 @@ batch (quantized weights go through repacked or tinyBLAS kernels for wider batch
 one), so a verify batch of width 4 may pick the other side of a near-tie than plain decoding.
 `Replay` loads the target in-process, through llama-cpp-python's bindings on the same patched
 libllama, with the context llama-server gave it (threads, batch sizes, flash attention, KV types,
-repacking: `ServerContext.from_args`), and evaluates the prompt, then each step as the server's
-log recorded it (validation/server_steps.py): the same tokens at the same positions in batches of
-the same width, the rejected drafts' cache entries removed after each step as the server removes
-them. Row r of a step is then exactly what the target computed for the token after it, without
+repacking: `ServerContext.from_args`; `--exact`'s reference kernels), and evaluates the prompt,
+then each step as the server's log recorded it (validation/server_steps.py): the same tokens at
+the same positions in batches of the same width, the rejected drafts' cache entries removed after
+each step as the server removes them. Row r of a step is then exactly what the target computed for the token after it, without
 the drafter; `validation/lossless.py` compares it with what the run emitted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -23,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from ..runner import engine
-from ..runner.launch import ServerArgs
+from ..runner.launch import EXACT_ENV, ServerArgs
 from .server_steps import Step
 
 TOP = 8  # logits kept per row: the top few, for the report and the noise measurement
@@ -51,9 +53,10 @@ class ServerContext:
     repack: bool = True
     swa_full: bool = False
     kv_unified: bool = True
+    reference_kernels: bool = False  # the server ran with EXACT_ENV (--exact)
 
     @classmethod
-    def from_args(cls, args: Sequence[str], n_ctx: int) -> "ServerContext":
+    def from_args(cls, args: Sequence[str], n_ctx: int, reference_kernels: bool = False) -> "ServerContext":
         given = ServerArgs(tuple(str(a) for a in args))
 
         def number(flags: tuple[str, ...], default):
@@ -74,6 +77,7 @@ class ServerContext:
             repack="--no-repack" not in given.passthrough and "-nr" not in given.passthrough,
             swa_full="--swa-full" in given.passthrough,
             kv_unified="-no-kvu" not in given.passthrough and "--no-kv-unified" not in given.passthrough,
+            reference_kernels=reference_kernels,
         )
 
 
@@ -92,6 +96,21 @@ class Row:
     def margin(self) -> float:
         """logit(argmax) - logit(emitted): 0 when the emitted token is the target's choice."""
         return float(self.top_logits[0]) - self.emitted_logit
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    """`values` set in this process's environment for the duration, then restored."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class Replay:
@@ -126,7 +145,8 @@ class Replay:
         cparams.flash_attn_type = c.flash_attn
         cparams.type_k, cparams.type_v = c.type_k, c.type_v
         cparams.swa_full, cparams.kv_unified = c.swa_full, c.kv_unified
-        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        with _environment(EXACT_ENV if c.reference_kernels else {}):  # read when the CPU backend starts
+            self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             raise RuntimeError(f"{self.model_path}: no llama.cpp context for the replay")
         self._n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self._model))

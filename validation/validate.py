@@ -99,11 +99,12 @@ def run_server(launch: Launch, prompts: list[list[int]] | Sequence[Prompt], sett
 
 
 def _check_tokens(spec: ServerRun, alone: ServerRun, prompt_ids: list[list[int]], steps_log: Path, command: list[str],
-                  model: Path, bin_dir: Path, n_ctx: int, progress: Progress) -> tuple[list, dict]:
+                  model: Path, bin_dir: Path, n_ctx: int, reference_kernels: bool,
+                  progress: Progress) -> tuple[list, dict]:
     """Replay the one-at-a-time speculative pass batch by batch on `model` alone, and plain decoding
     of the target-alone pass; judge every token. The judgements per prompt, and what the replay was."""
     tasks = read_steps(steps_log)[-len(prompt_ids):]  # the last requests are the one-at-a-time pass
-    context = ServerContext.from_args(command[1:], n_ctx)
+    context = ServerContext.from_args(command[1:], n_ctx, reference_kernels)
     noise: dict[int, float] = {}
     runs = []
     with Replay(model, context, bin_dir=bin_dir) as replay:
@@ -152,7 +153,7 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], s
         alone, _, alone_command = run_server(launch.alone(baseline), prompt_ids, settings, bin_dir, "target alone",
                                               progress)
         judgements, replay_info = _check_tokens(spec, alone, prompt_ids, steps_log, spec_command, baseline, bin_dir,
-                                                n_ctx * launch.parallel, progress)
+                                                n_ctx * launch.parallel, launch.exact, progress)
 
     results, divergences = [], []
     for text, s, seq, t, j in zip(prompts, spec.completions, spec.sequential, alone.completions, judgements):
