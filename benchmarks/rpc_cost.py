@@ -18,14 +18,11 @@ import argparse
 import contextlib
 import json
 import statistics
-import time
 from pathlib import Path
 
+from benchmarks.side_by_side import measure_side_by_side, progress
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def progress(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def measure(target: Path, draft: Path, prompts: list[str], n_predict: int, rounds: int, server_args: list[str],
@@ -53,24 +50,8 @@ def measure(target: Path, draft: Path, prompts: list[str], n_predict: int, round
         servers = {name: stack.enter_context(l.server(bin_dir=bin_dir)) for name, l in launches.items()}
         progress(f"4 servers up; the target's layers over {', '.join(rpc)}")
         ids = tokenize_prompts(servers["local alone"].client, prompts)
-        ms: dict[str, list[float]] = {name: [] for name in servers}
-        tokens: dict[str, list[list[int]]] = {name: [] for name in servers}
-        accepted: dict[str, int] = {name: 0 for name in servers}
-        names = list(servers)
-        for r in range(rounds):
-            order = names[r % 4:] + names[:r % 4]
-            per_round = {name: [0.0, 0] for name in names}
-            for prompt in ids:
-                for name in order:
-                    c = servers[name].client.complete(prompt, n_predict, temperature=0.0, seed=0, cache_prompt=False)
-                    per_round[name][0] += float(c.timings.get("predicted_ms", 0.0))
-                    per_round[name][1] += c.n_predicted
-                    if r == 0:
-                        tokens[name].append(c.tokens)
-                        accepted[name] += c.draft_n_accepted
-            for name, (t, n) in per_round.items():
-                ms[name].append(t / n if n else 0.0)
-            progress("round %d: %s" % (r + 1, ", ".join(f"{n} {ms[n][-1]:.2f} ms/token" for n in names)))
+        run = measure_side_by_side(servers, ids, n_predict, rounds)
+    ms, tokens, accepted = run.ms, run.tokens, run.accepted
     cost_alone = [b - a for a, b in zip(ms["local alone"], ms["RPC alone"])]
     cost_spec = [b - a for a, b in zip(ms["local + drafter"], ms["RPC + drafter"])]
     same = all(first_divergence(a, b) is None for a, b in zip(tokens["RPC + drafter"], tokens["local alone"]))

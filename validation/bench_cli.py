@@ -9,7 +9,8 @@ from pathlib import Path
 import click
 
 from ..errors import OptionError
-from ..options import ServerArgsCommand, build_options, draft_option, json_option, prompts_option, target_option
+from ..options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, prompts_option,
+                       target_option)
 from .concurrency import ALONE, DEFAULT_LEVELS, DRAFTER, BenchSettings, concurrency_curve
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 
@@ -41,6 +42,11 @@ def print_curve(report: dict) -> None:
         if not r["target_alone_identical"]:
             click.echo(f"{'':>9}note: the target alone at -np {r['concurrency']} differs from its one-slot "
                        "answers too (the build is not batch-invariant for this model)")
+    if not report["lossless"] and not report["settings"].get("exact"):
+        click.echo("\nA stream that differs is not shown lossless, nor shown wrong: without --exact this build's "
+                   "verify batches and multi-slot batches may round differently from one token at one slot. "
+                   "Rerun with --exact (batch-invariant kernels: then a difference is the drafter's), or prove "
+                   "every token with `dflash-gguf validate -np N`.")
     s = report["settings"]
     recipe = report["launch"]["recipe"]
     recipe = ["N" if before == "--parallel" else arg for before, arg in zip(["", *recipe], recipe)]
@@ -65,10 +71,11 @@ def print_curve(report: dict) -> None:
 @click.option("--rounds", type=click.IntRange(1, 50), default=3, show_default=True,
               help="Rounds per level: in each, every stream's requests go to the target alone's server and to "
                    "the drafter's, one pass after the other.")
+@exact_option
 @build_options
 @json_option
 def bench_command(target: Path, draft: Path, levels: tuple[int, ...], prompts_file: Path | None, n_predict: int,
-                  rounds: int, backend: str | None, llama_bin: Path | None, as_json: bool,
+                  rounds: int, exact: bool, backend: str | None, llama_bin: Path | None, as_json: bool,
                   server_args: tuple[str, ...]) -> None:
     """Throughput against concurrency, with the drafter and without, lossless on every stream.
 
@@ -85,7 +92,14 @@ def bench_command(target: Path, draft: Path, levels: tuple[int, ...], prompts_fi
     Then where drafting stops paying, from the numbers.
 
     \b
-    Exit status: 0 when every stream is lossless, 1 when one is not, 2 on bad input.
+    On llama.cpp's CPU build a token's logits depend on the width of its batch (a
+    verify batch, or the slots decoding together), so without --exact an answer can
+    differ from the one-slot answer at a near-tie while every token is still the
+    target's (validate proves that; bench only compares). With --exact the kernels are
+    batch-invariant and the comparison is bit-exact.
+
+    \b
+    Exit status: 0 when every stream is identical, 1 when one is not, 2 on bad input.
 
     \b
     Examples:
@@ -94,7 +108,7 @@ def bench_command(target: Path, draft: Path, levels: tuple[int, ...], prompts_fi
     """
     prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
     settings = BenchSettings(levels=levels, n_predict=n_predict, rounds=rounds, backend=backend, llama_bin=llama_bin,
-                             server_args=list(server_args))
+                             server_args=list(server_args), exact=exact)
     report = concurrency_curve(target, draft, prompts, settings, progress=lambda msg: click.echo(msg, err=True))
     for message in report["warnings"]:
         click.echo(f"warning: {message}", err=True)

@@ -52,6 +52,7 @@ class BenchSettings:
     backend: str | None = None
     llama_bin: Path | None = None
     server_args: list[str] = field(default_factory=list)  # the user's llama-server arguments (after --)
+    exact: bool = False  # serve's --exact: batch-invariant kernels, so "identical" is a bit-exact check
 
 
 def check_levels(levels: Sequence[int]) -> tuple[int, ...]:
@@ -205,7 +206,7 @@ def concurrency_curve(target: str | Path, draft: str | Path, prompts: Sequence[s
                                   "-np set to the level and on a free port; leave it out")
     if "rpc" in given.honoured:
         raise ServerArgsError(ONE_CLIENT_PER_RPC_SERVER.format(command="bench"))
-    launch = launch_recipe(target, draft, server_args=settings.server_args)
+    launch = launch_recipe(target, draft, server_args=settings.server_args, exact=settings.exact)
     bin_dir = find_bin_dir(settings.backend, settings.llama_bin)
 
     progress(f"reference: {Path(target).name} alone, one slot, {len(prompts)} prompts one at a time")
@@ -234,7 +235,8 @@ def concurrency_curve(target: str | Path, draft: str | Path, prompts: Sequence[s
         row = _level(n, jobs, alone, spec, reference)
         rows.append(row)
         progress(f"concurrency {n}: {row['speedup']}x, tau {row['tau']:.2f}, "
-                 f"{'lossless' if row['lossless'] else 'NOT LOSSLESS'} on {n} stream(s)")
+                 f"{'identical to the one-slot answers' if row['lossless'] else 'DIFFERS from the one-slot answers'}"
+                 f" on {sum(s['identical'] for s in row['streams'])} of {n} stream(s)")
     return {
         "target": str(target), "draft": str(draft),
         "lossless": all(r["lossless"] for r in rows),
@@ -242,7 +244,7 @@ def concurrency_curve(target: str | Path, draft: str | Path, prompts: Sequence[s
         "verdict": verdict_line(rows),
         "levels": rows,
         "settings": {"levels": list(levels), "n_predict": settings.n_predict, "rounds": settings.rounds,
-                     "prompts": len(prompt_ids), "draft_max": launch.draft_length},
+                     "prompts": len(prompt_ids), "draft_max": launch.draft_length, "exact": settings.exact},
         "launch": launch.summary(),
         "llama": build_info(bin_dir, settings.backend),
         "warnings": list(launch.warnings),
