@@ -241,7 +241,9 @@ def main(argv: list[str] | None = None) -> None:
     import sys
 
     shown = [a for a in (argv if argv is not None else sys.argv[1:])]
-    page = write(section, args.docs, machine_info(), load, " ".join(["python -m benchmarks.concurrency", *shown]))
+    suffix = "-exact" if args.exact else ""  # the --exact curve is a page of its own beside the default one
+    page = write(section, args.docs, machine_info(), load, " ".join(["python -m benchmarks.concurrency", *shown]),
+                 page=PAGE.replace(".md", f"{suffix}.md"), plot=PLOT.replace(".png", f"{suffix}.png"))
     progress(f"wrote {page}, {out_json} in {section['run_seconds'] / 60:.1f} min "
              f"({_dt.datetime.now(_dt.timezone.utc):%H:%M} UTC)")
 

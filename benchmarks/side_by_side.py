@@ -3,12 +3,14 @@ by round, so that each round's figures share the machine's state (used by rpc_co
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 
 
 def progress(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    """On stderr: stdout carries the benchmark's JSON."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 @dataclass
