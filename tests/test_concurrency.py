@@ -61,16 +61,20 @@ def test_bench_refuses_slots_and_ports_it_sets_itself(trained_pair):
 
 
 @pytest.mark.integration
-def test_bench_at_one_and_two_streams_is_lossless_on_every_stream(trained_pair, tmp_path):
+def test_bench_at_one_and_two_streams_is_identical_on_every_stream_under_exact(trained_pair, tmp_path):
+    """--exact: batch-invariant kernels, so every stream's answers are the one-slot target alone's bit
+    for bit (without it, on a CPU whose kernels round a batch differently, a stream may differ)."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("".join(trained_pair["prompts"].read_text().splitlines(keepends=True)[:3]))
     proc = dflash_gguf("bench", "--target", trained_pair["target"], "--draft", trained_pair["dflash"],
                        "--concurrency", "1,2", "--prompts", prompts, "-n", "24", "--rounds", "2", "--json",
-                       "--backend", "cpu", "--", "-t", "1")
+                       "--exact", "--backend", "cpu", "--", "-t", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["lossless"] and [r["concurrency"] for r in report["levels"]] == [1, 2]
-    assert report["settings"] == {"levels": [1, 2], "n_predict": 24, "rounds": 2, "prompts": 3, "draft_max": 15}
+    assert report["settings"] == {"levels": [1, 2], "n_predict": 24, "rounds": 2, "prompts": 3, "draft_max": 15,
+                                  "exact": True}
+    assert "--no-repack" in report["launch"]["recipe"]
     assert report["verdict"].startswith("drafting ") and report["launch"]["user_args"] == ["-t", "1"]
     for row in report["levels"]:
         n = row["concurrency"]
@@ -84,5 +88,6 @@ def test_bench_at_one_and_two_streams_is_lossless_on_every_stream(trained_pair, 
         assert row["tau"] > 1.5 and 0 < row["acceptance_rate"] <= 1
     assert {s["slot"] for s in report["levels"][1]["slots"]} == {0, 1}  # two streams, two slots busy
     table = dflash_gguf("bench", "--target", trained_pair["target"], "--draft", trained_pair["dflash"],
-                        "--concurrency", "1", "--prompts", prompts, "-n", "8", "--rounds", "1", "--", "-t", "1")
+                        "--concurrency", "1", "--prompts", prompts, "-n", "8", "--rounds", "1", "--exact",
+                        "--", "-t", "1")
     assert table.returncode == 0 and "streams" in table.stdout and "drafting " in table.stdout, table.stderr[-2000:]
