@@ -110,20 +110,23 @@ def path_command(backend: str | None, source_dir: Path | None) -> None:
 @click.option("--port", type=click.IntRange(1, 65535), default=50052, show_default=True, help="Port to listen on.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (rpc-server -t).")
 @click.option("--device", default=None, help="The devices to offer, e.g. CUDA0 (rpc-server -d). Default: all.")
+@click.option("--exact", is_flag=True,
+              help="Compute with the batch-invariant CPU kernels (GGML_CPU_USE_REF=1, patch 0007): for a head that "
+                   "serves or validates with --exact.")
 def rpc_server_command(backend: str | None, llama_bin: Path | None, host: str, port: int, threads: int | None,
-                       device: str | None) -> None:
+                       device: str | None, exact: bool) -> None:
     """Offer this host's CPU or GPU to a llama-server elsewhere (ggml-rpc-server), until Ctrl-C.
 
     \b
     The head then spreads the target's layers over the hosts that run this:
-      dflash-gguf serve -t T.gguf -d D.gguf --rpc 10.0.0.2:50052,10.0.0.3:50052 -- -devd none
+      dflash-gguf serve -t T.gguf -d D.gguf --rpc 10.0.0.2:50052,10.0.0.3:50052 -- -ngl 99
     One rpc-server serves one llama-server at a time. Prints HOST:PORT once it listens.
     """
     from .rpc import RpcServer
     from .server import stop_on_signals
 
     server = RpcServer(bin_dir=_build.find_bin_dir(backend, llama_bin), host=host, port=port, threads=threads,
-                       device=device)
+                       device=device, exact=exact)
     try:
         with stop_on_signals(), server:
             click.echo(server.address)

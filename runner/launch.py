@@ -328,6 +328,10 @@ def launch_recipe(target: str | Path, draft: str | Path | None, *, parallel: int
     if problem is not None:
         raise ServerArgsError(problem)
     warnings = tuple(check_pair(target, desc)) if desc is not None and check else ()
+    if exact and rpc_servers:
+        warnings += ("--exact with --rpc: the RPC servers compute their layers with their own kernels; start each "
+                     "with `dflash-gguf llama rpc-server --exact` (GGML_CPU_USE_REF=1), or their layers are not "
+                     "batch-invariant",)
     return Launch(
         target=Path(target), draft=desc,
         parallel=_once("parallel", parallel, given) or DEFAULT_PARALLEL,

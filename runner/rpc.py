@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..errors import LlamaBuildError, ServerStartError
 from . import build as _build
+from .launch import EXACT_ENV
 from .server import DEFAULT_HOST, STOP_GRACE, error_line, free_port, reap, spawn
 
 EXE = "ggml-rpc-server"
@@ -30,12 +31,13 @@ STARTUP_TIMEOUT = 60.0
 
 
 class RpcServer:
-    """`ggml-rpc-server -H HOST -p PORT [-t N] [-d DEVICE]`: started on `__enter__`, reaped on exit.
+    """`ggml-rpc-server -H HOST -p PORT [-t N] [-d DEVICE]`: started on `__enter__`, reaped on exit
+    (`exact`: with --exact's environment, for a head that serves with --exact).
     `port=None` picks a free one; its output goes to a temporary log, kept when start-up fails."""
 
     def __init__(self, *, bin_dir: str | Path | None = None, backend: str | None = None, host: str = DEFAULT_HOST,
                  port: int | None = None, threads: int | None = None, device: str | None = None,
-                 startup_timeout: float = STARTUP_TIMEOUT, stop_grace: float = STOP_GRACE):
+                 exact: bool = False, startup_timeout: float = STARTUP_TIMEOUT, stop_grace: float = STOP_GRACE):
         bin_dir = Path(bin_dir) if bin_dir is not None else _build.find_bin_dir(backend)
         self.exe = bin_dir / (f"{EXE}.exe" if sys.platform == "win32" else EXE)
         if not self.exe.is_file():
@@ -44,7 +46,8 @@ class RpcServer:
         self.host, self.port = host, port
         self.threads, self.device = threads, device
         self.startup_timeout, self.stop_grace = startup_timeout, stop_grace
-        self.env = _build.runtime_env(bin_dir)
+        # --exact: the layers this server computes for the head must use the reference kernels too
+        self.env = _build.runtime_env(bin_dir, {**os.environ, **EXACT_ENV} if exact else None)
         self.log_path: Path | None = None
         self._proc = None
         self._log_handle = None

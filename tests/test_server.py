@@ -606,3 +606,18 @@ def test_exact_launches_with_the_reference_kernels_and_warns_on_a_build_without_
         exact.server(bin_dir=stock)
     warned = [r.getMessage() for r in caplog.records if "GGML_CPU_USE_REF" in r.getMessage()]
     assert len(warned) == 1 and str(stock) in warned[0] and "patch 0007" in warned[0]
+
+
+def test_exact_reaches_the_rpc_servers_or_warns(target_gguf: Path, converted: dict[str, Path], llama_bin: Path):
+    """An rpc-server computes the head's layers itself: `llama rpc-server --exact` gives it the
+    reference kernels, and a head launched with --exact and --rpc says so."""
+    from dflash_gguf.runner.launch import launch_recipe
+    from dflash_gguf.runner.rpc import RpcServer
+
+    assert RpcServer(bin_dir=llama_bin, exact=True).env["GGML_CPU_USE_REF"] == "1"
+    assert RpcServer(bin_dir=llama_bin).env.get("GGML_CPU_USE_REF") == os.environ.get("GGML_CPU_USE_REF")
+    warned = launch_recipe(target_gguf, converted["dflash-b16"], exact=True, rpc=["127.0.0.1:50052"]).warnings
+    assert any("llama rpc-server --exact" in w for w in warned), warned
+    assert not launch_recipe(target_gguf, converted["dflash-b16"], rpc=["127.0.0.1:50052"]).warnings
+    proc = dflash_gguf("llama", "rpc-server", "--help")
+    assert proc.returncode == 0 and "--exact" in proc.stdout and "-devd none" not in proc.stdout
