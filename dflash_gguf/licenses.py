@@ -29,6 +29,7 @@ from . import values
 from .confine import file_in
 from .errors import LicenseError
 from .inputs import open_regular
+from .secrets import refuse_secrets
 
 
 class Kind(str, Enum):
@@ -293,12 +294,25 @@ def strictest(found: list[License]) -> License:
     return max(found, key=lambda lic: STRICTNESS[lic.kind])
 
 
+def _card_licenses(meta: dict, source: str) -> list[str]:
+    """The card's `license:` typed: a string, or a list of strings, each short text without control
+    characters (never a date, bytes or a set YAML built)."""
+    value = meta.get("license")
+    items = value if isinstance(value, list) and len(value) <= 16 else [] if value is None else [value]
+    return [values.string(source, "license", item.strip() if isinstance(item, str) else item, 256, error=LicenseError)
+            for item in items]
+
+
 def license_from_card(meta: dict, source: str, folder: Path | None = None, repo: str | None = None) -> License:
     name, link = meta.get("license_name"), meta.get("license_link")
     # typed: text without control characters (a YAML block scalar's final newline is whitespace, stripped)
     name = values.string(source, "license_name", str(name).strip(), 256, error=LicenseError) if name is not None else None
     link = values.string(source, "license_link", str(link).strip(), 2048, error=LicenseError) if link is not None else None
-    found = [License(i, source, name, link, folder, repo) for i in license_ids(meta.get("license"))]
+    licenses = _card_licenses(meta, source)
+    # before the ids are normalised: what the card holds, not a lowercased copy of it
+    for field, texts in (("license", licenses), ("license_name", [name]), ("license_link", [link])):
+        refuse_secrets(texts, f"{source}: field {field!r}")
+    found = [License(i, source, name, link, folder, repo) for i in license_ids(licenses)]
     return strictest(found) if found else License(None, source, name, link, folder, repo)
 
 
