@@ -46,6 +46,10 @@ class Tokenizer:
     TOKENS = _K.Tokenizer.LIST
     MASK_ID = _K.Tokenizer.MASK_ID
     PAD_ID = _K.Tokenizer.PAD_ID
+    MODEL = _K.Tokenizer.MODEL
+    PRE = _K.Tokenizer.PRE
+    # every special-token id (bos, eos, padding, fim_*, ...): llama.cpp reads each as a u32
+    IDS = tuple(key for name, key in vars(_K.Tokenizer).items() if name.endswith("_ID"))
 
 
 class Model:

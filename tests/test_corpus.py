@@ -571,6 +571,30 @@ def test_target_folders(base, tmp_path, case):
     check(["convert", ckpt, "--target", target, "-o", out], {0, 2}, inputs=[target], outputs=[out])
 
 
+TOK = "tokenizer.ggml."
+TARGET_GGUF_CASES = {  # each refused in one line naming the target and the key, never copied into the drafter
+    "padding-string": (TOK + "padding_token_id", encode(T.STRING, "x")),
+    "padding-nan": (TOK + "padding_token_id", encode(T.FLOAT32, math.nan)),
+    "padding-array": (TOK + "padding_token_id", encode(T.ARRAY, [2], T.UINT32)),
+    "eos-string": (TOK + "eos_token_id", encode(T.STRING, "x")),
+    "bos-array": (TOK + "bos_token_id", encode(T.ARRAY, [2], T.UINT32)),
+    "bos-bool": (TOK + "bos_token_id", encode(T.BOOL, True)),
+    "eos-beyond-u32": (TOK + "eos_token_id", encode(T.UINT64, 1 << 40)),
+    "fim-negative": (TOK + "fim_pre_token_id", encode(T.INT32, -1)),
+    "pre-int": (TOK + "pre", encode(T.UINT32, 7)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TARGET_GGUF_CASES))
+def test_target_gguf_tokenizer_values(base, tmp_path, case):
+    key, encoded = TARGET_GGUF_CASES[case]
+    target = rebuild_gguf(base["target"], tmp_path / "t.gguf", kv=_kv_set(key, encoded))
+    out = tmp_path / "o.gguf"
+    _, _, stderr = check(["convert", _ckpt(base, tmp_path), "--target", target, "-o", out], {2},
+                         inputs=[target], outputs=[out])
+    assert f"t.gguf: field '{key}'" in stderr, stderr
+
+
 # -- class 2/3: release folders handed to publish ------------------------------------------------------------
 
 def _release_folder(tmp_path: Path, gguf: Path | None = None, front: str = "license: mit\n") -> Path:
