@@ -102,6 +102,7 @@ class Legacy:
     PREFIX = f"{LEGACY_ARCH}."
     NESTED = f"{LEGACY_ARCH}.dflash."
     EMBEDDING_LENGTH = per_arch(_K.LLM.EMBEDDING_LENGTH, LEGACY_ARCH)
+    BLOCK_COUNT = per_arch(_K.LLM.BLOCK_COUNT, LEGACY_ARCH)
     BLOCK_SIZE = NESTED + "block_size"
     MASK_TOKEN_ID = NESTED + "mask_token_id"
     TARGET_LAYER_IDS = NESTED + "target_layer_ids"

@@ -324,6 +324,48 @@ def test_a_well_formed_rebuild_is_accepted(base, tmp_path):
     assert "problems        none found" in stdout
 
 
+L = "dflash-draft.dflash."
+LEGACY_CASES = {  # `convert old.gguf -o new.gguf` refuses each in one line naming the key, as a checkpoint's
+    "mask-negative": dict(kv=_kv_set(L + "mask_token_id", encode(T.INT32, -1))),
+    "mask-string": dict(kv=_kv_set(L + "mask_token_id", encode(T.STRING, "x"))),
+    "mask-inf": dict(kv=_kv_set(L + "mask_token_id", encode(T.FLOAT32, math.inf))),
+    "ids-strings": dict(kv=_kv_set(L + "target_layer_ids", encode(T.ARRAY, ["a", "b"], T.STRING))),
+    "ids-floats": dict(kv=_kv_set(L + "target_layer_ids", encode(T.ARRAY, [0.0, 2.0], T.FLOAT32))),
+    "ids-bools": dict(kv=_kv_set(L + "target_layer_ids", encode(T.ARRAY, [True, False], T.BOOL))),
+    "ids-scalar": dict(kv=_kv_set(L + "target_layer_ids", encode(T.INT32, 2))),
+    "ids-negative": dict(kv=_kv_set(L + "target_layer_ids", encode(T.ARRAY, [-1, -7], T.INT32))),
+    "ids-twice": dict(kv=_kv_set(L + "target_layer_ids", encode(T.ARRAY, [2, 2], T.INT32))),
+    "block_size-string": dict(kv=_kv_set(L + "block_size", encode(T.STRING, "16"))),
+    "block_count-missing": dict(kv=lambda kvs: [(k, v) for k, v in kvs if k != "dflash-draft.block_count"]),
+    "name-escape": dict(kv=_kv_set("general.name", encode(T.STRING, "x\x1b]0;pwn\x07"))),
+    "license-escape": dict(kv=_kv_set("general.license", encode(T.STRING, "mit\x1b[2K"))),
+    "no-fc": dict(tensors=_tensor_edit(lambda infos: [i.__setitem__(0, "zz.weight") for i in infos
+                                                      if i[0] == "dflash_fc.weight"])),
+}
+LEGACY_NEEDLES = {"no-fc": "dflash_fc.weight", "block_count-missing": "dflash-draft.block_count",
+                  "name-escape": "general.name", "license-escape": "general.license"}
+
+
+@pytest.mark.parametrize("case", sorted(LEGACY_CASES))
+def test_legacy_files_are_read_through_the_typed_declarations(base, tmp_path, case):
+    from tests.legacy_fixture import make_legacy
+
+    old = rebuild_gguf(make_legacy(base["drafter"], tmp_path / "legacy.gguf"), tmp_path / "old.gguf",
+                       **LEGACY_CASES[case])
+    out = tmp_path / "new.gguf"
+    _, _, stderr = check(["convert", old, "-o", out], {2}, inputs=[old], outputs=[out])
+    assert "old.gguf: " in stderr and LEGACY_NEEDLES.get(case, L) in stderr, stderr
+
+
+def test_a_well_formed_legacy_file_is_migrated(base, tmp_path):
+    from tests.legacy_fixture import make_legacy
+
+    old = rebuild_gguf(make_legacy(base["drafter"], tmp_path / "legacy.gguf"), tmp_path / "old.gguf")
+    out = tmp_path / "new.gguf"
+    check(["convert", old, "-o", out], {0}, inputs=[old], outputs=[out])
+    check(["inspect", out], {0}, inputs=[out])
+
+
 # -- class 4: serve / generate / validate arguments ---------------------------------------------------------
 
 @pytest.mark.parametrize("url", ["not a url", "ftp://127.0.0.1/", "http://", "http://127.0.0.1:99999", "http://[::1",
