@@ -26,9 +26,9 @@ from pathlib import Path
 import yaml
 
 from . import values
-from .confine import file_in
+from .confine import Opened, file_in
 from .errors import LicenseError
-from .inputs import open_regular
+from .inputs import TEXT_LIMIT, open_regular
 from .secrets import refuse_secrets
 
 
@@ -321,11 +321,18 @@ _ND_TEXT = re.compile(r"Attribution-(?:NonCommercial-)?NoDerivatives|Attribution
                       r"\bCC[ -]BY-(?:NC-)?ND\b|creativecommons\.org/licenses/by-(?:nc-)?nd/", re.IGNORECASE)
 
 
+def license_file(folder: Path, name: str, what: str = "license file") -> Opened | None:
+    """A license or notice file of a model or release folder, opened by the confined reader and
+    refused when larger than a text file may be (it is copied into a release and uploaded whole)."""
+    opened = file_in(folder, name, what)
+    return opened.within(TEXT_LIMIT, what) if opened is not None else None
+
+
 def licenses_in_texts(folder: Path) -> list[License]:
     """NoDerivatives terms stated in a folder's license files (LICENSE, ...), whatever its card says."""
     found = []
     for name in LICENSE_FILE_NAMES:
-        path = file_in(folder, name, "license file")
+        path = license_file(folder, name)
         if path is None:
             continue
         match = _ND_TEXT.search(read_text(path, 1 << 20))

@@ -19,6 +19,7 @@ from .. import __version__
 from ..confine import check_inside, file_in, find_in
 from ..convert import layout
 from ..errors import DflashError, PublishError
+from ..inputs import TEXT_LIMIT
 from ..secrets import known_secrets, refuse_secrets_in_file, scrub
 from ..terminal import shown
 from . import licenses as lic
@@ -98,6 +99,8 @@ def plan_upload(folder: str | Path) -> tuple[list[Upload], list[str]]:
         opened = find_in(folder, name, "release file")  # opened once: what is checked is what is sent
         if opened is None:
             raise PublishError(f"{path}: vanished while the folder was read")
+        if path.suffix != ".gguf":  # a card or a license text: never gigabytes
+            opened.within(TEXT_LIMIT, "release file")
         refuse_secrets_in_file(opened, path)
         if path.suffix == ".gguf":
             ggufs.append(path)

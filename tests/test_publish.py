@@ -205,3 +205,11 @@ def test_a_file_holding_the_token_is_not_sent(hub, tmp_path, where, dry_run):
     _refused(proc, "holds the Hugging Face token", "it is not sent")
     assert TOKEN not in proc.stdout + proc.stderr
     assert hub.calls == []
+
+
+def test_a_sparse_huge_license_file_is_not_sent(hub, tmp_path):
+    folder = _folder(tmp_path / "rel")
+    with open(folder / "LICENSE", "r+b") as fh:
+        fh.truncate(2 << 30)
+    _refused(_publish(folder, "--repo", "me/tiny", env=_env(hub, tmp_path)), "LICENSE: this release file", "MiB")
+    assert hub.calls == []

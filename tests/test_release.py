@@ -212,6 +212,21 @@ def test_other_license_link_outside_the_folder_is_refused(drafter_copy, target_g
     assert not (tmp_path / "rel").exists()
 
 
+@pytest.mark.parametrize("name, front", [("LICENSE", "license: mit\n"), ("NOTICE", "license: mit\n"),
+                                         ("TERMS.md", "license: other\nlicense_name: acme\nlicense_link: TERMS.md\n")])
+def test_a_sparse_huge_license_file_is_refused_unread(drafter_copy, target_gguf, tmp_path, name, front):
+    """A license file is copied into the release whole: one of 2 GiB (sparse: nothing on disk) is
+    refused by its size before anything is written."""
+    drafter = drafter_copy("dflash-b16")
+    _card(drafter, front)
+    with open(drafter / name, "wb") as fh:
+        fh.truncate(2 << 30)
+    proc = dflash_gguf("release", drafter, "--target", target_gguf, "--types", "F16", "-o", tmp_path / "rel",
+                       "--target-license", "mit", "--skip-validate")
+    _refused(proc, f"{name}: this ", "MiB")
+    assert not (tmp_path / "rel").exists()
+
+
 # -- validation ----------------------------------------------------------------------------------
 
 def _fake_validator(monkeypatch, report: dict, calls: list) -> None:
