@@ -264,12 +264,30 @@ def split_front_matter(text: str, source: str = "README.md") -> tuple[dict, str]
 
 
 def read_card(folder: Path) -> dict:
-    """The front matter of a model folder's README.md ({} when there is none). A README.md that is
-    a link out of the folder is refused (its fields are carried into a release's card)."""
+    """The front matter of a model folder's README.md ({} when there is none), its `extra_gated_*`
+    fields typed. A README.md that is a link out of the folder is refused (its fields are carried
+    into a release's card)."""
     readme = file_in(folder, "README.md", "model card")
     if readme is None:
         return {}
-    return split_front_matter(read_text(readme), str(readme.path))[0]
+    meta = split_front_matter(read_text(readme), str(readme.path))[0]
+    for key, value in gating_fields(meta).items():
+        _gating_value(str(readme.path), key, value)
+    return meta
+
+
+def _gating_value(source: str, name: str, value: object) -> None:
+    """A gating field is plain card data: text (line breaks allowed, no other control character), a
+    boolean or an integer, or lists and mappings of them; never a date, bytes or a set YAML built."""
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            _gating_value(source, f"{name}[{i}]", item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            values.string(source, f"{name} key", key, 256, error=LicenseError)
+            _gating_value(source, f"{name}.{key}", item)
+    elif not isinstance(value, (bool, int)):
+        values.string(source, name, value, lines=True, error=LicenseError)
 
 
 _CARD_MAX_BYTES = 8 << 20
