@@ -370,3 +370,21 @@ def test_inspect_never_prints_a_token_the_file_holds(ckpt, target_gguf, tmp_path
     for json_flag in ([], ["--json"]):
         _, stdout, _ = check(["inspect", *json_flag, bad], {0, 1}, inputs=[bad], env={"HF_TOKEN": TOKEN})
         assert "mit ***" in stdout and TOKEN not in stdout, stdout
+
+
+@pytest.mark.parametrize("command", ["convert", "release"])
+def test_success_output_shows_names_escaped(ckpt, target_gguf, tmp_path, command):
+    """The "wrote ..." line names the output as error lines do: an OSC title or BEL in a name is
+    shown, never sent to the terminal."""
+    name = "o\x1b]0;pwn\x07\x1b[2K\rfake"
+    if command == "convert":
+        out = tmp_path / f"{name}.gguf"
+        args = ["convert", ckpt, "--target", target_gguf, "-o", out]
+    else:
+        (ckpt / "README.md").write_text("---\nlicense: mit\n---\n")
+        out = tmp_path / name
+        args = ["release", ckpt, "--target", target_gguf, "--types", "F16", "-o", out, "--skip-validate",
+                "--target-license", "mit"]
+    _, stdout, stderr = check(args, {0}, inputs=[ckpt], outputs=[out])
+    assert "wrote " in stdout and "\\x1b]0;pwn\\x07" in stdout, stdout
+    assert not any(c in stdout + stderr for c in "\x1b\x07\r"), stdout + stderr
