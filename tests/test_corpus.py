@@ -637,6 +637,35 @@ def test_target_gguf_tokenizer_values(base, tmp_path, case):
     assert f"t.gguf: field '{key}'" in stderr, stderr
 
 
+def _tok_config(**changes):
+    def apply(folder: Path) -> None:
+        path = folder / "tokenizer_config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+    return apply
+
+
+TARGET_FOLDER_REFUSALS = {  # what gguf-py would skip with a warning, writing a GGUF llama.cpp cannot use
+    "merges-string": (_tok(lambda s: {**s, "model": {**s["model"], "merges": "x y"}}), "tokenizer.json", "model.merges"),
+    "merges-empty": (_tok(lambda s: {**s, "model": {**s["model"], "merges": []}}), "tokenizer.json", "model.merges"),
+    "merges-triples": (_tok(lambda s: {**s, "model": {**s["model"], "merges": [["a", "b", "c"]]}}), "tokenizer.json",
+                       "model.merges"),
+    "chat-template-int": (_tok_config(chat_template=5), "tokenizer_config.json", "chat_template"),
+    "chat-template-list-of-strings": (_tok_config(chat_template=["x"]), "tokenizer_config.json", "chat_template"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TARGET_FOLDER_REFUSALS))
+def test_target_folder_values_gguf_py_would_skip_are_refused(base, tmp_path, case):
+    edit, name, field = TARGET_FOLDER_REFUSALS[case]
+    target = tmp_path / "target-hf"
+    shutil.copytree(base["fixtures"] / "target-hf", target, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    edit(target)
+    out = tmp_path / "o.gguf"
+    _, _, stderr = check(["convert", _ckpt(base, tmp_path), "--target", target, "-o", out], {2},
+                         inputs=[target], outputs=[out])
+    assert f"target-hf/{name}: field '{field}'" in stderr and "dflash-gguf-tokenizer" not in stderr, stderr
+
+
 # -- class 2/3: release folders handed to publish ------------------------------------------------------------
 
 def _release_folder(tmp_path: Path, gguf: Path | None = None, front: str = "license: mit\n") -> Path:
