@@ -12,7 +12,7 @@ import click
 from ..errors import GGUFFormatError, OptionError
 from ..options import force_option, json_option, target_option
 from ..outputs import Input, Output, check_outputs
-from ..terminal import shown
+from ..terminal import say, shown
 from . import hub
 from .converter import OUTTYPES, convert as convert_checkpoint
 from .describe import describe
@@ -97,7 +97,7 @@ def convert(src: Path | hub.HubRef, target: Path | hub.HubRef | None, out: Path 
     started = time.perf_counter()
     out = out or _default_out(src, outtype)
     check_outputs([Output(out, "-o")], [Input(src, "SRC"), Input(target, "--target")], force=force)
-    bar = _ProgressBar(f"writing {out.name}")
+    bar = _ProgressBar(f"writing {shown(out.name)}")
     try:
         if isinstance(src, Path) and src.is_file():
             if outtype not in ("auto",):
@@ -120,49 +120,43 @@ def convert(src: Path | hub.HubRef, target: Path | hub.HubRef | None, out: Path 
         bar.close()
     summary.update(bytes=out.stat().st_size, seconds=round(time.perf_counter() - started, 3), warnings=warnings)
     for message in warnings:
-        click.echo(f"warning: {shown(message)}", err=True)
+        say(f"warning: {message}", err=True)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
-        click.echo(f"wrote {out} ({summary['bytes'] / 2**20:.1f} MiB) in {summary['seconds']:.1f} s")
-
-
-def _say(line: str) -> None:
-    """A line of human output: values from the file shown escaped (no control characters act on the
-    terminal: a name cannot fake "problems none found"); --json stays exact."""
-    click.echo(shown(line))
+        say(f"wrote {out} ({summary['bytes'] / 2**20:.1f} MiB) in {summary['seconds']:.1f} s")
 
 
 def _print_report(r: dict, list_tensors: bool) -> None:
-    _say(f"{r['file']}")
-    _say(f"  variant         {r['variant']} (general.architecture = {r['architecture']})")
+    say(f"{r['file']}")
+    say(f"  variant         {r['variant']} (general.architecture = {r['architecture']})")
     default = "" if r["block_size_in_file"] else ", llama.cpp's default: the file sets none"
     spec = f", --spec-type {r['spec_type']}" if r["spec_type"] else ""
-    _say(f"  block size      {r['block_size']}  (draft length {r['draft_length']}{spec}{default})")
+    say(f"  block size      {r['block_size']}  (draft length {r['draft_length']}{spec}{default})")
     runs = r["runs_on"]
-    _say(f"  runs on         {runs['text']}")
+    say(f"  runs on         {runs['text']}")
     tl = r["target_layers"]
-    _say(f"  target layers   HF {tl['hf']}  ->  llama.cpp {tl['llama_cpp']}")
-    _say(f"  mask token      {r['mask_token_id']}   vocabulary {r['vocab_size']}")
+    say(f"  target layers   HF {tl['hf']}  ->  llama.cpp {tl['llama_cpp']}")
+    say(f"  mask token      {r['mask_token_id']}   vocabulary {r['vocab_size']}")
     if r["sliding_window"] is not None or r["sliding_window_pattern"] is not None:
-        _say(f"  sliding window  {r['sliding_window']}  pattern {r['sliding_window_pattern']}")
+        say(f"  sliding window  {r['sliding_window']}  pattern {r['sliding_window_pattern']}")
     if r["causal"] is not None:
-        _say(f"  causal          {r['causal']}")
+        say(f"  causal          {r['causal']}")
     if r["license"]:
-        _say(f"  license         {r['license']}")
+        say(f"  license         {r['license']}")
     for role, src in r["sources"].items():
         at = f" @ {src['revision']}" if src.get("revision") else ""
-        _say(f"  {role + ' from':<15} {src.get('repo_url', '(no repository recorded)')}{at}")
+        say(f"  {role + ' from':<15} {src.get('repo_url', '(no repository recorded)')}{at}")
     sizes = ", ".join(f"{t} {b / 2**20:.2f} MiB" for t, b in sorted(r["bytes_by_type"].items()))
-    _say(f"  tensors         {r['tensor_count']}: {sizes}")
+    say(f"  tensors         {r['tensor_count']}: {sizes}")
     for t in r["tensors"] if list_tensors else []:
-        _say(f"    {t['name']:<36} {t['type']:<6} {str(t['shape']):<18} {t['bytes']:>12,}")
+        say(f"    {t['name']:<36} {t['type']:<6} {str(t['shape']):<18} {t['bytes']:>12,}")
     if r["problems"]:
-        _say("  problems:")
+        say("  problems:")
         for p in r["problems"]:
-            _say(f"    - {p}")
+            say(f"    - {p}")
     else:
-        _say("  problems        none found")
+        say("  problems        none found")
 
 
 @click.command()

@@ -23,10 +23,11 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from ..errors import GGUFFormatError, InputError
-from .keys import General
+from .keys import General, Tokenizer
 from ..inputs import open_regular
 from ..outputs import guard, named_for, partial_name
 from ..secrets import refuse_secrets
+from ..values import U32_MAX, Field
 
 MAGIC = b"GGUF"
 VERSION = 3
@@ -109,6 +110,23 @@ GENERAL_STRINGS = (General.ARCHITECTURE, General.NAME, General.LICENSE, General.
                    General.REPO_URL, General.SOURCE_REPO_URL, General.SOURCE_REVISION, "general.basename",
                    "general.organization", "general.base_model.0.name", "general.base_model.0.repo_url",
                    "general.base_model.0.revision")
+
+
+# tokenizer.* keys a target GGUF hands to the drafter that llama.cpp reads as one type (the others are
+# copied as they are)
+TOKENIZER_FIELDS = {f.name: f for f in (*(Field(key, "int", 0, U32_MAX) for key in Tokenizer.IDS),
+                                        Field(Tokenizer.MODEL, "str", hi=64), Field(Tokenizer.PRE, "str", hi=64))}
+
+
+def tokenizer_metadata(kv: dict[str, KV], path: object, error: type[InputError] = GGUFFormatError) -> list[KV]:
+    """A GGUF's tokenizer.* entries in their order, each declared one (TOKENIZER_FIELDS) checked by the
+    typed reader: a padding id that is a string, NaN or an array is refused in one line naming the file
+    and the key, never copied into a drafter."""
+    entries = [entry for key, entry in kv.items() if key.startswith(Tokenizer.PREFIX)]
+    for entry in entries:
+        if entry.key in TOKENIZER_FIELDS:
+            TOKENIZER_FIELDS[entry.key].read(path, entry.value, error)
+    return entries
 
 
 def general_metadata(kv: dict[str, KV], path: object) -> dict[str, Any]:

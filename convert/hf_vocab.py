@@ -55,6 +55,35 @@ def _token_text(path: Path, field: str, value: object) -> str:
     return value
 
 
+def _check_merges(path: Path, model: dict, opened: dict) -> None:
+    """model.merges as gguf-py reads it: "a b" strings or [a, b] pairs (or merges.txt beside it).
+    Without merges gguf-py only warns, and llama.cpp refuses the BPE vocabulary it wrote."""
+    merges = model.get("merges")
+    if merges is None and "merges.txt" in opened:
+        return
+    if not (isinstance(merges, list) and merges and all(
+            isinstance(m, str) or (isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m))
+            for m in merges)):
+        raise TargetError(f"{shown(path)}: field 'model.merges' = {shown(repr(merges)[:40])} is not a list of merges "
+                          "(\"a b\" strings or [a, b] pairs); fix tokenizer.json or pass the target's GGUF")
+
+
+def _check_chat_template(folder: Path, opened: dict) -> None:
+    """tokenizer_config.json's chat_template as gguf-py reads it: a string, or a list of {name, template}
+    objects (another type it skips with a warning naming its private copy of the file)."""
+    if "tokenizer_config.json" not in opened:
+        return
+    path = folder / "tokenizer_config.json"
+    config = parse_json(opened["tokenizer_config.json"].read(what="tokenizer config"), path)
+    template = config.get("chat_template") if isinstance(config, dict) else None
+    if template is None or isinstance(template, str) or (isinstance(template, list) and all(
+            isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
+            for t in template)):
+        return
+    raise TargetError(f"{shown(path)}: field 'chat_template' = {shown(repr(template)[:40])} is not a chat template "
+                      "(a string, or a list of {name, template} objects); fix tokenizer_config.json")
+
+
 def _looks_special(token: str) -> bool:
     """Upstream's `does_token_look_special`: added tokens that ought to be control tokens."""
     return (token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
@@ -145,6 +174,8 @@ def _tokenizer_metadata(folder: Path, vocab_size: int, opened: dict) -> list[KV]
         raise TargetError(f"{path}: 'model' is not a JSON object; pass the target's GGUF")
     if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
         raise TargetError(f"{path}: model.type {model.get('type')!r} is not byte-level BPE; pass the target's GGUF")
+    _check_merges(path, model, opened)
+    _check_chat_template(folder, opened)
     pre = _pre_tokenizer_name(path, spec.get("pre_tokenizer"))
     byte_level_post = _check_post_processing(path, spec)
 

@@ -46,6 +46,10 @@ class Tokenizer:
     TOKENS = _K.Tokenizer.LIST
     MASK_ID = _K.Tokenizer.MASK_ID
     PAD_ID = _K.Tokenizer.PAD_ID
+    MODEL = _K.Tokenizer.MODEL
+    PRE = _K.Tokenizer.PRE
+    # every special-token id (bos, eos, padding, fim_*, ...): llama.cpp reads each as a u32
+    IDS = tuple(key for name, key in vars(_K.Tokenizer).items() if name.endswith("_ID"))
 
 
 class Model:
@@ -98,6 +102,7 @@ class Legacy:
     PREFIX = f"{LEGACY_ARCH}."
     NESTED = f"{LEGACY_ARCH}.dflash."
     EMBEDDING_LENGTH = per_arch(_K.LLM.EMBEDDING_LENGTH, LEGACY_ARCH)
+    BLOCK_COUNT = per_arch(_K.LLM.BLOCK_COUNT, LEGACY_ARCH)
     BLOCK_SIZE = NESTED + "block_size"
     MASK_TOKEN_ID = NESTED + "mask_token_id"
     TARGET_LAYER_IDS = NESTED + "target_layer_ids"

@@ -7,14 +7,17 @@ the *input* of layer L), and `dflash_fc` / `dflash_hidden_norm` get their mainli
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
+
 import gguf
 
 from .. import values
 from ..errors import GGUFFormatError
-from .config_values import MAX_BLOCK_SIZE
+from . import config_values as cv
 from . import layout
-from .compat import DrafterFacts, check_fits_target
+from .compat import check_fits_target
 from .describe import describe
 from .gguf_file import FileSpan, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
 from .keys import ARCH, LEGACY_ARCH, DFlash, General, Legacy, Tokenizer
@@ -25,12 +28,29 @@ def is_legacy(gguf_file: GGUFFile) -> bool:
     return gguf_file.architecture == LEGACY_ARCH
 
 
-def legacy_facts(src: GGUFFile) -> DrafterFacts:
-    """What the compatibility rules need, from a legacy file (ids stay in the HF numbering there)."""
-    for key in (Legacy.TARGET_LAYER_IDS, Legacy.EMBEDDING_LENGTH):
-        if key not in src.kv:
-            raise GGUFFormatError(f"{src.path}: legacy DFlash file lacks {key!r}; it cannot be migrated")
-    return describe(src).facts()
+# The legacy keys hold what a checkpoint's config.json fields hold: read through the same declarations
+# (config_values.FIELDS), named by their key.
+_FIELDS = {Legacy.EMBEDDING_LENGTH: "hidden_size", Legacy.BLOCK_COUNT: "num_hidden_layers",
+           Legacy.TARGET_LAYER_IDS: "target_layer_ids", Legacy.BLOCK_SIZE: "block_size",
+           Legacy.MASK_TOKEN_ID: "mask_token_id"}
+_REQUIRED = (Legacy.EMBEDDING_LENGTH, Legacy.BLOCK_COUNT, Legacy.TARGET_LAYER_IDS)
+
+
+def legacy_values(src: GGUFFile) -> dict[str, Any]:
+    """The legacy file's DFlash values by key, typed (absent optional keys left out); GGUFFormatError
+    in one line naming the file and the key otherwise."""
+    out = {}
+    for key, name in _FIELDS.items():
+        value = src.get(key)
+        if value is None:
+            if key in _REQUIRED:
+                raise GGUFFormatError(f"{src.path}: legacy DFlash file lacks {key!r}; it cannot be migrated")
+            continue
+        out[key] = replace(cv.FIELDS[name], name=key).read(src.path, value, GGUFFormatError)
+    ids = out[Legacy.TARGET_LAYER_IDS]
+    if len(set(ids)) != len(ids):
+        raise GGUFFormatError(f"{src.path}: {Legacy.TARGET_LAYER_IDS} {ids} names a layer twice; it cannot be migrated")
+    return out
 
 
 def _copy(src: GGUFFile, name: str):
@@ -42,21 +62,24 @@ def plan_migration(src: GGUFFile, target: TargetInfo | None = None) -> tuple[GGU
     if not is_legacy(src):
         raise GGUFFormatError(
             f"{src.path}: {General.ARCHITECTURE} is {src.architecture!r}, not the legacy {LEGACY_ARCH!r}")
-    facts = legacy_facts(src)
+    src.general()  # typed: a name or license with a control character is refused, not carried over
+    typed = legacy_values(src)
+    facts = describe(src).facts()  # the same values, now known to be well typed (HF numbering)
     warnings = check_fits_target(facts, target) if target else []
     fc = src.tensors.get("dflash_fc.weight") or src.tensors.get("fc.weight")
     n_features = src.get(Legacy.N_TARGET_FEATURES)
+    if n_features is not None:
+        n_features = values.integer(src.path, Legacy.N_TARGET_FEATURES, n_features, 1, None, GGUFFormatError)
     if fc is not None and n_features is not None and fc.shape[-1] != n_features:
         raise GGUFFormatError(
             f"{src.path}: n_target_features {n_features} does not match dflash_fc.weight width {fc.shape[-1]}")
 
     new = gguf.GGUFWriter(path=None, arch=ARCH)
-    if (block_size := src.get(Legacy.BLOCK_SIZE)) is not None:
-        new.add_uint32(DFlash.BLOCK_SIZE, values.integer(src.path, Legacy.BLOCK_SIZE, block_size, 2, MAX_BLOCK_SIZE,
-                                                         GGUFFormatError))
-    new.add_array(DFlash.TARGET_LAYERS, [i + 1 for i in facts.target_layer_ids])
-    if facts.mask_token_id is not None:
-        new.add_mask_token_id(int(facts.mask_token_id))
+    if Legacy.BLOCK_SIZE in typed:
+        new.add_uint32(DFlash.BLOCK_SIZE, typed[Legacy.BLOCK_SIZE])
+    new.add_array(DFlash.TARGET_LAYERS, [i + 1 for i in typed[Legacy.TARGET_LAYER_IDS]])
+    if Legacy.MASK_TOKEN_ID in typed:
+        new.add_mask_token_id(typed[Legacy.MASK_TOKEN_ID])
 
     plan = GGUFPlan()
     for key, kv in src.kv.items():
@@ -75,6 +98,14 @@ def plan_migration(src: GGUFFile, target: TargetInfo | None = None) -> tuple[GGU
                                   "in the mainline layout; the legacy file holds the tensor twice: it cannot be migrated")
         renamed[new_name] = name
         plan.tensors.append(PlannedTensor(TensorInfo(new_name, info.shape, info.type), _copy(src, name)))
+    variant = next((v for marker, v in layout.VARIANT_MARKERS.items() if marker in renamed), layout.DFLASH)
+    wanted = [rule.gguf_name(bid) for rule, bid in layout.expected_tensors(variant, typed[Legacy.BLOCK_COUNT])]
+    missing = [name for name in wanted if name not in renamed]
+    if missing:
+        legacy_names = {new: old for old, new in layout.LEGACY_TENSOR_RENAMES.items()}
+        spelled = ", ".join(legacy_names.get(n, n) for n in missing[:4]) + (" ..." if len(missing) > 4 else "")
+        raise GGUFFormatError(f"{src.path}: tensor(s) {spelled} missing for {typed[Legacy.BLOCK_COUNT]} layers; "
+                              "the legacy file is incomplete: it cannot be migrated")
     return plan, warnings
 
 

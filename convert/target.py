@@ -16,7 +16,7 @@ from ..inputs import parse_json
 from ..terminal import shown
 from . import config_values as cv
 from . import hub
-from .gguf_file import KV, GGUFFile
+from .gguf_file import KV, GGUFFile, tokenizer_metadata
 from .keys import ARCH, LEGACY_ARCH, General, Model, Tokenizer, per_arch
 
 
@@ -45,7 +45,7 @@ class TargetInfo:
     def pad_token_id(self) -> int | None:
         for kv in self.tokenizer_kv:
             if kv.key == Tokenizer.PAD_ID:
-                return int(kv.value)
+                return kv.value
         return None
 
 
@@ -111,7 +111,7 @@ def _from_gguf(gguf: GGUFFile, path: Path) -> TargetInfo:
         n_embd=need(per_arch(Model.EMBEDDING_LENGTH, arch)),
         n_layer=need(per_arch(Model.BLOCK_COUNT, arch)),
         n_vocab=int(n_vocab),
-        tokenizer_kv=[kv for key, kv in gguf.kv.items() if key.startswith(Tokenizer.PREFIX)],
+        tokenizer_kv=tokenizer_metadata(gguf.kv, path, TargetError),
         uses_mrope=per_arch(Model.ROPE_DIMENSION_SECTIONS, arch) in gguf.kv,
         name=general.get(General.NAME),
         repo=general.get(General.REPO_URL),

@@ -23,15 +23,17 @@ def _one_line(text: str) -> str:
 class _Group(click.Group):
     def main(self, args=None, prog_name=None, **kwargs):
         """Every error is one line on stderr, click's usage errors too (exit 2); whatever is written
-        on stderr passes the secret filter (secrets.py)."""
+        on stdout or stderr passes the secret filter (secrets.py)."""
         for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 is printed escaped, never a traceback
             if hasattr(stream, "reconfigure"):
                 stream.reconfigure(errors="backslashreplace")
-        stderr = sys.stderr
-        sys.stderr = ScrubbingStream(stderr)
+        stdout, stderr = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = ScrubbingStream(stdout), ScrubbingStream(stderr)
         try:
             self._main(args, prog_name, **kwargs)
         finally:
+            if isinstance(sys.stdout, ScrubbingStream):  # not when a closed pipe put devnull there
+                sys.stdout = stdout
             sys.stderr = stderr
 
     def _main(self, args=None, prog_name=None, **kwargs):

@@ -124,11 +124,18 @@ class Opened:
     def pread(self, n: int, offset: int) -> bytes:
         return os.pread(self.fileno(), n, offset)
 
-    def read(self, limit: int = TEXT_LIMIT, what: str = "file") -> bytes:
-        """The whole file, refused before reading when it is larger than `limit`."""
+    def within(self, limit: int, what: str = "file") -> "Opened":
+        """This file, refused (and closed) when it is larger than `limit`: sized from what it holds, unread
+        (a sparse 2 GiB LICENSE costs nothing to refuse)."""
         if self.size > limit:
+            self.close()
             raise InputError(f"{shown(self.path)}: this {what} is {self.size} bytes, over the {limit >> 20} MiB a "
                              f"{what} may be; that is not one")
+        return self
+
+    def read(self, limit: int = TEXT_LIMIT, what: str = "file") -> bytes:
+        """The whole file, refused before reading when it is larger than `limit`."""
+        self.within(limit, what)
         data = self.pread(limit + 1, 0)
         if len(data) > limit:
             raise InputError(f"{shown(self.path)}: this {what} grew past {limit >> 20} MiB while being read")

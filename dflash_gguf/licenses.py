@@ -26,9 +26,10 @@ from pathlib import Path
 import yaml
 
 from . import values
-from .confine import file_in
+from .confine import Opened, file_in
 from .errors import LicenseError
-from .inputs import open_regular
+from .inputs import TEXT_LIMIT, open_regular
+from .secrets import refuse_secrets
 
 
 class Kind(str, Enum):
@@ -263,12 +264,30 @@ def split_front_matter(text: str, source: str = "README.md") -> tuple[dict, str]
 
 
 def read_card(folder: Path) -> dict:
-    """The front matter of a model folder's README.md ({} when there is none). A README.md that is
-    a link out of the folder is refused (its fields are carried into a release's card)."""
+    """The front matter of a model folder's README.md ({} when there is none), its `extra_gated_*`
+    fields typed. A README.md that is a link out of the folder is refused (its fields are carried
+    into a release's card)."""
     readme = file_in(folder, "README.md", "model card")
     if readme is None:
         return {}
-    return split_front_matter(read_text(readme), str(readme.path))[0]
+    meta = split_front_matter(read_text(readme), str(readme.path))[0]
+    for key, value in gating_fields(meta).items():
+        _gating_value(str(readme.path), key, value)
+    return meta
+
+
+def _gating_value(source: str, name: str, value: object) -> None:
+    """A gating field is plain card data: text (line breaks allowed, no other control character), a
+    boolean or an integer, or lists and mappings of them; never a date, bytes or a set YAML built."""
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            _gating_value(source, f"{name}[{i}]", item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            values.string(source, f"{name} key", key, 256, error=LicenseError)
+            _gating_value(source, f"{name}.{key}", item)
+    elif not isinstance(value, (bool, int)):
+        values.string(source, name, value, lines=True, error=LicenseError)
 
 
 _CARD_MAX_BYTES = 8 << 20
@@ -293,12 +312,25 @@ def strictest(found: list[License]) -> License:
     return max(found, key=lambda lic: STRICTNESS[lic.kind])
 
 
+def _card_licenses(meta: dict, source: str) -> list[str]:
+    """The card's `license:` typed: a string, or a list of strings, each short text without control
+    characters (never a date, bytes or a set YAML built)."""
+    value = meta.get("license")
+    items = value if isinstance(value, list) and len(value) <= 16 else [] if value is None else [value]
+    return [values.string(source, "license", item.strip() if isinstance(item, str) else item, 256, error=LicenseError)
+            for item in items]
+
+
 def license_from_card(meta: dict, source: str, folder: Path | None = None, repo: str | None = None) -> License:
     name, link = meta.get("license_name"), meta.get("license_link")
     # typed: text without control characters (a YAML block scalar's final newline is whitespace, stripped)
     name = values.string(source, "license_name", str(name).strip(), 256, error=LicenseError) if name is not None else None
     link = values.string(source, "license_link", str(link).strip(), 2048, error=LicenseError) if link is not None else None
-    found = [License(i, source, name, link, folder, repo) for i in license_ids(meta.get("license"))]
+    licenses = _card_licenses(meta, source)
+    # before the ids are normalised: what the card holds, not a lowercased copy of it
+    for field, texts in (("license", licenses), ("license_name", [name]), ("license_link", [link])):
+        refuse_secrets(texts, f"{source}: field {field!r}")
+    found = [License(i, source, name, link, folder, repo) for i in license_ids(licenses)]
     return strictest(found) if found else License(None, source, name, link, folder, repo)
 
 
@@ -307,11 +339,18 @@ _ND_TEXT = re.compile(r"Attribution-(?:NonCommercial-)?NoDerivatives|Attribution
                       r"\bCC[ -]BY-(?:NC-)?ND\b|creativecommons\.org/licenses/by-(?:nc-)?nd/", re.IGNORECASE)
 
 
+def license_file(folder: Path, name: str, what: str = "license file") -> Opened | None:
+    """A license or notice file of a model or release folder, opened by the confined reader and
+    refused when larger than a text file may be (it is copied into a release and uploaded whole)."""
+    opened = file_in(folder, name, what)
+    return opened.within(TEXT_LIMIT, what) if opened is not None else None
+
+
 def licenses_in_texts(folder: Path) -> list[License]:
     """NoDerivatives terms stated in a folder's license files (LICENSE, ...), whatever its card says."""
     found = []
     for name in LICENSE_FILE_NAMES:
-        path = file_in(folder, name, "license file")
+        path = license_file(folder, name)
         if path is None:
             continue
         match = _ND_TEXT.search(read_text(path, 1 << 20))

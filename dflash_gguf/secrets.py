@@ -1,13 +1,20 @@
-"""The one secret filter: no token reaches stderr, a log or a report, whatever a server echoes.
+"""The one secret filter: no token reaches stdout, stderr, a log or a report, whatever a server echoes
+or a file holds.
 
-The command line (cli.py) writes everything a command says on stderr (its error line, warnings,
-the log handler's records) through `ScrubbingStream`, the log handler carries `ScrubbingFilter`, and
+The command line (cli.py) writes everything a command says on stdout (what `inspect` shows of a
+file included) and stderr (its error line, warnings, the log handler's records) through
+`ScrubbingStream`, the log handler carries `ScrubbingFilter`, and
 reports go through outputs.write_text, which scrubs too. What is replaced by `***`:
 
 - the tokens huggingface_hub would send: HF_TOKEN (and the older HUGGING_FACE_HUB_TOKEN), the stored
   login (`hf auth login`'s token file and its stored tokens);
 - any `Authorization:` header value and any `Bearer ...` credential, whoever's it is;
 - anything shaped like a Hugging Face token (`hf_` and 30 or more letters and digits).
+
+A token is found in any case and with `_`, `-`, whitespace and `,` taken as one: a license id's
+normalisation (lower case, `_` -> `-`) does not hide it. Artifacts (a GGUF's text, a release card, the
+files `publish` sends) holding a token are refused, never scrubbed (`refuse_secrets`,
+`refuse_secrets_in_file`).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import string
 from pathlib import Path
 from typing import TextIO
 
@@ -23,8 +31,15 @@ _MIN_SECRET = 8  # a shorter value would mask ordinary words
 _PATTERNS = (
     re.compile(r"(?i)(authorization\s*['\"]?\s*[:=]\s*['\"]?)(?:(?:bearer|basic|token)\s+)?[^\s'\",;)}\]]+"),
     re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/=-]{6,}"),
-    re.compile(r"()\bhf_[A-Za-z0-9]{30,}"),
+    re.compile(r"()\b[hH][fF][_-][A-Za-z0-9]{30,}"),
 )
+# ASCII upper case to lower, and the separators a license id's normalisation rewrites to '-'. Length
+# preserving, so a match's place in the folded text is its place in the original.
+_SEPARATORS = "_, \t\n\r\f\v"
+_FOLDED_FROM, _FOLDED_TO = string.ascii_uppercase + _SEPARATORS, string.ascii_lowercase + "-" * len(_SEPARATORS)
+_FOLD_TEXT = str.maketrans(_FOLDED_FROM, _FOLDED_TO)
+_FOLD_BYTES = bytes.maketrans(_FOLDED_FROM.encode(), _FOLDED_TO.encode())
+_CHUNK = 16 << 20
 
 
 def _stored_tokens() -> list[str]:
@@ -52,10 +67,29 @@ def known_secrets() -> list[str]:
     return sorted({v for v in values if len(v) >= _MIN_SECRET}, key=len, reverse=True)
 
 
+def _spans(text: str, secrets: list[str]) -> list[tuple[int, int]]:
+    """Where each secret is in `text`, folded (any case, any separator), in order."""
+    folded = text.translate(_FOLD_TEXT)
+    found = []
+    for secret in secrets:
+        key = secret.translate(_FOLD_TEXT)
+        start = folded.find(key)
+        while start >= 0:
+            found.append((start, start + len(key)))
+            start = folded.find(key, start + len(key))
+    return sorted(found)
+
+
 def scrub(text: str, secrets: list[str] | None = None) -> str:
     """`text` with every token and credential replaced by ***."""
-    for secret in known_secrets() if secrets is None else secrets:
-        text = text.replace(secret, MASK)
+    spans = _spans(text, known_secrets() if secrets is None else secrets)
+    if spans:
+        parts, end = [], 0
+        for start, stop in spans:
+            if start >= end:
+                parts += [text[end:start], MASK]
+            end = max(end, stop)
+        text = "".join(parts) + text[end:]
     for pattern in _PATTERNS:
         text = pattern.sub(lambda m: m.group(1) + MASK, text)
     return text
@@ -64,15 +98,36 @@ def scrub(text: str, secrets: list[str] | None = None) -> str:
 def refuse_secrets(texts, where: object) -> None:
     """Refuse (OutputError) to write an artifact (a GGUF's text metadata, a release card) that holds a
     token of this process: an artifact is never scrubbed in silence, it is not written."""
-    from .errors import OutputError
-
     secrets = known_secrets()
     if not secrets:
         return
     for text in texts:
-        if isinstance(text, str) and any(secret in text for secret in secrets):
-            raise OutputError(f"{where}: would carry the Hugging Face token (HF_TOKEN or the stored login) "
-                              "found in an input's text; remove it from the input")
+        if isinstance(text, str) and _spans(text, secrets):
+            raise _carries(where, "would carry the Hugging Face token (HF_TOKEN or the stored login) found in an "
+                                  "input's text; remove it from the input")
+
+
+def refuse_secrets_in_file(opened, where: object) -> None:
+    """As `refuse_secrets`, for every byte of a file the confined reader opened (confine.Opened), read
+    through that open file: what `publish` sends is what was scanned."""
+    keys = [secret.translate(_FOLD_TEXT).encode("utf-8") for secret in known_secrets()]
+    if not keys:
+        return
+    overlap = max(map(len, keys)) - 1  # a token across two chunks
+    offset, tail = 0, b""
+    while chunk := opened.pread(_CHUNK, offset):
+        offset += len(chunk)
+        window = tail + chunk.translate(_FOLD_BYTES)
+        if any(key in window for key in keys):
+            raise _carries(where, "holds the Hugging Face token (HF_TOKEN or the stored login); it is not sent: "
+                                  "remove the token from the file")
+        tail = window[-overlap:] if overlap else b""
+
+
+def _carries(where: object, why: str):
+    from .errors import OutputError
+
+    return OutputError(f"{where}: {why}")
 
 
 class ScrubbingStream:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+import click
+
 # C0 controls but tab, DEL, C1 controls, the Unicode bidi embeddings / overrides / isolates, and lone
 # surrogates (bytes of a non-UTF-8 file name or value, which no terminal encoding can write)
 _CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
@@ -29,3 +31,9 @@ def shown(value: object) -> str:
 
 def has_control(text: str) -> bool:
     return _CONTROL.search(text) is not None
+
+
+def say(line: str, err: bool = False) -> None:
+    """A line of human output (a command's progress, its "wrote ..." line), names and values from files
+    shown escaped. JSON output is echoed as it is."""
+    click.echo(shown(line), err=err)

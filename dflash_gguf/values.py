@@ -79,8 +79,9 @@ def boolean(source: object, name: str, value: Any, error: type[DflashError] = In
 
 
 def string(source: object, name: str, value: Any, max_len: int = MAX_STRING, *, control_ok: bool = False,
-           error: type[DflashError] = InputError) -> str:
-    """Text that encodes as UTF-8, without control characters (unless `control_ok`), at most `max_len` long."""
+           lines: bool = False, error: type[DflashError] = InputError) -> str:
+    """Text that encodes as UTF-8, without control characters (unless `control_ok`; `lines`: but line
+    breaks), at most `max_len` long."""
     if not isinstance(value, str):
         raise _fail(source, name, value, "a string", error)
     try:
@@ -89,7 +90,7 @@ def string(source: object, name: str, value: Any, max_len: int = MAX_STRING, *, 
         raise _fail(source, name, value, "valid UTF-8 text", error) from None
     if len(value) > max_len:
         raise _fail(source, name, value, f"a string of at most {max_len} characters", error)
-    if not control_ok and has_control(value):
+    if not control_ok and has_control(value.replace("\n", "") if lines else value):
         raise _fail(source, name, value, "text without control characters", error)
     return value
 

@@ -12,6 +12,7 @@ import click
 
 from ..options import build_options, force_option, json_option
 from ..outputs import Input, Output, check_outputs
+from ..terminal import say
 from .quantize import ALL_TYPES, DEFAULT_RECIPE, RECIPES
 from .quantize import quantize as quantize_file
 
@@ -28,7 +29,7 @@ threads_option = click.option("--threads", type=click.IntRange(min=1), default=N
 
 def progress(message: str) -> None:
     if sys.stderr.isatty():
-        click.echo(message, err=True)
+        say(message, err=True)
     log.info("%s", message)
 
 
@@ -74,18 +75,18 @@ def quantize(src: Path, out: Path, qtype: str, recipe: str, backend: str | None,
     if as_json:
         click.echo(json.dumps(r.to_dict(), indent=2))
         return
-    click.echo(f"wrote {out} ({mib(r.bytes)}) as {r.type} with recipe {r.recipe} in {r.seconds:.1f} s")
-    click.echo(f"  tensor types   {_counts(t.type for t in r.tensors)}")
+    say(f"wrote {out} ({mib(r.bytes)}) as {r.type} with recipe {r.recipe} in {r.seconds:.1f} s")
+    say(f"  tensor types   {_counts(t.type for t in r.tensors)}")
     kept = [t for t in r.tensors if t.role == "kept"]
     if kept:
-        click.echo(f"  kept           {len(kept)} tensors: {_counts(t.type for t in kept)}")
+        say(f"  kept           {len(kept)} tensors: {_counts(t.type for t in kept)}")
     main = ALL_TYPES[r.type].name
     if r.off_type:
         off = [t for t in r.tensors if t.name in set(r.off_type)]
-        click.echo(f"  not {main:<10} {len(off)} tensors: {_counts(t.type for t in off)} "
+        say(f"  not {main:<10} {len(off)} tensors: {_counts(t.type for t in off)} "
                    "(llama-quantize's mixture, or rows its blocks do not divide; --json lists them)")
     if r.fallbacks:
-        click.echo(f"  fallbacks      {len(r.fallbacks)} tensors had rows too short for the wanted type")
+        say(f"  fallbacks      {len(r.fallbacks)} tensors had rows too short for the wanted type")
 
 
 commands = [quantize]

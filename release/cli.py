@@ -13,6 +13,7 @@ from ..errors import OptionError
 from ..options import ServerArgsCommand, build_options, exact_option, json_option, target_option
 from ..quantize.cli import mib, progress, recipe_option, threads_option
 from ..quantize.quantize import ALL_TYPES
+from ..terminal import say
 
 
 @click.command(cls=ServerArgsCommand)
@@ -128,17 +129,17 @@ def release(draft_dir: Path | HubRef, target: Path | HubRef | None, types: str, 
         raise OptionError("-o/--out: give the release folder to write (or --push ORG/NAME to upload it)")
     r = build_release(draft_dir, target, types, out_dir, force=force, **options)
     for message in r.warnings:
-        click.echo(f"warning: {message}", err=True)
+        say(f"warning: {message}", err=True)
     if as_json:
         click.echo(json.dumps(r.to_dict(), indent=2))
         return
     license_label = r.license.get("license_name") or r.license["license"]
-    click.echo(f"wrote {out_dir} in {r.seconds:.1f} s  (license {license_label})")
+    say(f"wrote {out_dir} in {r.seconds:.1f} s  (license {license_label})")
     for v in r.variants:
         note = v.validation.get("note", "")
-        click.echo(f"  {v.file:<48} {mib(v.bytes):>10}  {v.recipe or '-':<12} {note}")
+        say(f"  {v.file:<48} {mib(v.bytes):>10}  {v.recipe or '-':<12} {note}")
     others = [f for f in r.files if not f.endswith(".gguf")]
-    click.echo(f"  and {', '.join(others)}")
+    say(f"  and {', '.join(others)}")
 
 
 def _report_upload(result, repo: str, as_json: bool, files: list[str], notes: list[str] = ()) -> None:
@@ -146,11 +147,11 @@ def _report_upload(result, repo: str, as_json: bool, files: list[str], notes: li
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     elif result.skipped:
-        click.echo(f"nothing to do: {result.reason}")
+        say(f"nothing to do: {result.reason}")
     else:
-        click.echo(f"{result.reason} {len(files)} files to {repo}: {result.publish.commit_url}")
+        say(f"{result.reason} {len(files)} files to {repo}: {result.publish.commit_url}")
         for line in [*files, *notes]:
-            click.echo(f"  {line}")
+            say(f"  {line}")
 
 
 @click.command()
@@ -185,14 +186,14 @@ def publish(folder: Path, repo: str, private: bool, dry_run: bool, message: str 
         click.echo(json.dumps(r.to_dict(), indent=2))
         return
     verb = "would commit" if dry_run else "committed"
-    click.echo(f"{verb} {len(r.files)} files ({mib(r.total_bytes)}) to {repo}"
+    say(f"{verb} {len(r.files)} files ({mib(r.total_bytes)}) to {repo}"
                + (" (private)" if private else ""))
     for f in r.files:
-        click.echo(f"  {f['path']:<52} {f['bytes']:>14,} bytes")
+        say(f"  {f['path']:<52} {f['bytes']:>14,} bytes")
     if r.skipped:
-        click.echo(f"  left out (hidden): {', '.join(r.skipped)}")
+        say(f"  left out (hidden): {', '.join(r.skipped)}")
     if r.commit_url:
-        click.echo(f"commit {r.commit_url}")
+        say(f"commit {r.commit_url}")
 
 
 commands = [release, publish]

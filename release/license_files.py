@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..confine import Opened, file_in, find_in
+from ..confine import Opened
 from . import licenses as lic
 
 
@@ -21,7 +21,7 @@ class LicensePlan:
 def _license_files(folder: Path | None) -> list[Opened]:
     if folder is None or not Path(folder).is_dir():
         return []
-    found = (file_in(folder, n, "license file") for n in lic.LICENSE_FILE_NAMES)
+    found = (lic.license_file(folder, n) for n in lic.LICENSE_FILE_NAMES)
     return [path for path in found if path is not None]
 
 
@@ -47,7 +47,7 @@ def plan_license_files(terms: lic.Terms) -> LicensePlan:
         role = "drafter" if owner is terms.drafter else "target"
         if Path(link).is_absolute() or ".." in Path(link).parts:
             raise lic.LicenseError(f"{owner.source}: license_link {link!r} points outside the model folder")
-        src = find_in(owner.folder, link.removeprefix("./"), "license_link file") if owner.folder else None
+        src = lic.license_file(owner.folder, link.removeprefix("./"), "license_link file") if owner.folder else None
         if src is not None:
             base = Path(link).name  # a release is flat: the file goes to the root
             name = renamed.get((role, link)) or (base if base not in plan.copies else target_name(base))

@@ -19,7 +19,8 @@ from .. import __version__
 from ..confine import check_inside, file_in, find_in
 from ..convert import layout
 from ..errors import DflashError, PublishError
-from ..secrets import known_secrets, scrub
+from ..inputs import TEXT_LIMIT
+from ..secrets import known_secrets, refuse_secrets_in_file, scrub
 from ..terminal import shown
 from . import licenses as lic
 
@@ -63,7 +64,8 @@ def release_listing(meta: dict, body: str) -> set[str]:
 
 def plan_upload(folder: str | Path) -> tuple[list[Upload], list[str]]:
     """(every file of the commit, the hidden entries left out), after checking that the folder holds
-    exactly what its card lists, nothing that leads out of it, and that it may be published."""
+    exactly what its card lists, nothing that leads out of it, no file holding the user's token, and
+    that it may be published."""
     folder = Path(folder)
     if not folder.is_dir():
         raise PublishError(f"{folder}: not a folder; give the folder `dflash-gguf release` wrote")
@@ -97,6 +99,9 @@ def plan_upload(folder: str | Path) -> tuple[list[Upload], list[str]]:
         opened = find_in(folder, name, "release file")  # opened once: what is checked is what is sent
         if opened is None:
             raise PublishError(f"{path}: vanished while the folder was read")
+        if path.suffix != ".gguf":  # a card or a license text: never gigabytes
+            opened.within(TEXT_LIMIT, "release file")
+        refuse_secrets_in_file(opened, path)
         if path.suffix == ".gguf":
             ggufs.append(path)
         uploads.append(Upload(name, opened.size, str(path), opened))

@@ -322,3 +322,69 @@ def test_a_token_inside_an_input_never_reaches_the_gguf(ckpt, target_folder, tmp
     _, stdout, stderr = check(["convert", ckpt, "--target", target_folder, "-o", out], {2},
                               inputs=[target_folder], outputs=[out], env={"HF_TOKEN": TOKEN})
     assert "would carry the Hugging Face token" in stderr and TOKEN not in stdout + stderr, stderr
+
+
+@pytest.mark.parametrize("spelling", ["as-is", "normalised", "upper-case"])
+def test_a_token_in_the_card_license_is_refused_in_any_spelling(ckpt, target_gguf, tmp_path, spelling):
+    """The license is normalised (lower case, '_' -> '-') before it is written: the token is found in
+    the card's value as it is, and in any case and punctuation."""
+    value = {"as-is": TOKEN, "normalised": TOKEN.lower().replace("_", "-"), "upper-case": TOKEN.upper()}[spelling]
+    (ckpt / "README.md").write_text(f"---\nlicense: {value}\n---\n")
+    out = tmp_path / "o.gguf"
+    _, stdout, stderr = check(["convert", ckpt, "--target", target_gguf, "-o", out], {2},
+                              inputs=[ckpt], outputs=[out], env={"HF_TOKEN": TOKEN})
+    assert "README.md: field 'license': would carry the Hugging Face token" in stderr, stderr
+    assert not out.exists()
+    assert TOKEN.lower().replace("_", "-") not in (stdout + stderr).lower().replace("_", "-")
+
+
+def test_the_secret_filter_finds_a_token_in_any_case_and_punctuation(monkeypatch, tmp_path):
+    from dflash_gguf import secrets
+    from dflash_gguf.confine import open_in
+    from dflash_gguf.errors import OutputError
+
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    folded = TOKEN.lower().replace("_", "-")
+    assert secrets.scrub(f"a {folded} b {TOKEN.upper()} c") == "a *** b *** c"
+    with pytest.raises(OutputError):
+        secrets.refuse_secrets(["mit", folded], "x.gguf")
+    monkeypatch.setattr(secrets, "_CHUNK", 7)  # the token across chunks
+    (tmp_path / "f").write_bytes(b"\0" * 5 + folded.upper().encode() + b"\0")
+    with pytest.raises(OutputError):
+        secrets.refuse_secrets_in_file(open_in(tmp_path, "f"), "f")
+    (tmp_path / "g").write_bytes(b"\0" * 5 + TOKEN[:-1].encode() + b"\0")
+    secrets.refuse_secrets_in_file(open_in(tmp_path, "g"), "g")
+
+
+def test_inspect_never_prints_a_token_the_file_holds(ckpt, target_gguf, tmp_path):
+    """stdout passes the secret filter too: a GGUF's metadata is shown, the user's token in it is not."""
+    from gguf import GGUFValueType as T
+
+    from tests.malformed import encode, rebuild_gguf
+
+    good = tmp_path / "dflash-b16.gguf"
+    check(["convert", ckpt, "--target", target_gguf, "-o", good], {0}, inputs=[ckpt], outputs=[good])
+    bad = rebuild_gguf(good, tmp_path / "dflash-x.gguf",
+                       kv=lambda kvs: [(k, v) for k, v in kvs if k != "general.license"]
+                       + [("general.license", encode(T.STRING, f"mit {TOKEN}"))])
+    for json_flag in ([], ["--json"]):
+        _, stdout, _ = check(["inspect", *json_flag, bad], {0, 1}, inputs=[bad], env={"HF_TOKEN": TOKEN})
+        assert "mit ***" in stdout and TOKEN not in stdout, stdout
+
+
+@pytest.mark.parametrize("command", ["convert", "release"])
+def test_success_output_shows_names_escaped(ckpt, target_gguf, tmp_path, command):
+    """The "wrote ..." line names the output as error lines do: an OSC title or BEL in a name is
+    shown, never sent to the terminal."""
+    name = "o\x1b]0;pwn\x07\x1b[2K\rfake"
+    if command == "convert":
+        out = tmp_path / f"{name}.gguf"
+        args = ["convert", ckpt, "--target", target_gguf, "-o", out]
+    else:
+        (ckpt / "README.md").write_text("---\nlicense: mit\n---\n")
+        out = tmp_path / name
+        args = ["release", ckpt, "--target", target_gguf, "--types", "F16", "-o", out, "--skip-validate",
+                "--target-license", "mit"]
+    _, stdout, stderr = check(args, {0}, inputs=[ckpt], outputs=[out])
+    assert "wrote " in stdout and "\\x1b]0;pwn\\x07" in stdout, stdout
+    assert not any(c in stdout + stderr for c in "\x1b\x07\r"), stdout + stderr

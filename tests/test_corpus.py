@@ -324,6 +324,48 @@ def test_a_well_formed_rebuild_is_accepted(base, tmp_path):
     assert "problems        none found" in stdout
 
 
+L = "dflash-draft.dflash."
+LEGACY_CASES = {  # `convert old.gguf -o new.gguf` refuses each in one line naming the key, as a checkpoint's
+    "mask-negative": dict(kv=_kv_set(L + "mask_token_id", encode(T.INT32, -1))),
+    "mask-string": dict(kv=_kv_set(L + "mask_token_id", encode(T.STRING, "x"))),
+    "mask-inf": dict(kv=_kv_set(L + "mask_token_id", encode(T.FLOAT32, math.inf))),
+    "ids-strings": dict(kv=_kv_set(L + "target_layer_ids", encode(T.ARRAY, ["a", "b"], T.STRING))),
+    "ids-floats": dict(kv=_kv_set(L + "target_layer_ids", encode(T.ARRAY, [0.0, 2.0], T.FLOAT32))),
+    "ids-bools": dict(kv=_kv_set(L + "target_layer_ids", encode(T.ARRAY, [True, False], T.BOOL))),
+    "ids-scalar": dict(kv=_kv_set(L + "target_layer_ids", encode(T.INT32, 2))),
+    "ids-negative": dict(kv=_kv_set(L + "target_layer_ids", encode(T.ARRAY, [-1, -7], T.INT32))),
+    "ids-twice": dict(kv=_kv_set(L + "target_layer_ids", encode(T.ARRAY, [2, 2], T.INT32))),
+    "block_size-string": dict(kv=_kv_set(L + "block_size", encode(T.STRING, "16"))),
+    "block_count-missing": dict(kv=lambda kvs: [(k, v) for k, v in kvs if k != "dflash-draft.block_count"]),
+    "name-escape": dict(kv=_kv_set("general.name", encode(T.STRING, "x\x1b]0;pwn\x07"))),
+    "license-escape": dict(kv=_kv_set("general.license", encode(T.STRING, "mit\x1b[2K"))),
+    "no-fc": dict(tensors=_tensor_edit(lambda infos: [i.__setitem__(0, "zz.weight") for i in infos
+                                                      if i[0] == "dflash_fc.weight"])),
+}
+LEGACY_NEEDLES = {"no-fc": "dflash_fc.weight", "block_count-missing": "dflash-draft.block_count",
+                  "name-escape": "general.name", "license-escape": "general.license"}
+
+
+@pytest.mark.parametrize("case", sorted(LEGACY_CASES))
+def test_legacy_files_are_read_through_the_typed_declarations(base, tmp_path, case):
+    from tests.legacy_fixture import make_legacy
+
+    old = rebuild_gguf(make_legacy(base["drafter"], tmp_path / "legacy.gguf"), tmp_path / "old.gguf",
+                       **LEGACY_CASES[case])
+    out = tmp_path / "new.gguf"
+    _, _, stderr = check(["convert", old, "-o", out], {2}, inputs=[old], outputs=[out])
+    assert "old.gguf: " in stderr and LEGACY_NEEDLES.get(case, L) in stderr, stderr
+
+
+def test_a_well_formed_legacy_file_is_migrated(base, tmp_path):
+    from tests.legacy_fixture import make_legacy
+
+    old = rebuild_gguf(make_legacy(base["drafter"], tmp_path / "legacy.gguf"), tmp_path / "old.gguf")
+    out = tmp_path / "new.gguf"
+    check(["convert", old, "-o", out], {0}, inputs=[old], outputs=[out])
+    check(["inspect", out], {0}, inputs=[out])
+
+
 # -- class 4: serve / generate / validate arguments ---------------------------------------------------------
 
 @pytest.mark.parametrize("url", ["not a url", "ftp://127.0.0.1/", "http://", "http://127.0.0.1:99999", "http://[::1",
@@ -569,6 +611,59 @@ def test_target_folders(base, tmp_path, case):
     ckpt = _ckpt(base, tmp_path)
     out = tmp_path / "o.gguf"
     check(["convert", ckpt, "--target", target, "-o", out], {0, 2}, inputs=[target], outputs=[out])
+
+
+TOK = "tokenizer.ggml."
+TARGET_GGUF_CASES = {  # each refused in one line naming the target and the key, never copied into the drafter
+    "padding-string": (TOK + "padding_token_id", encode(T.STRING, "x")),
+    "padding-nan": (TOK + "padding_token_id", encode(T.FLOAT32, math.nan)),
+    "padding-array": (TOK + "padding_token_id", encode(T.ARRAY, [2], T.UINT32)),
+    "eos-string": (TOK + "eos_token_id", encode(T.STRING, "x")),
+    "bos-array": (TOK + "bos_token_id", encode(T.ARRAY, [2], T.UINT32)),
+    "bos-bool": (TOK + "bos_token_id", encode(T.BOOL, True)),
+    "eos-beyond-u32": (TOK + "eos_token_id", encode(T.UINT64, 1 << 40)),
+    "fim-negative": (TOK + "fim_pre_token_id", encode(T.INT32, -1)),
+    "pre-int": (TOK + "pre", encode(T.UINT32, 7)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TARGET_GGUF_CASES))
+def test_target_gguf_tokenizer_values(base, tmp_path, case):
+    key, encoded = TARGET_GGUF_CASES[case]
+    target = rebuild_gguf(base["target"], tmp_path / "t.gguf", kv=_kv_set(key, encoded))
+    out = tmp_path / "o.gguf"
+    _, _, stderr = check(["convert", _ckpt(base, tmp_path), "--target", target, "-o", out], {2},
+                         inputs=[target], outputs=[out])
+    assert f"t.gguf: field '{key}'" in stderr, stderr
+
+
+def _tok_config(**changes):
+    def apply(folder: Path) -> None:
+        path = folder / "tokenizer_config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+    return apply
+
+
+TARGET_FOLDER_REFUSALS = {  # what gguf-py would skip with a warning, writing a GGUF llama.cpp cannot use
+    "merges-string": (_tok(lambda s: {**s, "model": {**s["model"], "merges": "x y"}}), "tokenizer.json", "model.merges"),
+    "merges-empty": (_tok(lambda s: {**s, "model": {**s["model"], "merges": []}}), "tokenizer.json", "model.merges"),
+    "merges-triples": (_tok(lambda s: {**s, "model": {**s["model"], "merges": [["a", "b", "c"]]}}), "tokenizer.json",
+                       "model.merges"),
+    "chat-template-int": (_tok_config(chat_template=5), "tokenizer_config.json", "chat_template"),
+    "chat-template-list-of-strings": (_tok_config(chat_template=["x"]), "tokenizer_config.json", "chat_template"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TARGET_FOLDER_REFUSALS))
+def test_target_folder_values_gguf_py_would_skip_are_refused(base, tmp_path, case):
+    edit, name, field = TARGET_FOLDER_REFUSALS[case]
+    target = tmp_path / "target-hf"
+    shutil.copytree(base["fixtures"] / "target-hf", target, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    edit(target)
+    out = tmp_path / "o.gguf"
+    _, _, stderr = check(["convert", _ckpt(base, tmp_path), "--target", target, "-o", out], {2},
+                         inputs=[target], outputs=[out])
+    assert f"target-hf/{name}: field '{field}'" in stderr and "dflash-gguf-tokenizer" not in stderr, stderr
 
 
 # -- class 2/3: release folders handed to publish ------------------------------------------------------------

@@ -189,3 +189,27 @@ def test_missing_readme_and_bad_repo_ids(hub, tmp_path):
         _refused(_publish(_folder(tmp_path / repo.replace("/", "_").replace(" ", "_").replace(".", "d")),
                           "--repo", repo, "--dry-run", env=_env(hub, tmp_path)), "ORG/NAME")
     assert hub.calls == []
+
+
+@pytest.mark.parametrize("where", ["card", "gguf", "license-file"])
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_file_holding_the_token_is_not_sent(hub, tmp_path, where, dry_run):
+    """convert and release refuse to write the token; publish refuses to send a file that holds it
+    anyhow (lowercased as a license id is, too), whatever the file is."""
+    folded = TOKEN.lower().replace("_", "-")
+    folder = _folder(tmp_path / "rel", extra={"LICENSE": f"text {TOKEN}\n"} if where == "license-file" else None,
+                     gguf_license=f"mit {folded}" if where == "gguf" else None)
+    if where == "card":
+        (folder / "README.md").write_text((folder / "README.md").read_text() + f"debug: {TOKEN}\n")
+    proc = _publish(folder, "--repo", "me/tiny", *(["--dry-run"] if dry_run else []), env=_env(hub, tmp_path))
+    _refused(proc, "holds the Hugging Face token", "it is not sent")
+    assert TOKEN not in proc.stdout + proc.stderr
+    assert hub.calls == []
+
+
+def test_a_sparse_huge_license_file_is_not_sent(hub, tmp_path):
+    folder = _folder(tmp_path / "rel")
+    with open(folder / "LICENSE", "r+b") as fh:
+        fh.truncate(2 << 30)
+    _refused(_publish(folder, "--repo", "me/tiny", env=_env(hub, tmp_path)), "LICENSE: this release file", "MiB")
+    assert hub.calls == []

@@ -212,6 +212,58 @@ def test_other_license_link_outside_the_folder_is_refused(drafter_copy, target_g
     assert not (tmp_path / "rel").exists()
 
 
+@pytest.mark.parametrize("name, front", [("LICENSE", "license: mit\n"), ("NOTICE", "license: mit\n"),
+                                         ("TERMS.md", "license: other\nlicense_name: acme\nlicense_link: TERMS.md\n")])
+def test_a_sparse_huge_license_file_is_refused_unread(drafter_copy, target_gguf, tmp_path, name, front):
+    """A license file is copied into the release whole: one of 2 GiB (sparse: nothing on disk) is
+    refused by its size before anything is written."""
+    drafter = drafter_copy("dflash-b16")
+    _card(drafter, front)
+    with open(drafter / name, "wb") as fh:
+        fh.truncate(2 << 30)
+    proc = dflash_gguf("release", drafter, "--target", target_gguf, "--types", "F16", "-o", tmp_path / "rel",
+                       "--target-license", "mit", "--skip-validate")
+    _refused(proc, f"{name}: this ", "MiB")
+    assert not (tmp_path / "rel").exists()
+
+
+CARD_VALUES = {  # each refused in one line naming the card and the field, never written to a GGUF or a card
+    "license-escape": ('license: "apache\\e[2J\\u202e"\n', "'license'"),
+    "license-binary": ("license: !!binary aGVsbG8=\n", "'license'"),
+    "license-set": ("license: !!set {mit, apache-2.0}\n", "'license'"),
+    "license-date": ("license: 2020-01-01\n", "'license'"),
+    "license-huge": (f"license: {'a' * 200_000}\n", "'license'"),
+    "gated-prompt-escape": ('license: mit\nextra_gated_prompt: "agree\\e]0;x\\a"\n', "'extra_gated_prompt'"),
+    "gated-field-date": ("license: mit\nextra_gated_fields:\n  Born: 2020-01-01\n", "'extra_gated_fields.Born'"),
+    "gated-binary": ("license: mit\nextra_gated_heading: !!binary aGVsbG8=\n", "'extra_gated_heading'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CARD_VALUES))
+def test_card_license_and_gating_values_are_typed(drafter_copy, target_gguf, tmp_path, case):
+    from tests.test_corpus import check
+
+    front, field = CARD_VALUES[case]
+    drafter = drafter_copy("dflash-b16")
+    _card(drafter, front)
+    out = tmp_path / "rel"
+    _, _, stderr = check(["release", drafter, "--target", target_gguf, "--types", "F16", "-o", out,
+                          "--target-license", "mit", "--skip-validate"], {2}, inputs=[drafter], outputs=[out])
+    assert f"README.md: field {field}" in stderr and "\x1b" not in stderr, stderr
+    assert not out.exists()
+
+
+def test_a_gated_prompt_on_several_lines_is_carried(drafter_copy, target_gguf, tmp_path):
+    drafter = drafter_copy("dflash-b16")
+    _card(drafter, "license: mit\nextra_gated_prompt: |\n  Line one.\n  Line two.\nextra_gated_eu_disallowed: true\n")
+    out = tmp_path / "rel"
+    proc = dflash_gguf("release", drafter, "--target", target_gguf, "--types", "F16", "-o", out,
+                       "--target-license", "mit", "--skip-validate")
+    assert proc.returncode == 0, proc.stderr
+    meta, _ = _front(out / "README.md")
+    assert meta["extra_gated_prompt"] == "Line one.\nLine two.\n" and meta["extra_gated_eu_disallowed"] is True
+
+
 # -- validation ----------------------------------------------------------------------------------
 
 def _fake_validator(monkeypatch, report: dict, calls: list) -> None:
