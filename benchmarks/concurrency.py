@@ -82,13 +82,17 @@ def subjects(quick: bool, backend: str, server_args: list[str], progress: Progre
 def concurrency_section(quick: bool, backend: str, progress: Progress, levels: tuple[int, ...] = LEVELS,
                         n_predict: int | None = None, rounds: int | None = None,
                         server_args: list[str] | None = None, llama_bin: Path | None = None,
-                        exact: bool = False) -> dict:
+                        exact: bool = False, keep: Callable[[Subject], bool] | None = None) -> dict:
+    """The curve on each subject; `keep(subject)`, asked as each subject comes up, may leave it out
+    (gpu_run.py: one that would not end before the deadline)."""
     from dflash_gguf.validation.concurrency import BenchSettings, concurrency_curve
 
     n_predict = n_predict or (16 if quick else 64)
     rounds = rounds or (1 if quick else 3)
     rows = []
     for subject in subjects(quick, backend, list(SERVER_ARGS if server_args is None else server_args), progress):
+        if keep is not None and not keep(subject):
+            continue
         progress(f"(h) {subject.label}: concurrency {','.join(map(str, levels))}, {len(subject.prompts)} prompts x "
                  f"{n_predict} tokens, {rounds} round(s)")
         settings = BenchSettings(levels=levels, n_predict=n_predict, rounds=rounds, backend=backend,

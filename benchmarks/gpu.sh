@@ -46,6 +46,7 @@ if [ "$backend" = cuda ]; then
   # every layer of both models on the GPU; the CPU threads only feed it
   server_args=(-ngl 99 -ngld 99 -t "$(( cores < 8 ? cores : 8 ))")
   levels=1,2,4,8,16,32
+  rounds=3
   out=${out:-docs/benchmarks-cuda.md}
   shared=()
 else
@@ -53,6 +54,7 @@ else
   build_args=(--backend cpu)
   server_args=(-t "$(( cores / 2 > 0 ? cores / 2 : 1 ))")
   levels=1,2,4,8
+  rounds=1  # the widened and the real target's curves take minutes a round on a few cores
   out=${out:-build/gpu-run/benchmarks-cpu.md}
   # on a machine with as few cores as this one, other work shares them
   shared=(); [ "$cores" -le 4 ] && shared=(--shared)
@@ -73,6 +75,6 @@ $py -m tests.fixtures.trained_gguf | while read -r line; do say "   $line"; done
 
 say "4/4 sections (deadline in $(( deadline - $(date +%s) )) s)"
 # each section is planned against the time left; one validate section takes ~1 min on 2 shared cores
-$py -m benchmarks.gpu_run --backend "$backend" --out "$out" --deadline "$deadline" --levels "$levels" \
+$py -m benchmarks.gpu_run --backend "$backend" --out "$out" --deadline "$deadline" --levels "$levels" --rounds "$rounds" \
   --estimate "$([ "$backend" = cuda ] && echo 20 || echo 60)" ${shared[@]+"${shared[@]}"} -- "${server_args[@]}"
 say "done: $out ($(( $(date +%s) - start )) s of the $(( minutes * 60 )) s budget)"

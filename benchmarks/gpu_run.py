@@ -136,11 +136,12 @@ def run(args: argparse.Namespace) -> dict:
         results["sections"]["smollm2"] = validate_rows(smol[0], {"dflash2": smol[1]}, list(BUILTIN_PROMPTS),
                                                        args.n_predict, args.backend, server_args,
                                                        llama_bin=args.llama_bin)
-    if clock.fits("concurrency", args.estimate * 3):
+    if clock.fits("concurrency", args.estimate):
         progress(f"(4) concurrency {args.levels}")
         results["sections"]["concurrency"] = concurrency.concurrency_section(
             False, args.backend, progress, tuple(int(x) for x in args.levels.split(",")), args.n_predict,
-            args.rounds, server_args, llama_bin=args.llama_bin)
+            args.rounds, server_args, llama_bin=args.llama_bin,
+            keep=lambda subject: clock.fits(f"concurrency on {subject.label}", args.estimate * 3))
     return results
 
 
