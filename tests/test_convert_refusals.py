@@ -12,6 +12,11 @@ from tests.conftest import dflash_gguf
 from tests.malformed import copy_file, edit_config, edit_tensors, regenerate_weights, truncate
 
 
+def write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path.parent
+
+
 def assert_refused(proc, out: Path, *needles: str) -> None:
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     lines = proc.stderr.strip().splitlines()
@@ -55,6 +60,13 @@ CASES = {
                       ["weights-part-b.safetensors"]),
     "wrong-shape": ("dflash-b16", lambda d: edit_tensors(d, add={"norm.weight": np.ones(32, np.float16)}),
                     ["norm.weight", "[32]", "[64]"]),
+    # a card, license or config that is not UTF-8 is refused, never read as empty (hiding its license)
+    "card-utf16": ("dflash-b16", lambda d: write_bytes(d / "README.md", "---\nlicense: cc-by-nd-4.0\n---\n".encode("utf-16")),
+                   ["README.md", "not UTF-8", "save it as UTF-8"]),
+    "license-utf16": ("dflash-b16", lambda d: write_bytes(d / "LICENSE", "CC BY-ND 4.0\n".encode("utf-16-le")),
+                      ["LICENSE", "not UTF-8", "save it as UTF-8"]),
+    "config-utf16": ("dflash-b16", lambda d: write_bytes(d / "config.json", (d / "config.json").read_text().encode("utf-16")),
+                     ["config.json", "not UTF-8", "save it as UTF-8"]),
 }
 
 
