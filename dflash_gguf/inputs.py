@@ -145,16 +145,36 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """An object's pairs as a dict; json.loads would keep the last of two equal keys silently, so
+    the value a reader sees could differ from the one another tool (or a reviewer) sees."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
 def parse_json(data: bytes | str, source: object):
     """JSON text as Python values; InputError (naming `source`) when it is not JSON, nests too
-    deeply, or holds an integer of more than MAX_INT_DIGITS digits (parsed before it is built)."""
+    deeply, repeats a key in an object, or holds an integer of more than MAX_INT_DIGITS digits (parsed before it is built)."""
     if isinstance(data, (bytes, bytearray)):
         # not json.loads(bytes), which would guess UTF-16 or UTF-32
         data = decode_text(bytes(data), source)
     try:
-        return json.loads(data, parse_int=_bounded_int)
+        return json.loads(data, parse_int=_bounded_int, object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise InputError(f"{shown(source)}: not valid JSON ({err})") from None
+    except _DuplicateKey as err:
+        raise InputError(f"{shown(source)}: key {shown(repr(err.args[0])[:80])} appears twice in one JSON object; "
+                         "keep one of them") from None
     except ValueError as err:
         raise InputError(f"{shown(source)}: not valid JSON for a model file ({err}); fix the file") from None
     except RecursionError:

@@ -12,6 +12,14 @@ from tests.conftest import dflash_gguf
 from tests.malformed import copy_file, edit_config, edit_tensors, regenerate_weights, truncate
 
 
+def repeat_key(path: Path, pair: str) -> Path:
+    """Put `pair` ("key": value) first in the file's top-level object, beside the key it repeats."""
+    text = path.read_text()
+    assert text.startswith("{") and pair.split(":")[0] in text
+    path.write_text("{" + pair + ", " + text[1:])
+    return path.parent
+
+
 def write_bytes(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path.parent
@@ -67,6 +75,12 @@ CASES = {
                       ["LICENSE", "not UTF-8", "save it as UTF-8"]),
     "config-utf16": ("dflash-b16", lambda d: write_bytes(d / "config.json", (d / "config.json").read_text().encode("utf-16")),
                      ["config.json", "not UTF-8", "save it as UTF-8"]),
+    # a repeated key is refused, not resolved to its last value
+    "config-duplicate-key": ("dflash-b16", lambda d: repeat_key(d / "config.json", '"vocab_size": 152064'),
+                             ["config.json", "'vocab_size' appears twice"]),
+    "index-duplicate-key": ("dflash-sharded", lambda d: repeat_key(d / "model.safetensors.index.json",
+                                                                   '"metadata": {}'),
+                            ["model.safetensors.index.json", "'metadata' appears twice"]),
 }
 
 
