@@ -58,7 +58,8 @@ FIELDS = _fields(
     Field("tie_word_embeddings", "bool"),
     # sliding window
     Field("dflash_config.swa_window_size", "int", 1, MAX_CONTEXT), Field("sliding_window", "int", 1, MAX_CONTEXT),
-    Field("layer_types", "str-list"),
+    # the kinds llama.cpp's DFlash graph runs; another (chunked_attention, ...) would run as full attention
+    Field("layer_types", "str-list", choices=("full_attention", "sliding_attention")),
     # names and nested objects
     Field("architectures", "str-list"), Field("rope_scaling.rope_type", "str", hi=64),
     Field("_name_or_path", "str", hi=1024),

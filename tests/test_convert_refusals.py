@@ -3,13 +3,14 @@ output file (nor a temporary one) left behind."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.conftest import dflash_gguf
-from tests.malformed import copy_file, edit_config, edit_tensors, regenerate_weights, truncate
+from tests.malformed import copy_file, edit_config, edit_tensors, regenerate_weights, truncate, write_config
 
 
 def repeat_key(path: Path, pair: str) -> Path:
@@ -81,6 +82,15 @@ CASES = {
     "index-duplicate-key": ("dflash-sharded", lambda d: repeat_key(d / "model.safetensors.index.json",
                                                                    '"metadata": {}'),
                             ["model.safetensors.index.json", "'metadata' appears twice"]),
+    # a sliding window with no size, or a layer kind llama.cpp does not run, is not full attention
+    "swa-without-window": ("dflash-swa", lambda d: edit_config(d, sliding_window=None),
+                           ["config.json", "'use_sliding_window' is true", "sliding_window", "set 'use_sliding_window' to false"]),
+    "swa-null-window": ("dflash-swa", lambda d: write_config(d, {**json.loads((d / "config.json").read_text()),
+                                                                  "sliding_window": None}),
+                        ["config.json", "'use_sliding_window' is true", "sliding_window"]),
+    "unknown-layer-type": ("dflash-swa", lambda d: edit_config(d, layer_types=["sliding_attention", "chunked_attention",
+                                                                               "full_attention"]),
+                           ["config.json", "'layer_types[1]'", "chunked_attention", "full_attention, sliding_attention"]),
 }
 
 
