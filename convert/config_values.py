@@ -81,6 +81,17 @@ FIELDS = _fields(
 )
 
 
+# A target GGUF's facts ("{arch}.block_count", ...) are the config.json fields they were converted from,
+# held to the same ranges (a block_count of 2**63 is no model).
+TARGET_GGUF = {"block_count": "num_hidden_layers", "embedding_length": "hidden_size", "vocab_size": "vocab_size"}
+
+
+def read_target_gguf(source: object, key: str, value: Any, error: type[DflashError] = CheckpointError) -> int:
+    """The target GGUF's `key` ("{arch}.block_count", ...), checked as its config.json field is."""
+    field = FIELDS[TARGET_GGUF[key.rsplit(".", 1)[-1]]]
+    return v.integer(source, key, value, field.lo, field.hi, error)
+
+
 def read(source: object, name: str, value: Any, default: Any = None,
          error: type[DflashError] = CheckpointError) -> Any:
     """The declared field `name` (see FIELDS) checked; `default` when the value is absent (None)."""

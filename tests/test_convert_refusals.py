@@ -8,9 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf import GGUFValueType as T
 
 from tests.conftest import dflash_gguf
-from tests.malformed import copy_file, edit_config, edit_tensors, regenerate_weights, truncate, write_config
+from tests.malformed import (copy_file, edit_config, edit_tensors, encode, rebuild_gguf, regenerate_weights,
+                             truncate, write_config)
 
 
 def repeat_key(path: Path, pair: str) -> Path:
@@ -115,6 +117,17 @@ def test_refuses_broken_target(target_kind, fixtures, target_gguf, tmp_path):
         needles = ["tokenizer.json", "not found"]
     out = tmp_path / "drafter.gguf"
     assert_refused(dflash_gguf("convert", fixtures / "dflash-b16", "--target", target, "-o", out), out, *needles)
+
+
+@pytest.mark.parametrize("key, value", [("qwen3.block_count", 1 << 63), ("qwen3.block_count", 1 << 32),
+                                        ("qwen3.embedding_length", 1 << 40), ("qwen3.vocab_size", 1 << 62)])
+def test_refuses_absurd_target_gguf_facts(key, value, fixtures, target_gguf, tmp_path):
+    """A target's counts are held to the ranges of the config.json fields they come from."""
+    target = rebuild_gguf(target_gguf, tmp_path / "target.gguf",
+                          kv=lambda kvs: [(k, v) for k, v in kvs if k != key] + [(key, encode(T.UINT64, value))])
+    out = tmp_path / "drafter.gguf"
+    assert_refused(dflash_gguf("convert", fixtures / "dflash-b16", "--target", target, "-o", out), out,
+                   "target.gguf", repr(key), str(value))
 
 
 def test_refuses_truncated_legacy_gguf(target_gguf, tmp_path):
