@@ -157,3 +157,12 @@ def test_existing_output_needs_force(fixtures, target_gguf, tmp_path):
     assert_refused_keep = dflash_gguf("convert", fixtures / "dflash-b16", "--target", target_gguf, "-o", out)
     assert assert_refused_keep.returncode == 2 and "--force" in assert_refused_keep.stderr
     assert out.read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize("command", ["convert", "quantize"])
+def test_output_ending_in_a_separator_is_refused(command, fixtures, target_gguf, tmp_path):
+    """`-o newdir/` names a folder: refused, never written as a file called newdir."""
+    out = tmp_path / "newdir"
+    args = (["convert", fixtures / "dflash-b16", "--target", target_gguf, "-o", f"{out}/"] if command == "convert"
+            else ["quantize", target_gguf, f"{out}/"])
+    assert_refused(dflash_gguf(*args), out, "ends with a separator", "give a file name")
