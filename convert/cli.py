@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from ..errors import GGUFFormatError, OptionError
-from ..options import force_option, json_option, target_option
+from ..options import OUTPUT_FILE, force_option, json_option, target_option
 from ..outputs import Input, Output, check_outputs
 from ..terminal import say, shown
 from . import hub
@@ -59,7 +59,7 @@ def _default_out(src: Path | hub.HubRef, outtype: str) -> Path:
                     f"(config.json + tokenizer files; no weights needed); {HELP_FORMS}, or for a GGUF "
                     f"{HELP_GGUF_FORMS} (only its metadata is read, by range requests). Optional for a "
                     "legacy GGUF.")
-@click.option("-o", "--out", type=click.Path(path_type=Path), help="Output GGUF (default: <src>[-TYPE].gguf).")
+@click.option("-o", "--out", type=OUTPUT_FILE, help="Output GGUF (default: <src>[-TYPE].gguf).")
 @click.option("--outtype", type=click.Choice(OUTTYPES), default="auto", show_default=True,
               help="Tensor type for matrices (norms and conv kernels stay F32). auto: bf16 for a bf16 "
                    "checkpoint, f16 otherwise, as upstream's converter does.")

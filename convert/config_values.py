@@ -58,7 +58,8 @@ FIELDS = _fields(
     Field("tie_word_embeddings", "bool"),
     # sliding window
     Field("dflash_config.swa_window_size", "int", 1, MAX_CONTEXT), Field("sliding_window", "int", 1, MAX_CONTEXT),
-    Field("layer_types", "str-list"),
+    # the kinds llama.cpp's DFlash graph runs; another (chunked_attention, ...) would run as full attention
+    Field("layer_types", "str-list", choices=("full_attention", "sliding_attention")),
     # names and nested objects
     Field("architectures", "str-list"), Field("rope_scaling.rope_type", "str", hi=64),
     Field("_name_or_path", "str", hi=1024),
@@ -78,6 +79,17 @@ FIELDS = _fields(
     Field("quantization_config.config_groups.weights.block_structure", "int-list", 1, MAX_SIZE),
     Field("quantization_config.config_groups.weights.group_size", "int", 1, MAX_SIZE),
 )
+
+
+# A target GGUF's facts ("{arch}.block_count", ...) are the config.json fields they were converted from,
+# held to the same ranges (a block_count of 2**63 is no model).
+TARGET_GGUF = {"block_count": "num_hidden_layers", "embedding_length": "hidden_size", "vocab_size": "vocab_size"}
+
+
+def read_target_gguf(source: object, key: str, value: Any, error: type[DflashError] = CheckpointError) -> int:
+    """The target GGUF's `key` ("{arch}.block_count", ...), checked as its config.json field is."""
+    field = FIELDS[TARGET_GGUF[key.rsplit(".", 1)[-1]]]
+    return v.integer(source, key, value, field.lo, field.hi, error)
 
 
 def read(source: object, name: str, value: Any, default: Any = None,

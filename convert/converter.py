@@ -405,9 +405,16 @@ def sliding_window(ckpt: DrafterCheckpoint) -> tuple[int, list[bool]] | None:
     use_swa_everywhere = cv.read(src, "dflash_config.use_swa", ckpt.dflash_config.get("use_swa"), False)
     window = (cv.read(src, "dflash_config.swa_window_size", ckpt.dflash_config.get("swa_window_size"))
               or ckpt.top("sliding_window"))
-    if not ((ckpt.top("use_sliding_window") or use_swa_everywhere) and window):
-        return None
     layer_types = ckpt.top("layer_types", [])
+    wanted = ckpt.top("use_sliding_window") or use_swa_everywhere
+    if wanted and window is None:
+        field = "use_sliding_window" if ckpt.top("use_sliding_window") else "dflash_config.use_swa"
+        raise CheckpointError(
+            f"{shown(src)}: field {field!r} is true but no window size is given ('sliding_window' or "
+            "'dflash_config.swa_window_size' is null or absent); give the window in tokens, or set "
+            f"{field!r} to false for full attention")
+    if not wanted:
+        return None
     if use_swa_everywhere:
         return int(window), [True] * ckpt.n_layers
     if len(layer_types) != ckpt.n_layers:

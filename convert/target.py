@@ -99,13 +99,14 @@ def _from_gguf(gguf: GGUFFile, path: Path) -> TargetInfo:
         value = gguf.get(key)
         if value is None:
             raise TargetError(f"{path}: key {key!r} is missing; re-convert the target with llama.cpp")
-        return cv.integer(path, key, value, 1, None, TargetError)
+        return cv.read_target_gguf(path, key, value, TargetError)
 
     tokens = gguf.get(Tokenizer.TOKENS)
     if not tokens or not isinstance(tokens, list) or not isinstance(tokens[0], str):
         raise TargetError(f"{path}: no {Tokenizer.TOKENS}; the target GGUF must carry its tokenizer")
     vocab_key = per_arch(Model.VOCAB_SIZE, arch)
-    n_vocab = cv.optional_integer(path, vocab_key, gguf.get(vocab_key), 1, None, TargetError) or len(tokens)
+    n_vocab = gguf.get(vocab_key)
+    n_vocab = cv.read_target_gguf(path, vocab_key, len(tokens) if n_vocab is None else n_vocab, TargetError)
     return TargetInfo(
         path=path,
         n_embd=need(per_arch(Model.EMBEDDING_LENGTH, arch)),

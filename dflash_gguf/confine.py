@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .errors import InputError, OutsideFolderError
-from .inputs import TEXT_LIMIT, record, shown
+from .inputs import TEXT_LIMIT, decode_text, record, shown
 
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _FILE_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -142,10 +142,7 @@ class Opened:
         return data
 
     def text(self, limit: int = TEXT_LIMIT, what: str = "file") -> str:
-        try:
-            return self.read(limit, what).decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise InputError(f"{shown(self.path)}: this {what} is not UTF-8 text (byte {err.start})") from None
+        return decode_text(self.read(limit, what), self.path, what)
 
     def sha256(self) -> str:
         digest = hashlib.sha256()

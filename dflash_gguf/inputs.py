@@ -12,6 +12,7 @@ is a file read, by path after resolving links or by device and inode, wherever i
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import os
@@ -22,7 +23,7 @@ from typing import BinaryIO, Iterator
 from .errors import InputError
 from .terminal import shown
 
-__all__ = ["TEXT_LIMIT", "open_regular", "read_bytes", "read_text", "parse_json", "load_json", "record",
+__all__ = ["TEXT_LIMIT", "open_regular", "read_bytes", "read_text", "decode_text", "parse_json", "load_json", "record",
            "read_by", "read_paths_under", "reading", "shown"]
 
 TEXT_LIMIT = 64 << 20  # bytes: far above any config.json, tokenizer.json or model card
@@ -116,11 +117,26 @@ def read_bytes(path: Path | str, what: str = "file", limit: int = TEXT_LIMIT) ->
     return data
 
 
-def read_text(path: Path | str, what: str = "file", limit: int = TEXT_LIMIT) -> str:
+def decode_text(data: bytes, source: object, what: str = "file", truncated: bool = False) -> str:
+    """The text of a file the tools read (a card, a license, a config, a tokenizer file, a template):
+    strict UTF-8 (a leading UTF-8 BOM dropped), else InputError naming `source`. Never decoded with
+    replacement: a UTF-16 card would read as one without front matter, hiding its license.
+    `truncated`: `data` is the head of a longer file, so a character cut at its end is not an error."""
     try:
-        return read_bytes(path, what, limit).decode("utf-8")
+        text = codecs.getincrementaldecoder("utf-8")().decode(data, final=not truncated)
     except UnicodeDecodeError as err:
-        raise InputError(f"{shown(path)}: this {what} is not UTF-8 text (byte {err.start})") from None
+        bad = err.start
+    else:
+        # a NUL byte is UTF-16 (or binary), never text a model file holds
+        bad = data.find(b"\0") if "\0" in text else -1
+        if bad < 0:
+            return text.removeprefix("\ufeff")
+    kind = " (UTF-16)" if data[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE) else ""
+    raise InputError(f"{shown(source)}: this {what} is not UTF-8 text{kind} (byte {bad}); save it as UTF-8")
+
+
+def read_text(path: Path | str, what: str = "file", limit: int = TEXT_LIMIT) -> str:
+    return decode_text(read_bytes(path, what, limit), path, what)
 
 
 def _bounded_int(text: str) -> int:
@@ -129,13 +145,36 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """An object's pairs as a dict; json.loads would keep the last of two equal keys silently, so
+    the value a reader sees could differ from the one another tool (or a reviewer) sees."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
 def parse_json(data: bytes | str, source: object):
     """JSON text as Python values; InputError (naming `source`) when it is not JSON, nests too
-    deeply, or holds an integer of more than MAX_INT_DIGITS digits (parsed before it is built)."""
+    deeply, repeats a key in an object, or holds an integer of more than MAX_INT_DIGITS digits (parsed before it is built)."""
+    if isinstance(data, (bytes, bytearray)):
+        # not json.loads(bytes), which would guess UTF-16 or UTF-32
+        data = decode_text(bytes(data), source)
     try:
-        return json.loads(data, parse_int=_bounded_int)
+        return json.loads(data, parse_int=_bounded_int, object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise InputError(f"{shown(source)}: not valid JSON ({err})") from None
+    except _DuplicateKey as err:
+        raise InputError(f"{shown(source)}: key {shown(repr(err.args[0])[:80])} appears twice in one JSON object; "
+                         "keep one of them") from None
     except ValueError as err:
         raise InputError(f"{shown(source)}: not valid JSON for a model file ({err}); fix the file") from None
     except RecursionError:

@@ -28,7 +28,7 @@ import yaml
 from . import values
 from .confine import Opened, file_in
 from .errors import LicenseError
-from .inputs import TEXT_LIMIT, open_regular
+from .inputs import TEXT_LIMIT, decode_text, open_regular
 from .secrets import refuse_secrets
 
 
@@ -296,10 +296,13 @@ _CARD_MAX_BYTES = 8 << 20
 def read_text(source, limit: int = _CARD_MAX_BYTES) -> str:
     """The text of a card or license file (at most `limit` bytes), from the file the confined reader
     opened (confine.Opened) or, for a file named on the command line, its path."""
+    what = "model card or license file"
     if hasattr(source, "pread"):
-        return source.pread(limit, 0).decode("utf-8", errors="replace")
-    with open_regular(source, "model card or license file") as fh:
-        return fh.read(limit).decode("utf-8", errors="replace")
+        data, path = source.pread(limit + 1, 0), source.path
+    else:
+        with open_regular(source, what) as fh:
+            data, path = fh.read(limit + 1), source
+    return decode_text(data[:limit], path, what, truncated=len(data) > limit)
 
 
 def gating_fields(meta: dict) -> dict:

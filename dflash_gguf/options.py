@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -21,6 +22,20 @@ STARTUP_TIMEOUT = 300.0               # seconds for the model(s) to load before 
 
 GGUF = click.Path(exists=True, dir_okay=False, path_type=Path)
 SERVER_ARGS_METAVAR = "[-- LLAMA_SERVER_ARGS...]"
+
+
+class OutputFile(click.Path):
+    """A file to write. A name ending in a separator names a folder; Path() would drop the separator
+    and a file of the folder's name would be written."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.endswith(("/", os.sep)):
+            self.fail(f"{value!r} ends with a separator, which names a folder; give a file name, e.g. "
+                      f"{value}out.gguf", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+OUTPUT_FILE = OutputFile(path_type=Path)  # an existing folder: outputs.check_outputs says so
 
 
 def target_option(*, required: bool = True, folder_ok: bool = False, kind: click.ParamType | None = None,
@@ -101,7 +116,7 @@ def server_options(f):
         click.option("--draft-max", type=click.IntRange(min=1), default=None,
                      help="Longest draft. Default: what the drafter was trained for "
                           "(dflash.block_size - 1; a whole block for anchor-first DSpark)."),
-        click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+        click.option("--log", "log_path", type=OUTPUT_FILE, default=None,
                      help="Keep llama-server's log in this file. Default: a temporary file, "
                           "removed after a clean stop."),
         click.option("--startup-timeout", type=click.FloatRange(min=1), default=STARTUP_TIMEOUT,

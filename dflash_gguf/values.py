@@ -95,6 +95,14 @@ def string(source: object, name: str, value: Any, max_len: int = MAX_STRING, *, 
     return value
 
 
+def choice(source: object, name: str, value: Any, choices: tuple[str, ...],
+           error: type[DflashError] = InputError) -> str:
+    """One of `choices`, exactly."""
+    if not isinstance(value, str) or value not in choices:
+        raise _fail(source, name, value, f"one of {', '.join(choices)}", error)
+    return value
+
+
 def mapping(source: object, name: str, value: Any, error: type[DflashError] = InputError) -> dict:
     """An object (a JSON object, a YAML mapping); null or absent gives {}."""
     if value is None:
@@ -104,11 +112,15 @@ def mapping(source: object, name: str, value: Any, error: type[DflashError] = In
     return value
 
 
-def string_list(source: object, name: str, value: Any, error: type[DflashError] = InputError) -> list[str]:
+def string_list(source: object, name: str, value: Any, error: type[DflashError] = InputError,
+                choices: tuple[str, ...] | None = None) -> list[str]:
+    """A list of strings; each one of `choices` when given."""
     if value is None:
         return []
     if not isinstance(value, list) or len(value) > MAX_LIST:
         raise _fail(source, name, value, "a list of strings", error)
+    if choices is not None:
+        return [choice(source, f"{name}[{i}]", v, choices, error) for i, v in enumerate(value)]
     return [string(source, f"{name}[{i}]", v, error=error) for i, v in enumerate(value)]
 
 
@@ -124,7 +136,8 @@ class Field:
     """One field of an untrusted file, declared once: its kind and range.
 
     kind: "int", "float", "bool", "str", "object", "str-list", "int-list". For "float", `positive`
-    and lo/hi; for ints, lo/hi (hi: what the GGUF field it goes to holds)."""
+    and lo/hi; for ints, lo/hi (hi: what the GGUF field it goes to holds); for strings, `choices`
+    when only those values have a meaning (anything else would be misread as one of them)."""
 
     name: str
     kind: str
@@ -132,6 +145,7 @@ class Field:
     hi: float | None = None
     positive: bool = False
     gguf: str | None = None  # the GGUF key the value is written to, when there is one
+    choices: tuple[str, ...] | None = None
 
     def read(self, source: object, value: Any, error: type[DflashError] = InputError,
              default: Any = None) -> Any:
@@ -146,11 +160,13 @@ class Field:
         if kind == "bool":
             return boolean(source, self.name, value, error)
         if kind == "str":
+            if self.choices is not None:
+                return choice(source, self.name, value, self.choices, error)
             return string(source, self.name, value, int(self.hi or MAX_STRING), error=error)
         if kind == "object":
             return mapping(source, self.name, value, error)
         if kind == "str-list":
-            return string_list(source, self.name, value, error)
+            return string_list(source, self.name, value, error, self.choices)
         if kind == "int-list":
             return integer_list(source, self.name, value, self.lo, self.hi, error)
         raise ValueError(f"field {self.name}: unknown kind {kind!r}")

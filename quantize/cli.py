@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ..options import build_options, force_option, json_option
+from ..options import OUTPUT_FILE, build_options, force_option, json_option
 from ..outputs import Input, Output, check_outputs
 from ..terminal import say
 from .quantize import ALL_TYPES, DEFAULT_RECIPE, RECIPES
@@ -43,7 +43,7 @@ def _counts(items) -> str:
 
 @click.command()
 @click.argument("src", metavar="IN.gguf", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.argument("out", metavar="OUT.gguf", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("out", metavar="OUT.gguf", type=OUTPUT_FILE)
 @click.option("--type", "qtype", required=True, metavar="TYPE",
               help=f"llama-quantize file type: {', '.join(ALL_TYPES)}.")
 @recipe_option

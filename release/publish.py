@@ -62,6 +62,27 @@ def release_listing(meta: dict, body: str) -> set[str]:
     return listed
 
 
+# a row of the card's Files table (card.py): | [file](./file) | type | recipe | size | `sha256` | ...
+_RECORDED = re.compile(r"^\|\s*\[[^\]]*\]\(\./([^)\s#?]+)\)\s*\|[^\n]*?`([0-9a-fA-F]{64})`", re.MULTILINE)
+
+
+def recorded_sha256(body: str) -> dict[str, set[str]]:
+    """The sha256 the card records for each file it lists in a table row."""
+    found: dict[str, set[str]] = {}
+    for name, digest in _RECORDED.findall(body):
+        found.setdefault(name, set()).add(digest.lower())
+    return found
+
+
+def _check_recorded(opened, path: Path, card: Path, recorded: set[str]) -> None:
+    """The card's sha256 for a file, checked on the open file whose bytes the commit sends."""
+    actual = opened.sha256()
+    wrong = sorted(recorded - {actual})
+    if wrong:
+        raise PublishError(f"{shown(path)}: its sha256 is {actual}, but {shown(card)} records {wrong[0]}; the file "
+                           "is not the one the release was made with: run `dflash-gguf release` again or restore it")
+
+
 def plan_upload(folder: str | Path) -> tuple[list[Upload], list[str]]:
     """(every file of the commit, the hidden entries left out), after checking that the folder holds
     exactly what its card lists, nothing that leads out of it, no file holding the user's token, and
@@ -75,6 +96,7 @@ def plan_upload(folder: str | Path) -> tuple[list[Upload], list[str]]:
                            "in the same commit")
     meta, body = lic.split_front_matter(lic.read_text(readme), str(readme.path))
     listed = release_listing(meta, body)
+    recorded = recorded_sha256(body)
     uploads, ggufs, extra, skipped = [], [], [], []
     for path in sorted(folder.iterdir()):
         name = path.name
@@ -102,6 +124,8 @@ def plan_upload(folder: str | Path) -> tuple[list[Upload], list[str]]:
         if path.suffix != ".gguf":  # a card or a license text: never gigabytes
             opened.within(TEXT_LIMIT, "release file")
         refuse_secrets_in_file(opened, path)
+        if name in recorded:
+            _check_recorded(opened, path, readme.path, recorded[name])
         if path.suffix == ".gguf":
             ggufs.append(path)
         uploads.append(Upload(name, opened.size, str(path), opened))

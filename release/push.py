@@ -76,7 +76,7 @@ def published_provenance(repo: str) -> dict | None:
             raise
         except (RepositoryNotFoundError, EntryNotFoundError):
             return None
-    meta, _ = lic.split_front_matter(card.read_text(encoding="utf-8", errors="replace"), f"{repo}/README.md")
+    meta, _ = lic.split_front_matter(lic.read_text(card), f"{repo}/README.md")
     block = meta.get(PROVENANCE_KEY)
     return block if isinstance(block, dict) else None
 

@@ -114,7 +114,7 @@ def _published_provenance(repo: str, card_paths: list[str], files: list[str]) ->
         if path in files:
             with hub.hub_errors(hub.HubRef(repo)):
                 card = Path(hf_hub_download(repo, path))
-            meta, _ = lic.split_front_matter(card.read_text(encoding="utf-8", errors="replace"), f"{repo}/{path}")
+            meta, _ = lic.split_front_matter(lic.read_text(card), f"{repo}/{path}")
             block = meta.get(PROVENANCE_KEY)
             if isinstance(block, dict):
                 return block

@@ -3,13 +3,29 @@ output file (nor a temporary one) left behind."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf import GGUFValueType as T
 
 from tests.conftest import dflash_gguf
-from tests.malformed import copy_file, edit_config, edit_tensors, regenerate_weights, truncate
+from tests.malformed import (copy_file, edit_config, edit_tensors, encode, rebuild_gguf, regenerate_weights,
+                             truncate, write_config)
+
+
+def repeat_key(path: Path, pair: str) -> Path:
+    """Put `pair` ("key": value) first in the file's top-level object, beside the key it repeats."""
+    text = path.read_text()
+    assert text.startswith("{") and pair.split(":")[0] in text
+    path.write_text("{" + pair + ", " + text[1:])
+    return path.parent
+
+
+def write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path.parent
 
 
 def assert_refused(proc, out: Path, *needles: str) -> None:
@@ -55,6 +71,28 @@ CASES = {
                       ["weights-part-b.safetensors"]),
     "wrong-shape": ("dflash-b16", lambda d: edit_tensors(d, add={"norm.weight": np.ones(32, np.float16)}),
                     ["norm.weight", "[32]", "[64]"]),
+    # a card, license or config that is not UTF-8 is refused, never read as empty (hiding its license)
+    "card-utf16": ("dflash-b16", lambda d: write_bytes(d / "README.md", "---\nlicense: cc-by-nd-4.0\n---\n".encode("utf-16")),
+                   ["README.md", "not UTF-8", "save it as UTF-8"]),
+    "license-utf16": ("dflash-b16", lambda d: write_bytes(d / "LICENSE", "CC BY-ND 4.0\n".encode("utf-16-le")),
+                      ["LICENSE", "not UTF-8", "save it as UTF-8"]),
+    "config-utf16": ("dflash-b16", lambda d: write_bytes(d / "config.json", (d / "config.json").read_text().encode("utf-16")),
+                     ["config.json", "not UTF-8", "save it as UTF-8"]),
+    # a repeated key is refused, not resolved to its last value
+    "config-duplicate-key": ("dflash-b16", lambda d: repeat_key(d / "config.json", '"vocab_size": 152064'),
+                             ["config.json", "'vocab_size' appears twice"]),
+    "index-duplicate-key": ("dflash-sharded", lambda d: repeat_key(d / "model.safetensors.index.json",
+                                                                   '"metadata": {}'),
+                            ["model.safetensors.index.json", "'metadata' appears twice"]),
+    # a sliding window with no size, or a layer kind llama.cpp does not run, is not full attention
+    "swa-without-window": ("dflash-swa", lambda d: edit_config(d, sliding_window=None),
+                           ["config.json", "'use_sliding_window' is true", "sliding_window", "set 'use_sliding_window' to false"]),
+    "swa-null-window": ("dflash-swa", lambda d: write_config(d, {**json.loads((d / "config.json").read_text()),
+                                                                  "sliding_window": None}),
+                        ["config.json", "'use_sliding_window' is true", "sliding_window"]),
+    "unknown-layer-type": ("dflash-swa", lambda d: edit_config(d, layer_types=["sliding_attention", "chunked_attention",
+                                                                               "full_attention"]),
+                           ["config.json", "'layer_types[1]'", "chunked_attention", "full_attention, sliding_attention"]),
 }
 
 
@@ -79,6 +117,17 @@ def test_refuses_broken_target(target_kind, fixtures, target_gguf, tmp_path):
         needles = ["tokenizer.json", "not found"]
     out = tmp_path / "drafter.gguf"
     assert_refused(dflash_gguf("convert", fixtures / "dflash-b16", "--target", target, "-o", out), out, *needles)
+
+
+@pytest.mark.parametrize("key, value", [("qwen3.block_count", 1 << 63), ("qwen3.block_count", 1 << 32),
+                                        ("qwen3.embedding_length", 1 << 40), ("qwen3.vocab_size", 1 << 62)])
+def test_refuses_absurd_target_gguf_facts(key, value, fixtures, target_gguf, tmp_path):
+    """A target's counts are held to the ranges of the config.json fields they come from."""
+    target = rebuild_gguf(target_gguf, tmp_path / "target.gguf",
+                          kv=lambda kvs: [(k, v) for k, v in kvs if k != key] + [(key, encode(T.UINT64, value))])
+    out = tmp_path / "drafter.gguf"
+    assert_refused(dflash_gguf("convert", fixtures / "dflash-b16", "--target", target, "-o", out), out,
+                   "target.gguf", repr(key), str(value))
 
 
 def test_refuses_truncated_legacy_gguf(target_gguf, tmp_path):
@@ -108,3 +157,12 @@ def test_existing_output_needs_force(fixtures, target_gguf, tmp_path):
     assert_refused_keep = dflash_gguf("convert", fixtures / "dflash-b16", "--target", target_gguf, "-o", out)
     assert assert_refused_keep.returncode == 2 and "--force" in assert_refused_keep.stderr
     assert out.read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize("command", ["convert", "quantize"])
+def test_output_ending_in_a_separator_is_refused(command, fixtures, target_gguf, tmp_path):
+    """`-o newdir/` names a folder: refused, never written as a file called newdir."""
+    out = tmp_path / "newdir"
+    args = (["convert", fixtures / "dflash-b16", "--target", target_gguf, "-o", f"{out}/"] if command == "convert"
+            else ["quantize", target_gguf, f"{out}/"])
+    assert_refused(dflash_gguf(*args), out, "ends with a separator", "give a file name")

@@ -213,3 +213,19 @@ def test_a_sparse_huge_license_file_is_not_sent(hub, tmp_path):
         fh.truncate(2 << 30)
     _refused(_publish(folder, "--repo", "me/tiny", env=_env(hub, tmp_path)), "LICENSE: this release file", "MiB")
     assert hub.calls == []
+
+
+def test_a_file_whose_sha256_differs_from_the_cards_is_refused(hub, tmp_path):
+    """The card's Files table records each variant's sha256; a file replaced since is never sent."""
+    import hashlib
+
+    folder = _folder(tmp_path / "rel")
+    gguf = folder / "dflash-Tiny-Q8_0.gguf"
+    recorded = hashlib.sha256(gguf.read_bytes()).hexdigest()
+    card = folder / "README.md"
+    card.write_text(card.read_text() + f"\n| File | SHA-256 |\n|---|---|\n| [{gguf.name}](./{gguf.name}) | `{recorded}` |\n")
+    env = _env(hub, tmp_path)
+    assert _publish(folder, "--repo", "me/tiny", "--dry-run", env=env).returncode == 0  # as recorded: fine
+    tiny_gguf(gguf, 2)  # another file in its place
+    _refused(_publish(folder, "--repo", "me/tiny", env=env), gguf.name, "sha256", recorded)
+    assert not hub.commits

@@ -11,7 +11,7 @@ import click
 from ..convert.model_param import ModelParam
 from ..errors import OptionError
 from ..extras import require
-from ..options import (GGUF, ServerArgsCommand, build_options, draft_option, exact_option, json_option,
+from ..options import (GGUF, OUTPUT_FILE, ServerArgsCommand, build_options, draft_option, exact_option, json_option,
                        prompts_option, rpc_option, target_option)
 from ..outputs import Input, Output, Replace, check_outputs, write_text
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
@@ -161,7 +161,7 @@ def _print_distribution(report: dict) -> None:
               help="The target's HF folder with weights (or on the Hub owner/name[@revision]), for "
                    "--reference-draft.")
 @json_option
-@click.option("--report", "report_file", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--report", "report_file", type=OUTPUT_FILE,
               help="Also write the full report as JSON to this file.")
 def validate_command(target, draft, prompts_file, n_predict, parallel, temperature, top_k, top_p, min_p, samples,
                      positions, seed, alpha, strict, exact, baseline, backend, llama_bin, threads, rpc,
