@@ -24,7 +24,7 @@ Sections (all in one process, one after the other, on the same machine and llama
       speedup with serve's defaults and with the tuned setting, llama-bench's verification cost.
   (h) concurrency (benchmarks/concurrency.py, `dflash-gguf bench`): speedup against 1-8 streams in
       flight on the trained pair, its memory-bound widening and SmolLM2 when present, acceptance per
-      slot, lossless on every stream; its own page, docs/benchmarks-concurrency.md (+ .png).
+      slot, every stream compared with the target alone; its own page, docs/benchmarks-concurrency.md (+ .png).
 
 It writes docs/benchmarks.md (tables, machine, date, llama build, commands to reproduce) and
 docs/benchmarks.png. Every speed figure is a ratio of two things measured in the same run; nothing

@@ -180,7 +180,9 @@ def render(results: dict, args: argparse.Namespace, machine: dict, load: dict) -
         lines += ["## Concurrency", ""]
         for subject in s["concurrency"]["subjects"]:
             lines += [f"### {subject['label']}", "", f"{subject['verdict'][0].upper() + subject['verdict'][1:]}; "
-                      + ("lossless on every stream." if subject["lossless"] else "**not lossless on every stream**."),
+                      + ("every stream identical to the target alone's one-slot answers." if subject["lossless"] else
+                         "**not every stream identical to the target alone's one-slot answers** (batching "
+                         "numerics unless the run was --exact: docs/validate.md)."),
                       "", concurrency.curve_table(subject), ""]
     if results["skipped"]:
         lines += ["## Skipped for time", "", *[f"- {x}" for x in results["skipped"]], ""]

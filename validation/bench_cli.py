@@ -77,7 +77,7 @@ def print_curve(report: dict) -> None:
 def bench_command(target: Path, draft: Path, levels: tuple[int, ...], prompts_file: Path | None, n_predict: int,
                   rounds: int, exact: bool, backend: str | None, llama_bin: Path | None, as_json: bool,
                   server_args: tuple[str, ...]) -> None:
-    """Throughput against concurrency, with the drafter and without, lossless on every stream.
+    """Throughput against concurrency, with the drafter and without, every stream checked.
 
     \b
     For each level N of --concurrency, two llama-servers run as `serve` starts them (the

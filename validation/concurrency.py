@@ -1,4 +1,4 @@
-"""`dflash-gguf bench`: throughput against concurrency, with the drafter and without, lossless on every stream.
+"""`dflash-gguf bench`: throughput against concurrency, with the drafter and without, every stream checked.
 
 For each concurrency N two servers run, both launched by the recipe `serve` uses (runner/launch.py)
 with `-np N`: the target alone and the target with its drafter. N client streams send their
