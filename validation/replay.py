@@ -9,8 +9,9 @@ libllama, with the context llama-server gave it (threads, batch sizes, flash att
 repacking: `ServerContext.from_args`; `--exact`'s reference kernels), and evaluates the prompt,
 then each step as the server's log recorded it (validation/server_steps.py): the same tokens at
 the same positions in batches of the same width, the rejected drafts' cache entries removed after
-each step as the server removes them. Row r of a step is then exactly what the target computed for the token after it, without
-the drafter; `validation/lossless.py` compares it with what the run emitted.
+each step as the server removes them. Row r of a step is then exactly what the target computed for
+the token after it, without the drafter; `validation/lossless.py` compares it with what the run
+emitted.
 """
 
 from __future__ import annotations
