@@ -4,8 +4,8 @@
 
 Each target below runs `dflash-gguf bench`'s library function (validation/concurrency.py): for every
 level N, the target alone and the target with its drafter, each behind a llama-server with -np N,
-N streams in flight, rounds of one pass on each server side by side; lossless checked on every
-stream against the target alone at one slot. Targets:
+N streams in flight, rounds of one pass on each server side by side; every stream's answers compared
+with the target alone's at one slot. Targets:
 
   trained        the trained pair as it is (11 MiB, decodes from the CPU caches: compute-bound)
   memory-bound   the same target widened by inert FFN units to ~457 MiB (benchmarks/memory_bound.py)
@@ -48,8 +48,8 @@ class Subject:
 
 
 def smollm2_pair() -> tuple[Path, Path] | None:
-    """The SmolLM2 target as users run it (Q4_K_M) and its faster drafter (DFlash 2, tau 1.36 against
-    DFlash's 1.27), when the issue-20 fixture has made them."""
+    """The SmolLM2 target as users run it (Q4_K_M) and its better drafter (DFlash 2: the higher tau,
+    training/README.md), when the issue-20 fixture has made them."""
     target, draft = SMOLLM2 / "target-Q4_K_M.gguf", SMOLLM2 / "dflash2.gguf"
     return (target, draft) if target.is_file() and draft.is_file() else None
 
@@ -169,7 +169,7 @@ def render_markdown(section: dict, machine: dict, load: dict, png_name: str | No
                   f"`{Path(s['target']).name}` ({s['target_mib']} MiB) with `{Path(s['draft']).name}`, "
                   f"{s['settings']['prompts']} prompts, draft length {s['settings']['draft_max']}, server "
                   f"arguments `{' '.join(s['server_args'])}`. **{s['verdict'][0].upper() + s['verdict'][1:]}.** "
-                  + ("Every stream identical at every level." if s["lossless"] else
+                  + ("Every stream identical at every level." if s["identical"] else
                      "**Not every stream was identical** (see the table)."),
                   "", curve_table(s), ""]
     return "\n".join(lines)

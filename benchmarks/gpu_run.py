@@ -180,7 +180,7 @@ def render(results: dict, args: argparse.Namespace, machine: dict, load: dict) -
         lines += ["## Concurrency", ""]
         for subject in s["concurrency"]["subjects"]:
             lines += [f"### {subject['label']}", "", f"{subject['verdict'][0].upper() + subject['verdict'][1:]}; "
-                      + ("every stream identical to the target alone's one-slot answers." if subject["lossless"] else
+                      + ("every stream identical to the target alone's one-slot answers." if subject["identical"] else
                          "**not every stream identical to the target alone's one-slot answers** (batching "
                          "numerics unless the run was --exact: docs/validate.md)."),
                       "", concurrency.curve_table(subject), ""]

@@ -23,8 +23,8 @@ from typing import BinaryIO, Iterator
 from .errors import InputError
 from .terminal import shown
 
-__all__ = ["TEXT_LIMIT", "open_regular", "read_bytes", "read_text", "decode_text", "parse_json", "load_json", "record",
-           "read_by", "read_paths_under", "reading", "shown"]
+__all__ = ["TEXT_LIMIT", "open_regular", "read_bytes", "read_text", "decode_text", "parse_json", "load_json",
+           "record", "read_by", "read_paths_under", "reading", "shown"]
 
 TEXT_LIMIT = 64 << 20  # bytes: far above any config.json, tokenizer.json or model card
 MAX_INT_DIGITS = 40    # digits of a JSON integer: far beyond any u64 or i64 a model file holds
@@ -164,7 +164,8 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
 
 def parse_json(data: bytes | str, source: object):
     """JSON text as Python values; InputError (naming `source`) when it is not JSON, nests too
-    deeply, repeats a key in an object, or holds an integer of more than MAX_INT_DIGITS digits (parsed before it is built)."""
+    deeply, repeats a key in an object, or holds an integer of more than MAX_INT_DIGITS digits (parsed
+    before it is built)."""
     if isinstance(data, (bytes, bytearray)):
         # not json.loads(bytes), which would guess UTF-16 or UTF-32
         data = decode_text(bytes(data), source)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import re
+
 import yaml
 
 from .. import __version__
@@ -155,7 +157,7 @@ def render_card(result: ReleaseResult, terms: lic.Terms, plan: LicensePlan) -> s
         tau = f"{val['tau']:.2f}" if val.get("tau") is not None else NOT_VALIDATED
         speed = f"{val['speedup']:.2f}x" if val.get("speedup") is not None else NOT_VALIDATED
         lines.append(f"| [{v.file}](./{v.file}) | {v.type} | {v.recipe or '-'} | {_size(v.bytes)} | "
-                     f"`{v.sha256}` | {tau} | {speed} |")
+                     f"`{v.sha256}` | {tau} | {speed} |")  # read back by recorded_sha256
     used = sorted({v.recipe for v in result.variants if v.recipe})
     if used:
         lines += [""] + [f"- `{r}`: {RECIPES[r].description}." for r in used]
@@ -194,3 +196,15 @@ def render_card(result: ReleaseResult, terms: lic.Terms, plan: LicensePlan) -> s
         lines.append("- License files: " + ", ".join(f"[{n}](./{n})" for n in sorted(plan.copies)) + ".")
     lines += ["", f"Converted and quantized with dflash-gguf {__version__}.", ""]
     return f"---\n{front}---\n\n" + "\n".join(lines)
+
+
+# a row of the Files table above: | [file](./file) | type | recipe | size | `sha256` | ...
+_RECORDED = re.compile(r"^\|\s*\[[^\]]*\]\(\./([^)\s#?]+)\)\s*\|[^\n]*?`([0-9a-fA-F]{64})`", re.MULTILINE)
+
+
+def recorded_sha256(body: str) -> dict[str, set[str]]:
+    """The sha256 a card's Files table records for each file it lists (what `publish` checks)."""
+    found: dict[str, set[str]] = {}
+    for name, digest in _RECORDED.findall(body):
+        found.setdefault(name, set()).add(digest.lower())
+    return found

@@ -23,6 +23,7 @@ from ..inputs import TEXT_LIMIT
 from ..secrets import known_secrets, refuse_secrets_in_file, scrub
 from ..terminal import shown
 from . import licenses as lic
+from .card import recorded_sha256
 
 log = logging.getLogger(__name__)
 
@@ -60,18 +61,6 @@ def release_listing(meta: dict, body: str) -> set[str]:
     if isinstance(link, str) and link and "://" not in link:
         listed.add(link.removeprefix("./"))
     return listed
-
-
-# a row of the card's Files table (card.py): | [file](./file) | type | recipe | size | `sha256` | ...
-_RECORDED = re.compile(r"^\|\s*\[[^\]]*\]\(\./([^)\s#?]+)\)\s*\|[^\n]*?`([0-9a-fA-F]{64})`", re.MULTILINE)
-
-
-def recorded_sha256(body: str) -> dict[str, set[str]]:
-    """The sha256 the card records for each file it lists in a table row."""
-    found: dict[str, set[str]] = {}
-    for name, digest in _RECORDED.findall(body):
-        found.setdefault(name, set()).add(digest.lower())
-    return found
 
 
 def _check_recorded(opened, path: Path, card: Path, recorded: set[str]) -> None:

@@ -1,6 +1,6 @@
 """`dflash-gguf bench`: the concurrency curve on the trained pair (the real patched llama-server at
 -np 1 and 2, every stream checked against the target alone), and the bookkeeping that decides
-losslessness, per-slot acceptance and where drafting stops paying."""
+identity, per-slot acceptance and where drafting stops paying."""
 
 from __future__ import annotations
 
@@ -31,13 +31,13 @@ def test_prompts_are_dealt_so_every_pass_covers_each_prompt_and_streams_carry_eq
     assert check_levels([4, 1, 4, 2]) == (1, 2, 4)
 
 
-def test_a_stream_whose_answer_differs_from_the_target_alone_is_not_lossless():
+def test_a_stream_whose_answer_differs_from_the_target_alone_is_not_identical():
     reference = [[1, 2, 3], [4, 5, 6]]
     jobs = deal(2, 2)
     alone = [Pass([[answer([1, 2, 3], 0)], [answer([4, 5, 6], 1)]], 1.0)]
     spec = [Pass([[answer([1, 2, 3], 0, drafted=4, accepted=2)], [answer([4, 5, 9], 1, drafted=4, accepted=0)]], 0.5)]
     row = _level(2, jobs, alone, spec, reference)
-    assert not row["lossless"] and row["target_alone_identical"]
+    assert not row["identical"] and row["target_alone_identical"]
     assert [s["identical"] for s in row["streams"]] == [True, False]
     assert row["streams"][1]["differing"] == [{"prompt": 1, "first_divergence": 2}]
     assert [(s["slot"], s["acceptance_rate"]) for s in row["slots"]] == [(0, 0.5), (1, 0.0)]
@@ -71,7 +71,7 @@ def test_bench_at_one_and_two_streams_is_identical_on_every_stream_under_exact(t
                        "--exact", "--backend", "cpu", "--", "-t", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
-    assert report["lossless"] and [r["concurrency"] for r in report["levels"]] == [1, 2]
+    assert report["identical"] and [r["concurrency"] for r in report["levels"]] == [1, 2]
     assert report["settings"] == {"levels": [1, 2], "n_predict": 24, "rounds": 2, "prompts": 3, "draft_max": 15,
                                   "exact": True}
     assert "--no-repack" in report["launch"]["recipe"]

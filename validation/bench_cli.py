@@ -29,20 +29,20 @@ def _levels(_ctx, _param, value: str) -> tuple[int, ...]:
 def print_curve(report: dict) -> None:
     """The curve as the published serving tables give it: speedup per concurrency."""
     head = (f"{'streams':>7}  {'aggregate tok/s':>21}  {'per request tok/s':>19}  {'speedup':>7}  "
-            f"{'tau':>5}  {'acceptance per slot':<24} lossless")
+            f"{'tau':>5}  {'acceptance per slot':<24} identical")
     click.echo(head)
     click.echo(f"{'':>7}  {'alone':>10} {'drafter':>10}  {'alone':>9} {'drafter':>9}")
     for r in report["levels"]:
         agg, per = r["aggregate_tokens_per_second"], r["per_request_tokens_per_second"]
         slots = " ".join(f"{s['acceptance_rate']:.2f}" for s in r["slots"])
-        lossless = "yes" if r["lossless"] else \
+        same = "yes" if r["identical"] else \
             f"NO: {sum(not s['identical'] for s in r['streams'])} of {len(r['streams'])} streams differ"
         click.echo(f"{r['concurrency']:>7}  {agg[ALONE]:>10.1f} {agg[DRAFTER]:>10.1f}  {per[ALONE] or 0:>9.1f} "
-                   f"{per[DRAFTER] or 0:>9.1f}  {r['speedup']:>6.2f}x  {r['tau']:>5.2f}  {slots:<24} {lossless}")
+                   f"{per[DRAFTER] or 0:>9.1f}  {r['speedup']:>6.2f}x  {r['tau']:>5.2f}  {slots:<24} {same}")
         if not r["target_alone_identical"]:
             click.echo(f"{'':>9}note: the target alone at -np {r['concurrency']} differs from its one-slot "
                        "answers too (the build is not batch-invariant for this model)")
-    if not report["lossless"] and not report["settings"].get("exact"):
+    if not report["identical"] and not report["settings"].get("exact"):
         click.echo("\nA stream that differs is not shown lossless, nor shown wrong: without --exact this build's "
                    "verify batches and multi-slot batches may round differently from one token at one slot. "
                    "Rerun with --exact (batch-invariant kernels: then a difference is the drafter's), or prove "
@@ -87,7 +87,7 @@ def bench_command(target: Path, draft: Path, levels: tuple[int, ...], prompts_fi
     speedup is a ratio measured side by side. Reported per level: aggregate tokens/s (all
     streams' tokens over the wall time), per-request tokens/s (the server's own timing),
     the speedup, tau and the acceptance of each server slot (llama.cpp #27117: acceptance
-    drops with many slots), and whether every stream is lossless: each answer, greedy,
+    drops with many slots), and whether every stream is identical: each answer, greedy,
     identical token for token to the target alone's at one slot for the same prompt.
     Then where drafting stops paying, from the numbers.
 
@@ -116,7 +116,7 @@ def bench_command(target: Path, draft: Path, levels: tuple[int, ...], prompts_fi
         click.echo(json.dumps(report, indent=2))
     else:
         print_curve(report)
-    sys.exit(0 if report["lossless"] else 1)
+    sys.exit(0 if report["identical"] else 1)
 
 
 commands = [bench_command]

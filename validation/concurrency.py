@@ -13,7 +13,8 @@ Per-request tokens/s is the server's own (`timings.predicted_per_second`). Accep
 per server slot (`id_slot` of each answer; llama.cpp #27117: acceptance drops with many slots).
 Every answer of every stream, at every N and on both servers, is compared token by token with
 the target alone's at one slot, one request at a time (the reference, run first): a stream is
-lossless when all its answers are identical to it.
+identical when all its answers are identical to it (bit-exact under `--exact`; otherwise a
+difference can be batching numerics, which `validate` tells apart).
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ def _level(n: int, jobs: list[list[int]], alone: list[Pass], spec: list[Pass], r
         "tau": round(measure.mean_acceptance_length(produced, accepted, requests), 4),
         "acceptance_rate": round(measure.acceptance_rate(drafted, accepted), 4),
         "slots": _slots(spec),
-        "lossless": all(s["identical"] for s in drafter_streams),
+        "identical": all(s["identical"] for s in drafter_streams),
         "streams": drafter_streams,
         # the target's own answers at N slots against one slot: batch invariance of the build, not the drafter
         "target_alone_identical": all(s["identical"] for s in alone_streams),
@@ -235,11 +236,11 @@ def concurrency_curve(target: str | Path, draft: str | Path, prompts: Sequence[s
         row = _level(n, jobs, alone, spec, reference)
         rows.append(row)
         progress(f"concurrency {n}: {row['speedup']}x, tau {row['tau']:.2f}, "
-                 f"{'identical to the one-slot answers' if row['lossless'] else 'DIFFERS from the one-slot answers'}"
+                 f"{'identical to the one-slot answers' if row['identical'] else 'DIFFERS from the one-slot answers'}"
                  f" on {sum(s['identical'] for s in row['streams'])} of {n} stream(s)")
     return {
         "target": str(target), "draft": str(draft),
-        "lossless": all(r["lossless"] for r in rows),
+        "identical": all(r["identical"] for r in rows),
         "stops_paying_at": stops_paying(rows),
         "verdict": verdict_line(rows),
         "levels": rows,
