@@ -18,7 +18,7 @@ import gguf
 
 from ..confine import find_in
 from ..errors import InputError, TargetError
-from ..inputs import parse_json
+from ..inputs import decode_text, parse_json
 from ..terminal import shown
 from .gguf_file import KV, kv_from_writer
 from .keys import ARCH, Tokenizer
@@ -69,19 +69,32 @@ def _check_merges(path: Path, model: dict, opened: dict) -> None:
 
 
 def _check_chat_template(folder: Path, opened: dict) -> None:
-    """tokenizer_config.json's chat_template as gguf-py reads it: a string, or a list of {name, template}
-    objects (another type it skips with a warning naming its private copy of the file)."""
+    """The chat template as gguf-py reads it: tokenizer_config.json's chat_template, else the text of
+    chat_template.jinja, else chat_template.json's chat_template field; a string, or a list of
+    {name, template} objects (another type it skips with a warning naming its private copy of the
+    file, and a malformed fallback file it does not survive)."""
     if "tokenizer_config.json" not in opened:
         return
     path = folder / "tokenizer_config.json"
     config = parse_json(opened["tokenizer_config.json"].read(what="tokenizer config"), path)
     template = config.get("chat_template") if isinstance(config, dict) else None
+    if template is None and "chat_template.jinja" in opened:
+        decode_text(opened["chat_template.jinja"].read(what="chat template"), folder / "chat_template.jinja",
+                    "chat template")
+        return
+    if template is None and "chat_template.json" in opened:
+        path = folder / "chat_template.json"
+        fallback = parse_json(opened["chat_template.json"].read(what="chat template"), path)
+        if not isinstance(fallback, dict):
+            raise TargetError(f"{shown(path)}: not a JSON object with a 'chat_template' field; "
+                              "fix chat_template.json or remove it")
+        template = fallback.get("chat_template")
     if template is None or isinstance(template, str) or (isinstance(template, list) and all(
             isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
             for t in template)):
         return
     raise TargetError(f"{shown(path)}: field 'chat_template' = {shown(repr(template)[:40])} is not a chat template "
-                      "(a string, or a list of {name, template} objects); fix tokenizer_config.json")
+                      f"(a string, or a list of {{name, template}} objects); fix {path.name}")
 
 
 def _looks_special(token: str) -> bool:

@@ -644,12 +644,24 @@ def _tok_config(**changes):
     return apply
 
 
+def _template_file(name: str, text: str | bytes):
+    """The chat template only in `name` (gguf-py's fallback when tokenizer_config.json has none)."""
+    def apply(folder: Path) -> None:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        config.pop("chat_template", None)
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+        (folder / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+    return apply
+
+
 TARGET_FOLDER_REFUSALS = {  # what gguf-py would skip with a warning, writing a GGUF llama.cpp cannot use
     "merges-string": (_tok(lambda s: {**s, "model": {**s["model"], "merges": "x y"}}), "tokenizer.json", "model.merges"),
     "merges-empty": (_tok(lambda s: {**s, "model": {**s["model"], "merges": []}}), "tokenizer.json", "model.merges"),
     "merges-triples": (_tok(lambda s: {**s, "model": {**s["model"], "merges": [["a", "b", "c"]]}}), "tokenizer.json",
                        "model.merges"),
     "chat-template-int": (_tok_config(chat_template=5), "tokenizer_config.json", "chat_template"),
+    "chat-template-json-int": (_template_file("chat_template.json", '{"chat_template": 5}'), "chat_template.json",
+                               "chat_template"),
     "chat-template-list-of-strings": (_tok_config(chat_template=["x"]), "tokenizer_config.json", "chat_template"),
 }
 
@@ -664,6 +676,37 @@ def test_target_folder_values_gguf_py_would_skip_are_refused(base, tmp_path, cas
     _, _, stderr = check(["convert", _ckpt(base, tmp_path), "--target", target, "-o", out], {2},
                          inputs=[target], outputs=[out])
     assert f"target-hf/{name}: field '{field}'" in stderr and "dflash-gguf-tokenizer" not in stderr, stderr
+
+
+TEMPLATE_FILE_REFUSALS = {  # fallback files gguf-py would read and fail on (a traceback before these checks)
+    "json-list": (_template_file("chat_template.json", "[1]"), "chat_template.json: not a JSON object"),
+    "json-broken": (_template_file("chat_template.json", "{"), "chat_template.json"),
+    "jinja-not-utf8": (_template_file("chat_template.jinja", b"{{ \xff }}"), "chat_template.jinja"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TEMPLATE_FILE_REFUSALS))
+def test_malformed_chat_template_files_are_refused(base, tmp_path, case):
+    edit, expected = TEMPLATE_FILE_REFUSALS[case]
+    target = tmp_path / "target-hf"
+    shutil.copytree(base["fixtures"] / "target-hf", target, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    edit(target)
+    out = tmp_path / "o.gguf"
+    _, _, stderr = check(["convert", _ckpt(base, tmp_path), "--target", target, "-o", out], {2},
+                         inputs=[target], outputs=[out])
+    assert f"target-hf/{expected}" in stderr and "dflash-gguf-tokenizer" not in stderr, stderr
+
+
+def test_a_chat_template_json_fallback_is_written_as_gguf_py_reads_it(base, tmp_path):
+    from dflash_gguf.convert.gguf_file import GGUFFile
+
+    target = tmp_path / "target-hf"
+    shutil.copytree(base["fixtures"] / "target-hf", target, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    _template_file("chat_template.json", json.dumps({"chat_template": "{{ messages }}"}))(target)
+    out = tmp_path / "o.gguf"
+    check(["convert", _ckpt(base, tmp_path), "--target", target, "-o", out], {0}, inputs=[target], outputs=[out])
+    with GGUFFile(out) as written:
+        assert written.get("tokenizer.chat_template") == "{{ messages }}"
 
 
 # -- class 2/3: release folders handed to publish ------------------------------------------------------------
