@@ -30,6 +30,9 @@ class DistillSet:
     valid_end: torch.Tensor     # [N]
     first_anchor: torch.Tensor  # [N]
     mask_token_id: int
+    # the target's final (normed) hidden state of every fed token, [N, >= L - 1, hidden] (half);
+    # through its head, the target's distribution over the next token (the soft labels)
+    finals: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,47 @@ def new_drafter(config_dict: dict, seed: int):
         if not torch.isfinite(param).all():
             raise RuntimeError(f"{pname} is not initialised")
     return drafter.float()
+
+
+@torch.no_grad()
+def init_from_target(drafter, target, feats: torch.Tensor) -> None:
+    """Start the drafter's layers as the target layers that follow its deepest tapped one.
+
+    The drafter's context is `hidden_norm(fc(taps))`; with `fc` picking the deepest tap (the output
+    of target layer L) and `hidden_norm` the next layer's input norm, the context keys and values of
+    the first drafter layer are exactly those target layer L+1 computes, and the head then reads the
+    drafter's output as it reads the target's last layers'. What the copy cannot carry over: the
+    drafter's Qwen3 attention normalises q and k per head (the target's llama attention does not),
+    so their gains start at the typical q/k RMS the target layer has on `feats` (a sample of tapped
+    states), which keeps the attention scores near the target's for tokens of typical size.
+    """
+    taps = list(drafter.target_layer_ids)
+    hidden = drafter.config.hidden_size
+    first = taps[-1] + 1
+    sources = target.model.layers[first: first + len(drafter.layers)]
+    if len(sources) != len(drafter.layers):
+        raise ValueError(f"target layers {first}.. cannot seed {len(drafter.layers)} drafter layers")
+    deepest = feats.reshape(-1, feats.shape[-1])[:, (len(taps) - 1) * hidden:].float()
+    for mine, theirs in zip(drafter.layers, sources):
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            getattr(mine.self_attn, name).weight.copy_(getattr(theirs.self_attn, name).weight)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(mine.mlp, name).weight.copy_(getattr(theirs.mlp, name).weight)
+        mine.input_layernorm.weight.copy_(theirs.input_layernorm.weight)
+        mine.post_attention_layernorm.weight.copy_(theirs.post_attention_layernorm.weight)
+        x = theirs.input_layernorm(deepest.to(theirs.input_layernorm.weight.dtype))
+        head_dim = mine.self_attn.head_dim
+        for proj, norm in ((theirs.self_attn.q_proj, mine.self_attn.q_norm),
+                           (theirs.self_attn.k_proj, mine.self_attn.k_norm)):
+            rms = proj(x.to(proj.weight.dtype)).float().view(len(x), -1, head_dim).pow(2).mean(-1).sqrt()
+            norm.weight.fill_(float(rms.mean()))
+        for conv in (mine.attention_conv, mine.mlp_conv):
+            if conv is not None:
+                conv.kernel_projection.weight.zero_()  # the identity exactly, until trained
+    drafter.fc.weight.zero_()
+    drafter.fc.weight[:, (len(taps) - 1) * hidden:] = torch.eye(hidden)
+    drafter.hidden_norm.weight.copy_(sources[0].input_layernorm.weight)
+    drafter.norm.weight.copy_(target.model.norm.weight)
 
 
 def save_drafter(drafter, folder: Path, config_dict: dict) -> None:
@@ -243,7 +287,24 @@ def drafter_loss(drafter, target, data: DistillSet, seq, anchors, spec):
     labels = block_ids[:, 1:]
     ok = label_ok[:, 1:].float()
     weights = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / spec["gamma"])[None] * ok
-    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(ok)
+    log_probs = F.log_softmax(logits.float(), -1)
+    ce = -log_probs.gather(-1, labels[..., None])[..., 0]
+    soft, feature = spec.get("soft_labels", 0.0), spec.get("feature_loss", 0.0)
+    if soft or feature:
+        if data.finals is None:
+            raise ValueError("soft_labels and feature_loss need the target's final states (DistillSet.finals)")
+        # the target's final (normed) state at each label's position: through the head, its whole
+        # next-token distribution, not only its argmax
+        positions = (anchors[..., None] + torch.arange(block - 1)).clamp(max=data.finals.shape[1] - 1)
+        finals = data.finals[seq[:, None, None], positions].reshape(rows * n, block - 1, -1)
+        if soft:
+            with torch.no_grad():
+                probs = F.softmax(head(finals.to(head.weight.dtype)).float(), -1)
+            ce = (1 - soft) * ce - soft * (probs * log_probs).sum(-1)
+        if feature:
+            # EAGLE's feature regression: the drafter's output state against the target's, both
+            # read by the same head; a dense signal per label
+            ce = ce + feature * F.smooth_l1_loss(hidden.float(), finals.float(), reduction="none").mean(-1)
     loss = (ce * weights).sum() / weights.sum().clamp_min(1e-6)
     with torch.no_grad():
         hit = (logits.argmax(-1) == labels).float() * ok

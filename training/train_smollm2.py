@@ -43,28 +43,28 @@ OUT = fixture.COMMITTED
 PROMPTS = 1200                # all the prompts stage made (in its seeded order)
 PROMPT_POOL = 1200            # of the 1,336 the pools give half code, half chat (training/smollm2_prompts.py)
 MAX_PROMPT_TOKENS = 320       # longer rendered prompts are dropped
-ANSWER_TOKENS = 64            # greedy tokens per answer (as many as the evaluation drafts)
+ANSWER_TOKENS = 128           # greedy tokens per answer (the evaluation drafts 64; the rest is more data)
 TARGET_LAYER_IDS = (1, 14, 27)  # dflash.model.build_target_layer_ids(30, 3)
-DISTILL_BATCH = 32
+DISTILL_BATCH = 64
 # SmolLM2's embedding has no spare row (49,152 tokens, all in use): the mask is <empty_output>, a
 # special token of its pretraining format that chat never produces.
 MASK_TOKEN_ID = 16
 EOS_TOKEN_ID = 2                # <|im_end|>, the end of an assistant turn
 EVAL_NEW_TOKENS = 64
-# The drafter's final norm starts at this gain, not 1: its hidden state is then mostly the mask
-# token's embedding, and through SmolLM2's tied head (row norms ~3.2) a gain of 1 gives that token a
-# logit ~60 above the label's (measured: initial loss 52-63), which Adam's ~lr-sized steps would take
-# hundreds of steps to shrink. At 0.05 the first loss is near log(vocab).
-NORM_INIT = 0.05
 
+# Both drafters start from the target's layers 28-29 (recipe.init_from_target) and learn from the
+# target's whole next-token distribution (soft_labels: its weight against the greedy token) and its
+# final hidden state (feature_loss), besides the recipe's greedy-token loss; see training/README.md.
 DRAFTERS = {
     "dflash": {
         "architecture": "DFlashDraftModel", "num_layers": 2, "block_size": 16,
-        "steps": 1600, "seqs_per_step": 4, "anchors_per_seq": 8, "lr": 1.5e-3, "gamma": 7.0,
+        "steps": 3000, "seqs_per_step": 4, "anchors_per_seq": 8, "lr": 1.5e-3, "gamma": 7.0,
+        "soft_labels": 0.5, "feature_loss": 1.0,
     },
     "dflash2": {
         "architecture": "DFlash2DraftModel", "num_layers": 2, "block_size": 8,
-        "steps": 1200, "seqs_per_step": 4, "anchors_per_seq": 8, "lr": 1.5e-3, "gamma": 4.0,
+        "steps": 3600, "seqs_per_step": 4, "anchors_per_seq": 8, "lr": 1.5e-3, "gamma": 4.0,
+        "soft_labels": 0.5, "feature_loss": 1.0,
         # llama.cpp: n_embd % conv_group_size == 0 and n_embd >= top_k * (top_k + 1); rank 16
         # keeps the codebooks (2 x 49,152 x rank) inside the 40 MB the two drafters may commit
         "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 16, "selector_top_k": 8,
@@ -146,9 +146,11 @@ def stage_prompts(count: int = PROMPT_POOL) -> None:
 
 @torch.inference_mode()
 def greedy_with_features(target, prompts: list[list[int]], new_tokens: int):
-    """Batched greedy answers (left-padded, KV cache, stop at <|im_end|>) and the tapped hidden
-    states of every token fed to the target: (prompt + answer ids, [len - 1, n_feat] features) per
-    prompt. The last answer token is never fed, so it has no features (it is only ever a label)."""
+    """Batched greedy answers (left-padded, KV cache, stop at <|im_end|>), the tapped hidden
+    states of every token fed to the target and its final (normed) hidden state, from which the
+    head gives the target's distribution over the next token: (prompt + answer ids, [len - 1,
+    n_feat] features, [len - 1, hidden] final states) per prompt. The last answer token is never
+    fed, so it has neither (it is only ever a label)."""
     from dflash.model import extract_context_feature
     from transformers import DynamicCache
 
@@ -163,6 +165,7 @@ def greedy_with_features(target, prompts: list[list[int]], new_tokens: int):
     out = target(batch, attention_mask=mask, position_ids=position, past_key_values=cache,
                  use_cache=True, output_hidden_states=True, logits_to_keep=1)
     feats = [extract_context_feature(out.hidden_states, list(TARGET_LAYER_IDS)).half()]
+    finals = [out.hidden_states[-1].half()]  # transformers' last entry is after the final norm
     token = out.logits[:, -1].argmax(-1)
     answers, finished = [token], token == EOS_TOKEN_ID
     position = position[:, -1:]
@@ -174,18 +177,20 @@ def greedy_with_features(target, prompts: list[list[int]], new_tokens: int):
         out = target(token[:, None], attention_mask=mask, position_ids=position, past_key_values=cache,
                      use_cache=True, output_hidden_states=True)
         feats.append(extract_context_feature(out.hidden_states, list(TARGET_LAYER_IDS)).half())
+        finals.append(out.hidden_states[-1].half())
         token = out.logits[:, -1].argmax(-1)
         answers.append(token)
         finished |= token == EOS_TOKEN_ID
     answers = torch.stack(answers, 1)
-    feats = torch.cat(feats, 1)
+    feats, finals = torch.cat(feats, 1), torch.cat(finals, 1)
     results = []
     for r, ids in enumerate(prompts):
         answer = answers[r].tolist()
         if EOS_TOKEN_ID in answer:
             answer = answer[: answer.index(EOS_TOKEN_ID) + 1]
         start = longest - len(ids)
-        results.append((ids + answer, feats[r, start: start + len(ids) + len(answer) - 1].clone()))
+        fed = slice(start, start + len(ids) + len(answer) - 1)
+        results.append((ids + answer, feats[r, fed].clone(), finals[r, fed].clone()))
     return results
 
 
@@ -220,7 +225,7 @@ def stage_distill(batch_size: int = DISTILL_BATCH) -> None:
         return
     prompts = [r["ids"] for r in _read_jsonl(work_dir() / "prompts.jsonl")][:PROMPTS]
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
-    parts = work_dir() / f"distill-{len(prompts)}"
+    parts = work_dir() / f"distill-{len(prompts)}x{ANSWER_TOKENS}"
     parts.mkdir(exist_ok=True)
     target = load_target(torch.bfloat16)
     started, made = time.time(), 0
@@ -234,7 +239,7 @@ def stage_distill(batch_size: int = DISTILL_BATCH) -> None:
         torch.save({"rows": rows, "results": results}, tmp)
         tmp.replace(part)
         part.with_suffix(".claim").unlink(missing_ok=True)
-        made += sum(len(ids) for ids, _ in results)
+        made += sum(len(ids) for ids, _, _ in results)
         done = sum((parts / f"{i:04d}.pt").is_file() for i in range(len(batches)))
         log(f"distill: batch {b + 1} done, {done}/{len(batches)} on disk ({time.time() - started:.0f} s, "
             f"{made / (time.time() - started):.0f} tok/s in this process)")
@@ -247,19 +252,21 @@ def stage_distill(batch_size: int = DISTILL_BATCH) -> None:
         for i, result in zip(saved["rows"], saved["results"]):
             sequences.append(result)
             prompt_lengths.append(len(prompts[i]))
-    width = max(len(ids) for ids, _ in sequences)
-    n_feat = sequences[0][1].shape[-1]
+    width = max(len(ids) for ids, _, _ in sequences)
+    n_feat, hidden = sequences[0][1].shape[-1], sequences[0][2].shape[-1]
     ids = torch.full((len(sequences), width), EOS_TOKEN_ID, dtype=torch.int32)
     feats = torch.zeros((len(sequences), width, n_feat), dtype=torch.float16)
-    for i, (seq_ids, seq_feats) in enumerate(sequences):
+    finals = torch.zeros((len(sequences), width, hidden), dtype=torch.float16)
+    for i, (seq_ids, seq_feats, seq_finals) in enumerate(sequences):
         ids[i, : len(seq_ids)] = torch.tensor(seq_ids, dtype=torch.int32)
         feats[i, : len(seq_feats)] = seq_feats
-    lengths = torch.tensor([len(s) for s, _ in sequences])
+        finals[i, : len(seq_finals)] = seq_finals
+    lengths = torch.tensor([len(s) for s, _, _ in sequences])
     prompt_lengths = torch.tensor(prompt_lengths)
-    ended = sum(int(s[-1] == EOS_TOKEN_ID) for s, _ in sequences)
+    ended = sum(int(s[-1] == EOS_TOKEN_ID) for s, _, _ in sequences)
     tmp = out.with_suffix(f".{os.getpid()}.partial")
-    torch.save({"ids": ids, "feats": feats, "lengths": lengths, "prompt_lengths": prompt_lengths,
-                "target_layer_ids": list(TARGET_LAYER_IDS)}, tmp)
+    torch.save({"ids": ids, "feats": feats, "finals": finals, "lengths": lengths,
+                "prompt_lengths": prompt_lengths, "target_layer_ids": list(TARGET_LAYER_IDS)}, tmp)
     tmp.replace(out)
     log(f"distill: {len(sequences)} answers, {int((lengths - prompt_lengths).sum())} answer tokens "
         f"({ended} end with <|im_end|>) in {time.time() - started:.0f} s")
@@ -270,7 +277,8 @@ def load_features() -> DistillSet:
     if data["target_layer_ids"] != list(TARGET_LAYER_IDS):
         raise RuntimeError("features.pt was made with other target layers: delete it and rerun --stage distill")
     return DistillSet(ids=data["ids"].long(), feats=data["feats"], valid_end=data["lengths"],
-                      first_anchor=data["prompt_lengths"] - 1, mask_token_id=MASK_TOKEN_ID)
+                      first_anchor=data["prompt_lengths"] - 1, mask_token_id=MASK_TOKEN_ID,
+                      finals=data["finals"])
 
 
 # --- stages: dflash, dflash2 ---------------------------------------------------------------
@@ -292,8 +300,9 @@ A {spec['num_layers']}-layer {variant} drafter for `{fixture.BASE_MODEL}`, train
 `make train-smollm2` (`training/train_smollm2.py`, recipe and data in `training/README.md`) on CPU,
 on the target's own greedy answers to chat prompts built offline (code requests from the CPython
 standard library, explanations from its documentation, everyday requests): {trained_steps} steps of
-{spec['seqs_per_step'] * spec['anchors_per_seq']} blocks. It reads the
-target's hidden states at layers {list(TARGET_LAYER_IDS)} and borrows its embeddings and output head.
+{spec['seqs_per_step'] * spec['anchors_per_seq']} blocks, from copies of the target's layers {TARGET_LAYER_IDS[-1] + 1}-{TARGET_LAYER_IDS[-1] + spec['num_layers']}, towards the target's
+greedy token and its whole next-token distribution. It reads the target's hidden states at layers
+{list(TARGET_LAYER_IDS)} and borrows its embeddings and output head.
 Mask token: id {MASK_TOKEN_ID} (`<empty_output>`).
 
 A test fixture of the dflash-gguf project: its acceptance is in `reference_tau.json` beside it.
@@ -303,14 +312,14 @@ License: Apache-2.0, as the target.
 
 def stage_drafter(name: str, steps: int | None = None, minutes: float | None = None) -> None:
     spec = DRAFTERS[name]
-    target = load_target()
+    target = load_target(torch.bfloat16)  # frozen: bf16 as autocast would cast it, once
     config = recipe.drafter_config_dict(spec, shape(target.config))
     index = list(DRAFTERS).index(name)
     drafter = recipe.new_drafter(config, SEED + 10 + index)
-    with torch.no_grad():
-        drafter.norm.weight.fill_(NORM_INIT)
+    data = load_features()
+    recipe.init_from_target(drafter, target, data.feats[:64, :64])
     drafter = recipe.train_drafter(
-        drafter, target, load_features(), spec,
+        drafter, target, data, spec,
         steps or spec["steps"], SEED + 20 + index, name,
         checkpoint=work_dir() / f"{name}.ckpt", bf16=True,
         deadline=time.time() + minutes * 60 if minutes else None)
@@ -332,7 +341,7 @@ def stage_eval(only: str | None = None) -> dict:
     drafter under bf16 autocast): on this shared machine the reference loop itself, one target
     verification per step, did not fit in the time left."""
     prompts = eval_prompt_ids()
-    path = work_dir() / "eval-greedy.pt"
+    path = work_dir() / "eval-greedy-v2.pt"
     if path.is_file():
         greedy = torch.load(path)
     else:
@@ -347,7 +356,7 @@ def stage_eval(only: str | None = None) -> dict:
         started = time.time()
         runs = []
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            for ids, (full, feats) in zip(prompts, greedy):
+            for ids, (full, feats, _) in zip(prompts, greedy):
                 runs.append(recipe.replay_acceptance(drafter, target, full, feats.float(), len(ids),
                                                      EVAL_NEW_TOKENS, DRAFTERS[name], MASK_TOKEN_ID,
                                                      [EOS_TOKEN_ID]))
@@ -356,7 +365,7 @@ def stage_eval(only: str | None = None) -> dict:
             "tau": round(sum(lengths) / len(lengths), 4),
             "per_prompt": [round(sum(r) / len(r), 3) for r in runs],
             "steps": len(lengths), "tokens": sum(lengths), "acceptance_lengths": runs,
-            "output_ids": [full[len(ids):len(ids) + sum(r) + 1] for ids, (full, _), r in zip(prompts, greedy, runs)],
+            "output_ids": [full[len(ids):len(ids) + sum(r) + 1] for ids, (full, _, _), r in zip(prompts, greedy, runs)],
         }
         log(f"eval {name}: tau {results[name]['tau']:.3f} per prompt {results[name]['per_prompt']} "
             f"({time.time() - started:.0f} s)")
