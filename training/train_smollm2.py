@@ -10,8 +10,9 @@ Stages (training/README.md has the recipe, the data and the measured times):
     distill    the target's own greedy answers (the HF target derived from the GGUF, bf16,
                batched, KV cache) with its hidden states at TARGET_LAYER_IDS for every token
     dflash     DFlashDraftModel trained by training/dflash_recipe.py (checkpointed every 50 steps)
-    dflash2    DFlash2DraftModel, the same
-    eval       tau of each drafter with the reference `dflash_generate` (target float32, greedy,
+    dflash2    DFlash2DraftModel, the same (every stage at once runs the two side by side, one
+               process and one thread each)
+    eval       tau of each drafter by the reference `dflash_generate`'s acceptance rule (greedy,
                64 new tokens) on tests/fixtures/smollm2/eval_prompts.jsonl -> reference_tau.json
 
 The target comes from tests/fixtures/smollm2.py (the wheel's GGUF, requantized; its HF form
@@ -398,31 +399,58 @@ def write_reference_tau(prompts: list[list[int]], results: dict) -> None:
 
 # --- command line --------------------------------------------------------------------------
 
+def run_stage(stage: str, args) -> None:
+    started = time.time()
+    log(f"== stage {stage}")
+    if stage == "prompts":
+        stage_prompts()
+    elif stage == "distill":
+        stage_distill()
+    elif stage in DRAFTERS:
+        stage_drafter(stage, args.steps, args.minutes)
+    elif stage == "eval":
+        stage_eval(args.drafter)
+    log(f"== stage {stage} done in {time.time() - started:.0f} s")
+
+
+def train_drafters_side_by_side(args) -> None:
+    """Both drafter stages at once, one process and one thread each (how the committed drafters were
+    trained: a drafter step is too small to keep two threads busy, two processes are not)."""
+    import subprocess
+
+    extra = [*(["--steps", str(args.steps)] if args.steps else []),
+             *(["--minutes", str(args.minutes)] if args.minutes else [])]
+    workers = {name: subprocess.Popen([sys.executable, "-m", "training.train_smollm2", "--stage", name,
+                                       "--threads", "1", *extra]) for name in DRAFTERS}
+    failed = [name for name, worker in workers.items() if worker.wait() != 0]
+    if failed:
+        raise SystemExit(f"train-smollm2: stage {', '.join(failed)} failed (rerun: it resumes from its checkpoint)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stage", choices=("all", *STAGES), default="all")
     parser.add_argument("--steps", type=int, default=None, help="override a drafter stage's step count")
-    # one thread: on a shared machine a second OpenMP thread spins at every barrier (measured:
-    # batched decoding 7x slower with 2 threads than with 1 when other work runs)
-    parser.add_argument("--threads", type=int, default=1)
+    # on a shared machine a second OpenMP thread spins at every barrier (measured: batched decoding
+    # 7x slower with 2 threads than with 1 when other work runs); `all` trains the two drafters
+    # side by side, one thread each, whatever this says
+    parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
+                        help="torch threads for the stage (default: up to 2)")
     parser.add_argument("--minutes", type=float, default=None,
                         help="a drafter stage stops after this long (checkpointed; the card says how many steps)")
     parser.add_argument("--drafter", choices=DRAFTERS, default=None, help="eval: only this drafter")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    for stage in STAGES if args.stage == "all" else (args.stage,):
-        started = time.time()
-        log(f"== stage {stage}")
-        if stage == "prompts":
-            stage_prompts()
-        elif stage == "distill":
-            stage_distill()
-        elif stage in DRAFTERS:
-            stage_drafter(stage, args.steps, args.minutes)
-        elif stage == "eval":
-            stage_eval(args.drafter)
-        log(f"== stage {stage} done in {time.time() - started:.0f} s")
+    if args.stage != "all":
+        run_stage(args.stage, args)
+        return 0
+    run_stage("prompts", args)
+    run_stage("distill", args)
+    started = time.time()
+    train_drafters_side_by_side(args)
+    log(f"== drafters done in {time.time() - started:.0f} s")
+    run_stage("eval", args)
     return 0
 
 
