@@ -220,7 +220,7 @@ def stage_distill(batch_size: int = DISTILL_BATCH) -> None:
     """The target's greedy answers with their features, in batches of similar prompt length.
     Each finished batch is saved, so a rerun continues after the last one; several processes may
     run this stage at once (each claims a batch), and the one that finishes the last batch merges."""
-    out = work_dir() / "features.pt"
+    out = features_path()
     if out.is_file():
         log(f"distill: {out} exists")
         return
@@ -273,8 +273,13 @@ def stage_distill(batch_size: int = DISTILL_BATCH) -> None:
         f"({ended} end with <|im_end|>) in {time.time() - started:.0f} s")
 
 
+def features_path() -> Path:
+    """The merged distillation set, named by what shapes it (a cache of another recipe is not read)."""
+    return work_dir() / f"features-{PROMPTS}x{ANSWER_TOKENS}.pt"
+
+
 def load_features() -> DistillSet:
-    data = torch.load(work_dir() / "features.pt")
+    data = torch.load(features_path())
     if data["target_layer_ids"] != list(TARGET_LAYER_IDS):
         raise RuntimeError("features.pt was made with other target layers: delete it and rerun --stage distill")
     return DistillSet(ids=data["ids"].long(), feats=data["feats"], valid_end=data["lengths"],
