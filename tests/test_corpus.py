@@ -602,15 +602,20 @@ TARGET_FOLDER_CASES = {
 }
 
 
+def _convert_against_edited_target(base, tmp_path, edit, statuses) -> tuple[str, Path]:
+    """convert against a copy of the tiny HF target changed by `edit`: (stderr, the output path)."""
+    target = tmp_path / "target-hf"
+    shutil.copytree(base["fixtures"] / "target-hf", target, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    edit(target)
+    out = tmp_path / "o.gguf"
+    _, _, stderr = check(["convert", _ckpt(base, tmp_path), "--target", target, "-o", out], statuses,
+                         inputs=[target], outputs=[out])
+    return stderr, out
+
+
 @pytest.mark.parametrize("case", sorted(TARGET_FOLDER_CASES))
 def test_target_folders(base, tmp_path, case):
-    target = tmp_path / "target-hf"
-    shutil.copytree(base["fixtures"] / "target-hf", target,
-                    ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
-    TARGET_FOLDER_CASES[case](target)
-    ckpt = _ckpt(base, tmp_path)
-    out = tmp_path / "o.gguf"
-    check(["convert", ckpt, "--target", target, "-o", out], {0, 2}, inputs=[target], outputs=[out])
+    _convert_against_edited_target(base, tmp_path, TARGET_FOLDER_CASES[case], {0, 2})
 
 
 TOK = "tokenizer.ggml."
@@ -669,12 +674,7 @@ TARGET_FOLDER_REFUSALS = {  # what gguf-py would skip with a warning, writing a 
 @pytest.mark.parametrize("case", sorted(TARGET_FOLDER_REFUSALS))
 def test_target_folder_values_gguf_py_would_skip_are_refused(base, tmp_path, case):
     edit, name, field = TARGET_FOLDER_REFUSALS[case]
-    target = tmp_path / "target-hf"
-    shutil.copytree(base["fixtures"] / "target-hf", target, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
-    edit(target)
-    out = tmp_path / "o.gguf"
-    _, _, stderr = check(["convert", _ckpt(base, tmp_path), "--target", target, "-o", out], {2},
-                         inputs=[target], outputs=[out])
+    stderr, _ = _convert_against_edited_target(base, tmp_path, edit, {2})
     assert f"target-hf/{name}: field '{field}'" in stderr and "dflash-gguf-tokenizer" not in stderr, stderr
 
 
@@ -688,23 +688,15 @@ TEMPLATE_FILE_REFUSALS = {  # fallback files gguf-py would read and fail on (a t
 @pytest.mark.parametrize("case", sorted(TEMPLATE_FILE_REFUSALS))
 def test_malformed_chat_template_files_are_refused(base, tmp_path, case):
     edit, expected = TEMPLATE_FILE_REFUSALS[case]
-    target = tmp_path / "target-hf"
-    shutil.copytree(base["fixtures"] / "target-hf", target, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
-    edit(target)
-    out = tmp_path / "o.gguf"
-    _, _, stderr = check(["convert", _ckpt(base, tmp_path), "--target", target, "-o", out], {2},
-                         inputs=[target], outputs=[out])
+    stderr, _ = _convert_against_edited_target(base, tmp_path, edit, {2})
     assert f"target-hf/{expected}" in stderr and "dflash-gguf-tokenizer" not in stderr, stderr
 
 
 def test_a_chat_template_json_fallback_is_written_as_gguf_py_reads_it(base, tmp_path):
     from dflash_gguf.convert.gguf_file import GGUFFile
 
-    target = tmp_path / "target-hf"
-    shutil.copytree(base["fixtures"] / "target-hf", target, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
-    _template_file("chat_template.json", json.dumps({"chat_template": "{{ messages }}"}))(target)
-    out = tmp_path / "o.gguf"
-    check(["convert", _ckpt(base, tmp_path), "--target", target, "-o", out], {0}, inputs=[target], outputs=[out])
+    edit = _template_file("chat_template.json", json.dumps({"chat_template": "{{ messages }}"}))
+    _, out = _convert_against_edited_target(base, tmp_path, edit, {0})
     with GGUFFile(out) as written:
         assert written.get("tokenizer.chat_template") == "{{ messages }}"
 

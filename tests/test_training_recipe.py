@@ -64,7 +64,7 @@ def test_seeded_drafter_sees_the_context_as_the_copied_target_layer(target, arch
     recipe.init_from_target(drafter, target, data.feats)
     feats = data.feats.float()
     context = drafter.hidden_norm(drafter.fc(feats))
-    deepest = feats[..., len(TAPS[:-1]) * 64:]  # the output of target layer 1, the input of layer 2
+    deepest = feats[..., (len(TAPS) - 1) * 64:]  # the output of target layer 1, the input of layer 2
     theirs = target.model.layers[2]
     expected = theirs.input_layernorm(deepest)
     torch.testing.assert_close(context, expected, rtol=1e-5, atol=1e-5)

@@ -347,7 +347,7 @@ def stage_eval(only: str | None = None) -> dict:
     drafter under bf16 autocast): on this shared machine the reference loop itself, one target
     verification per step, did not fit in the time left."""
     prompts = eval_prompt_ids()
-    path = work_dir() / "eval-greedy-v2.pt"
+    path = work_dir() / f"eval-greedy-{EVAL_NEW_TOKENS}.pt"  # answers, features, final states
     if path.is_file():
         greedy = torch.load(path)
     else:
