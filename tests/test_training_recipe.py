@@ -122,3 +122,72 @@ def test_soft_labels_without_the_targets_final_states_are_refused(target):
     seq, anchors = recipe.anchor_batch(data, 1, 2, torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="DistillSet.finals"):
         recipe.drafter_loss(drafter, target, data, seq, anchors, _spec("DFlashDraftModel", soft_labels=0.5))
+
+
+def _with_teacher(target, data: recipe.DistillSet, k: int) -> recipe.DistillSet:
+    data.teacher_ids, data.teacher_logp = recipe.teacher_top_k(
+        data.finals, target.lm_head, data.first_anchor, data.valid_end - 1, k)
+    return data
+
+
+def test_teacher_top_k_is_the_heads_top_k_where_labels_are_read(target):
+    data = _distill_set(target)
+    ids, logp = recipe.teacher_top_k(data.finals, target.lm_head, data.first_anchor, data.valid_end - 1, 5)
+    full = torch.log_softmax(target.lm_head(data.finals[1, 10].float()), -1)
+    assert ids[1, 10].tolist() == full.topk(5).indices.tolist()
+    torch.testing.assert_close(logp[1, 10].float(), full.topk(5).values, rtol=1e-2, atol=1e-2)
+    assert not ids[:, :4].any() and not logp[:, :4].any()  # before the first anchor: not computed
+
+
+@pytest.mark.parametrize("architecture", ["DFlashDraftModel", "DFlash2DraftModel"])
+def test_sampled_softmax_over_the_whole_vocabulary_is_the_full_loss(target, architecture):
+    # the teacher's top-k = every token: no negative is drawn and the subset is the vocabulary
+    data = _with_teacher(target, _distill_set(target), target.config.vocab_size)
+    config = recipe.drafter_config_dict(_spec(architecture), _shape(target.config))
+    drafter = recipe.new_drafter(config, 0)
+    recipe.init_from_target(drafter, target, data.feats)
+    seq, anchors = recipe.anchor_batch(data, 2, 3, torch.Generator().manual_seed(0))
+    extra = {"soft_labels": 0.5, "feature_loss": 1.0}
+    with torch.no_grad():
+        full, full_stats = recipe.drafter_loss(drafter, target, data, seq, anchors, _spec(architecture, **extra))
+        sampled, sampled_stats = recipe.drafter_loss(
+            drafter, target, data, seq, anchors, _spec(architecture, sampled_softmax=64, **extra),
+            torch.Generator().manual_seed(1))
+    # the soft labels differ only by the half-precision teacher log-probs
+    torch.testing.assert_close(sampled, full, rtol=2e-3, atol=2e-3)
+    assert sampled_stats["acc"] == full_stats["acc"] and sampled_stats["accept"] == full_stats["accept"]
+    if architecture == "DFlash2DraftModel":
+        assert sampled_stats["sel_acc"] == full_stats["sel_acc"]
+
+
+def test_sampled_softmax_reads_few_head_rows_and_keeps_the_loss_near(target):
+    data = _with_teacher(target, _distill_set(target), 8)
+    config = recipe.drafter_config_dict(_spec("DFlashDraftModel"), _shape(target.config))
+    drafter = recipe.new_drafter(config, 0)
+    recipe.init_from_target(drafter, target, data.feats)
+    seq, anchors = recipe.anchor_batch(data, 1, 2, torch.Generator().manual_seed(0))
+    rows = []
+    original = recipe.subset_logits
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        rows.append(len(out[2]))
+        return out
+
+    # greedy-token loss only: a random target's top-8 holds too little of its mass to compare soft labels
+    spec = _spec("DFlashDraftModel", sampled_softmax=32)
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(recipe, "subset_logits", spy)
+        sampled, _ = recipe.drafter_loss(drafter, target, data, seq, anchors, spec, torch.Generator().manual_seed(1))
+        full, _ = recipe.drafter_loss(drafter, target, data, seq, anchors, _spec("DFlashDraftModel"))
+    assert rows and rows[0] < target.config.vocab_size * 0.6
+    assert abs(sampled.item() - full.item()) < 0.1 * full.item()
+
+
+def test_sampled_softmax_without_the_targets_top_k_is_refused(target):
+    data = _distill_set(target)
+    config = recipe.drafter_config_dict(_spec("DFlashDraftModel"), _shape(target.config))
+    drafter = recipe.new_drafter(config, 0)
+    seq, anchors = recipe.anchor_batch(data, 1, 2, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="DistillSet.teacher_ids"):
+        recipe.drafter_loss(drafter, target, data, seq, anchors, _spec("DFlashDraftModel", sampled_softmax=8))

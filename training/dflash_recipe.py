@@ -33,6 +33,10 @@ class DistillSet:
     # the target's final (normed) hidden state of every fed token, [N, >= L - 1, hidden] (half);
     # through its head, the target's distribution over the next token (the soft labels)
     finals: torch.Tensor | None = None
+    # the target's top-k next tokens at every fed position and their log-probabilities (of the whole
+    # vocabulary), [N, >= L - 1, k] int32 / half: what `sampled_softmax` reads (teacher_top_k())
+    teacher_ids: torch.Tensor | None = None
+    teacher_logp: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,50 @@ def init_from_target(drafter, target, feats: torch.Tensor) -> None:
     drafter.norm.weight.copy_(target.model.norm.weight)
 
 
+@torch.no_grad()
+def teacher_top_k(finals: torch.Tensor, head, valid_from: torch.Tensor, valid_end: torch.Tensor,
+                  k: int, chunk: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's k most likely next tokens at every position of `finals` [N, L, H] from
+    `valid_from[i]` to `valid_end[i]` (exclusive), with their log-probabilities over the whole
+    vocabulary: (ids [N, L, k] int32, log-probs [N, L, k] half; zeros elsewhere). One pass of the
+    head over the distillation set, so that training needs the head only on a few thousand rows."""
+    rows, length, _ = finals.shape
+    ids = torch.zeros((rows, length, k), dtype=torch.int32)
+    logp = torch.zeros((rows, length, k), dtype=torch.float16)
+    where = torch.arange(length)[None] >= valid_from[:, None]
+    where &= torch.arange(length)[None] < valid_end[:, None]
+    flat = torch.nonzero(where)
+    for start in range(0, len(flat), chunk):
+        r, c = flat[start: start + chunk].unbind(1)
+        scores = F.log_softmax(head(finals[r, c].to(head.weight.dtype)).float(), -1)
+        top, top_ids = scores.topk(k, -1)
+        ids[r, c], logp[r, c] = top_ids.int(), top.half()
+    return ids, logp
+
+
+def subset_logits(drafter, hidden, head, labels, data: DistillSet, seq, positions, negatives: int,
+                  generator):
+    """Sampled softmax: the drafter's logits over a few thousand rows of the head, not all of them:
+    the target's top-k at the batch's label positions, the labels, and `negatives` tokens drawn
+    uniformly from the rest, whose logits carry log(rest / drawn) so that each stands for the
+    tokens not drawn (the softmax's normaliser stays an unbiased estimate). Returns the raw
+    logits [B, P, C] (what the head gives those rows), the logits the softmax reads, the vocabulary
+    ids of the C columns, and the column of every label and of every teacher top-k token."""
+    vocab = head.weight.shape[0]
+    top = data.teacher_ids[seq[:, None, None], positions].reshape(*labels.shape, -1).long()
+    wanted = torch.unique(torch.cat([top.flatten(), labels.flatten()]))
+    drawn = torch.randint(0, vocab, (negatives,), generator=generator).unique()
+    drawn = drawn[~torch.isin(drawn, wanted)]
+    columns = torch.cat([wanted, drawn])
+    correction = torch.zeros(len(columns))
+    if len(drawn):
+        correction[len(wanted):] = math.log((vocab - len(wanted)) / len(drawn))
+    raw = drafter.compute_logits(hidden, lambda h: F.linear(h, head.weight[columns]))
+    where = torch.full((vocab,), -1, dtype=torch.long)
+    where[columns] = torch.arange(len(columns))
+    return raw, raw.float() + correction, columns, where[labels], where[top]
+
+
 def save_drafter(drafter, folder: Path, config_dict: dict) -> None:
     """config.json + model.safetensors, bf16, the codebooks named without `.weight` as z-lab ships."""
     from safetensors.torch import save_file
@@ -261,7 +309,7 @@ def dspark_loss(drafter, target, data: DistillSet, seq, anchors, spec):
     return loss + conf_loss, stats
 
 
-def drafter_loss(drafter, target, data: DistillSet, seq, anchors, spec):
+def drafter_loss(drafter, target, data: DistillSet, seq, anchors, spec, generator=None):
     """Block-diffusion loss of the reference recipe.
 
     Every block's draft queries see the target's features at positions < anchor and their own
@@ -283,21 +331,36 @@ def drafter_loss(drafter, target, data: DistillSet, seq, anchors, spec):
     block_ids = block_ids.view(rows * n, block)
     label_ok = label_ok.view(rows * n, block)
     head = target.lm_head
-    logits = drafter.compute_logits(hidden, head)  # [B, block-1, V]
     labels = block_ids[:, 1:]
     ok = label_ok[:, 1:].float()
     weights = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / spec["gamma"])[None] * ok
-    log_probs = F.log_softmax(logits.float(), -1)
-    ce = -log_probs.gather(-1, labels[..., None])[..., 0]
+    # the position of each label's prediction in the distillation set: the target's state there
+    positions = (anchors[..., None] + torch.arange(block - 1)).clamp(max=data.feats.shape[1] - 1)
+    negatives = spec.get("sampled_softmax")
+    columns = None
+    if negatives:
+        if data.teacher_ids is None:
+            raise ValueError("sampled_softmax needs the target's top-k (DistillSet.teacher_ids)")
+        logits, scores, columns, label_col, top_col = subset_logits(
+            drafter, hidden, head, labels, data, seq, positions, negatives, generator)
+        log_probs = F.log_softmax(scores, -1)
+        ce = -log_probs.gather(-1, label_col[..., None])[..., 0]
+    else:
+        logits = drafter.compute_logits(hidden, head)  # [B, block-1, V]
+        log_probs = F.log_softmax(logits.float(), -1)
+        ce = -log_probs.gather(-1, labels[..., None])[..., 0]
     soft, feature = spec.get("soft_labels", 0.0), spec.get("feature_loss", 0.0)
-    if soft or feature:
+    if soft and columns is not None:
+        # the target's top-k probabilities (of the whole vocabulary) against the drafter's
+        probs = data.teacher_logp[seq[:, None, None], positions].reshape(*top_col.shape).float().exp()
+        ce = (1 - soft) * ce - soft * (probs * log_probs.gather(-1, top_col)).sum(-1)
+    if (soft and columns is None) or feature:
         if data.finals is None:
             raise ValueError("soft_labels and feature_loss need the target's final states (DistillSet.finals)")
         # the target's final (normed) state at each label's position: through the head, its whole
         # next-token distribution, not only its argmax
-        positions = (anchors[..., None] + torch.arange(block - 1)).clamp(max=data.finals.shape[1] - 1)
         finals = data.finals[seq[:, None, None], positions].reshape(rows * n, block - 1, -1)
-        if soft:
+        if soft and columns is None:
             with torch.no_grad():
                 probs = F.softmax(head(finals.to(head.weight.dtype)).float(), -1)
             ce = (1 - soft) * ce - soft * (probs * log_probs).sum(-1)
@@ -307,7 +370,8 @@ def drafter_loss(drafter, target, data: DistillSet, seq, anchors, spec):
             ce = ce + feature * F.smooth_l1_loss(hidden.float(), finals.float(), reduction="none").mean(-1)
     loss = (ce * weights).sum() / weights.sum().clamp_min(1e-6)
     with torch.no_grad():
-        hit = (logits.argmax(-1) == labels).float() * ok
+        best = logits.argmax(-1)
+        hit = ((best if columns is None else columns[best]) == labels).float() * ok
         accept = (hit.cumprod(1) * ok).sum(1).mean().item()  # accepted drafts per block, teacher-forced
         stats = {"ce": loss.item(), "acc": (hit.sum() / ok.sum().clamp_min(1)).item(), "accept": accept}
 
@@ -317,6 +381,8 @@ def drafter_loss(drafter, target, data: DistillSet, seq, anchors, spec):
         # drafter's own choice, equal to the truth as long as everything before was accepted).
         selector = drafter.candidate_selector
         unary, candidates = torch.topk(logits, selector.top_k, dim=-1)
+        if columns is not None:
+            candidates = columns[candidates]
         projected = selector.hidden_projection(hidden)
         previous = block_ids[:, :-1]
         pair = torch.einsum("bpr,bpkr->bpk", selector.predecessor_codebook(previous) * projected,
@@ -378,7 +444,7 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int, see
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, spec["lr"], 50)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss, stats = drafter_loss(drafter, target, data, seq, anchors, spec)
+            loss, stats = drafter_loss(drafter, target, data, seq, anchors, spec, generator)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)

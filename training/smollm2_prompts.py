@@ -7,12 +7,16 @@ Every prompt is a chat conversation ({"messages": [...]}), half code requests, h
            "how do I use <module>.<function>"
     docs   from `pydoc_data.topics` (the language reference pages behind `help()`) and module
            docstrings: "explain this Python feature", "summarise this passage"
-    chat   everyday requests: a few hand-written templates (advice, short writing, explanations)
-           crossed with subjects taken from the same docs' vocabulary and a short hand-written list
+    ask    what beginners ask: hand-written Python concepts and small programming tasks
+           (training/smollm2_subjects.py) crossed with question and request templates
+    chat   everyday requests: hand-written templates (advice, short writing, explanations)
+           crossed with hand-written activities and subjects
 
-A quarter of the conversations open with one of a few system messages; the others get the chat
-template's default one. Nothing here comes from tests/fixtures/smollm2/eval_prompts.jsonl (the
-held-out prompts, written by hand); `build_prompts` drops any prompt equal to one of them.
+The code half is 60 % `ask`, 40 % stdlib; the chat half 75 % everyday, 25 % docs. A quarter of the
+conversations open with one of a few system messages; the others get the chat template's default
+one. Nothing here comes from tests/fixtures/smollm2/eval_prompts.jsonl (the held-out prompts,
+written by hand): `build_prompts` drops any prompt equal to one of them or naming one of their
+subjects (smollm2_subjects.HELD_OUT_SUBJECTS).
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ import random
 import re
 import sysconfig
 from pathlib import Path
+
+from training.smollm2_subjects import (
+    CHAT_REQUEST_TEMPLATES, CODE_QUESTION_TEMPLATES, CODE_TASK_TEMPLATES, EVERYDAY_ACTIVITIES,
+    EVERYDAY_SUBJECTS, HELD_OUT_SUBJECTS, PROGRAMMING_TASKS, PYTHON_CONCEPTS)
 
 SYSTEM_MESSAGES = (
     "You are a helpful assistant.",
@@ -51,33 +59,6 @@ TOPIC_TEMPLATES = (
     "What should a beginner know about {topic} in Python?",
     "Summarize this passage from the Python documentation:\n\n{passage}",
     "Explain this in simpler words:\n\n{passage}",
-)
-CHAT_TEMPLATES = (
-    "Give me three tips for {activity}.",
-    "What are the pros and cons of {activity}?",
-    "Write a short poem about {thing}.",
-    "Write a short story about {thing}.",
-    "Explain {thing} to a ten-year-old.",
-    "Write a short email to a colleague about {thing}.",
-    "What is the history of {thing}, in a few sentences?",
-    "How do I get started with {activity}?",
-    "Describe {thing} in three sentences.",
-    "List five interesting facts about {thing}.",
-)
-ACTIVITIES = (
-    "learning a new language", "cooking at home", "running a marathon", "saving money", "studying for exams",
-    "working from home", "public speaking", "gardening", "learning to draw", "travelling on a budget",
-    "writing a novel", "keeping a journal", "starting a small business", "learning the guitar",
-    "making new friends", "hiking in the mountains", "reading more books", "meditation", "baking bread",
-    "taking better photos", "learning to program", "managing time", "preparing for a job interview",
-    "moving to a new city", "raising a puppy", "cycling to work", "planning a wedding", "volunteering",
-)
-THINGS = (
-    "the moon", "a lighthouse", "autumn leaves", "the ocean", "a city at night", "volcanoes", "honeybees",
-    "the internet", "electricity", "a library", "rainbows", "the Roman Empire", "photosynthesis",
-    "black holes", "a lost cat", "an old clock", "the first computer", "dinosaurs", "a mountain village",
-    "coffee", "the printing press", "snowflakes", "a friendly dragon", "the human heart", "trains",
-    "the pyramids", "a rainy day", "music", "chess", "a time traveller", "the solar system", "forests",
 )
 
 
@@ -149,31 +130,51 @@ def doc_prompts(rng: random.Random) -> list[str]:
     return out
 
 
+def ask_prompts() -> list[str]:
+    return ([t.format(concept=c) for t in CODE_QUESTION_TEMPLATES for c in PYTHON_CONCEPTS]
+            + [t.format(task=task) for t in CODE_TASK_TEMPLATES for task in PROGRAMMING_TASKS])
+
+
 def chat_prompts() -> list[str]:
     out = []
-    for template in CHAT_TEMPLATES:
-        for subject in ACTIVITIES if "{activity}" in template else THINGS:
+    for template in CHAT_REQUEST_TEMPLATES:
+        for subject in EVERYDAY_ACTIVITIES if "{activity}" in template else EVERYDAY_SUBJECTS:
             out.append(template.format(activity=subject, thing=subject))
     return out
 
 
+def names_a_held_out_subject(text: str) -> bool:
+    lowered = text.lower()
+    return any(subject in lowered for subject in HELD_OUT_SUBJECTS)
+
+
+def _take(pools: list[tuple[list[str], float]], count: int, rng: random.Random) -> list[str]:
+    """`count` prompts, each pool giving its share (the last one the rest), seeded."""
+    picked = []
+    for i, (pool, share) in enumerate(pools):
+        want = count - len(picked) if i == len(pools) - 1 else round(count * share)
+        pool = list(pool)
+        rng.shuffle(pool)
+        if len(pool) < want:
+            raise RuntimeError(f"a prompt pool holds {len(pool)} prompts here; asked for {want}")
+        picked += pool[:want]
+    return picked
+
+
 def build_prompts(count: int, seed: int, held_out: list[str]) -> list[dict]:
-    """`count` conversations, half code and half chat (docs + everyday), in a seeded order."""
+    """`count` conversations, half code and half chat, in a seeded order."""
     rng = random.Random(seed)
-    code = code_prompts(rng)
-    chat = doc_prompts(rng) + chat_prompts()
     held = set(held_out)
-    rng.shuffle(code)
-    rng.shuffle(chat)
+
+    def allowed(pool):
+        return [text for text in pool if text not in held and not names_a_held_out_subject(text)]
+
     half = count // 2
-    picked = code[:half] + chat[: count - half]
-    if len(picked) < count:
-        raise RuntimeError(f"only {len(code)} code and {len(chat)} chat prompts here; asked for {count}")
+    picked = (_take([(allowed(ask_prompts()), 0.6), (allowed(code_prompts(rng)), 0.4)], half, rng)
+              + _take([(allowed(chat_prompts()), 0.75), (allowed(doc_prompts(rng)), 0.25)], count - half, rng))
     rng.shuffle(picked)
     conversations = []
     for text in picked:
-        if text in held:
-            continue
         messages = [{"role": "user", "content": text}]
         if rng.random() < 0.25:
             messages.insert(0, {"role": "system", "content": rng.choice(SYSTEM_MESSAGES)})
@@ -183,7 +184,8 @@ def build_prompts(count: int, seed: int, held_out: list[str]) -> list[dict]:
 
 def prompt_counts() -> dict[str, int]:
     rng = random.Random(0)
-    return {"code": len(code_prompts(rng)), "docs": len(doc_prompts(rng)), "chat": len(chat_prompts())}
+    return {"ask": len(ask_prompts()), "code": len(code_prompts(rng)), "docs": len(doc_prompts(rng)),
+            "chat": len(chat_prompts())}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,32 @@
+"""The SmolLM2 drafters' training prompts (training/smollm2_prompts.py): built offline, half code
+and half chat, and never a held-out prompt or one naming a held-out prompt's subject."""
+
+from __future__ import annotations
+
+import json
+
+from tests.fixtures import smollm2 as fixture
+from training.smollm2_prompts import build_prompts, names_a_held_out_subject
+
+
+def _held_out_user_texts() -> list[str]:
+    lines = fixture.EVAL_PROMPTS.read_text(encoding="utf-8").splitlines()
+    return [m["content"] for line in lines for m in json.loads(line)["messages"] if m["role"] == "user"]
+
+
+def test_every_held_out_prompt_names_a_held_out_subject():
+    # the filter would let a paraphrase of this prompt into training otherwise
+    assert [t for t in _held_out_user_texts() if not names_a_held_out_subject(t)] == []
+
+
+def test_training_prompts_avoid_the_held_out_subjects_and_are_seeded():
+    held = _held_out_user_texts()
+    conversations = build_prompts(600, 7, held)
+    assert len(conversations) == 600
+    texts = [m["content"] for c in conversations for m in c["messages"] if m["role"] == "user"]
+    assert not any(names_a_held_out_subject(t) for t in texts)
+    assert not set(texts) & set(held)
+    assert build_prompts(600, 7, held) == conversations
+    assert build_prompts(600, 8, held) != conversations
+    code = sum("python" in t.lower() or "```" in t for t in texts)
+    assert 0.4 < code / len(texts) < 0.75  # half code requests (some chat prompts name Python too)
