@@ -14,6 +14,7 @@ Stages (training/README.md has the recipe, the data and the measured times):
                process and one thread each)
     eval       tau of each drafter by the reference `dflash_generate`'s acceptance rule (greedy,
                64 new tokens) on tests/fixtures/smollm2/eval_prompts.jsonl -> reference_tau.json
+               (--training-answers N: on N training answers instead, printed)
 
 The target comes from tests/fixtures/smollm2.py (the wheel's GGUF, requantized; its HF form
 derived by training/hf_from_gguf.py). Intermediate data lives in ~/.cache/dflash-gguf/training-
@@ -389,6 +390,30 @@ def stage_eval(only: str | None = None) -> dict:
     return results
 
 
+@torch.inference_mode()
+def tau_on_training_answers(rows: int = 24) -> dict[str, float]:
+    """The same replayed tau on `rows` seeded answers of the distillation set (their first
+    EVAL_NEW_TOKENS tokens): against the held-out tau, how much of the drafters' acceptance is
+    memorised. Printed, not written: reference_tau.json holds the held-out prompts only."""
+    data = load_features()
+    target = load_target()
+    picked = torch.randperm(len(data.ids), generator=torch.Generator().manual_seed(0))[:rows].tolist()
+    results = {}
+    for name in DRAFTERS:
+        drafter = recipe.load_drafter(OUT / name)
+        lengths = []
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            for r in picked:
+                end = int(data.valid_end[r])
+                lengths += recipe.replay_acceptance(
+                    drafter, target, data.ids[r, :end].tolist(), data.feats[r, :end - 1].float(),
+                    int(data.first_anchor[r]) + 1, EVAL_NEW_TOKENS, DRAFTERS[name], MASK_TOKEN_ID,
+                    [EOS_TOKEN_ID])
+        results[name] = round(sum(lengths) / len(lengths), 4)
+        log(f"eval {name} on {rows} training answers: tau {results[name]:.3f}")
+    return results
+
+
 def write_reference_tau(prompts: list[list[int]], results: dict) -> None:
     """Add `results` to reference_tau.json, keeping the other drafters' entries (under a lock:
     `--stage eval --drafter NAME` may run once per drafter at the same time)."""
@@ -423,6 +448,8 @@ def run_stage(stage: str, args) -> None:
         stage_distill()
     elif stage in DRAFTERS:
         stage_drafter(stage, args.steps, args.minutes)
+    elif stage == "eval" and args.training_answers:
+        tau_on_training_answers(args.training_answers)
     elif stage == "eval":
         stage_eval(args.drafter)
     log(f"== stage {stage} done in {time.time() - started:.0f} s")
@@ -454,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=None,
                         help="a drafter stage stops after this long (checkpointed; the card says how many steps)")
     parser.add_argument("--drafter", choices=DRAFTERS, default=None, help="eval: only this drafter")
+    parser.add_argument("--training-answers", type=int, default=0, metavar="N",
+                        help="eval: tau on N seeded training answers instead (printed; what is memorised)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
