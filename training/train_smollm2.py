@@ -371,12 +371,8 @@ def stage_eval(only: str | None = None) -> dict:
             continue
         drafter = recipe.load_drafter(OUT / name)
         started = time.time()
-        runs = []
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            for ids, (full, feats, _) in zip(prompts, greedy):
-                runs.append(recipe.replay_acceptance(drafter, target, full, feats.float(), len(ids),
-                                                     EVAL_NEW_TOKENS, DRAFTERS[name], MASK_TOKEN_ID,
-                                                     [EOS_TOKEN_ID]))
+        runs = replayed(name, drafter, target,
+                        [(full, feats, len(ids)) for ids, (full, feats, _) in zip(prompts, greedy)])
         lengths = [n for run in runs for n in run]
         results[name] = {
             "tau": round(sum(lengths) / len(lengths), 4),
@@ -390,6 +386,15 @@ def stage_eval(only: str | None = None) -> dict:
     return results
 
 
+def replayed(name: str, drafter, target, answers) -> list[list[int]]:
+    """dflash_generate's acceptance lengths for each (prompt + answer ids, features, prompt length),
+    the drafter under bf16 autocast, EVAL_NEW_TOKENS drafted, stop at <|im_end|>."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return [recipe.replay_acceptance(drafter, target, ids, feats.float(), prompt_len, EVAL_NEW_TOKENS,
+                                         DRAFTERS[name], MASK_TOKEN_ID, [EOS_TOKEN_ID])
+                for ids, feats, prompt_len in answers]
+
+
 @torch.inference_mode()
 def tau_on_training_answers(rows: int = 24) -> dict[str, float]:
     """The same replayed tau on `rows` seeded answers of the distillation set (their first
@@ -400,15 +405,9 @@ def tau_on_training_answers(rows: int = 24) -> dict[str, float]:
     picked = torch.randperm(len(data.ids), generator=torch.Generator().manual_seed(0))[:rows].tolist()
     results = {}
     for name in DRAFTERS:
-        drafter = recipe.load_drafter(OUT / name)
-        lengths = []
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            for r in picked:
-                end = int(data.valid_end[r])
-                lengths += recipe.replay_acceptance(
-                    drafter, target, data.ids[r, :end].tolist(), data.feats[r, :end - 1].float(),
-                    int(data.first_anchor[r]) + 1, EVAL_NEW_TOKENS, DRAFTERS[name], MASK_TOKEN_ID,
-                    [EOS_TOKEN_ID])
+        answers = [(data.ids[r, :int(data.valid_end[r])].tolist(), data.feats[r, :int(data.valid_end[r]) - 1],
+                    int(data.first_anchor[r]) + 1) for r in picked]
+        lengths = [n for run in replayed(name, recipe.load_drafter(OUT / name), target, answers) for n in run]
         results[name] = round(sum(lengths) / len(lengths), 4)
         log(f"eval {name} on {rows} training answers: tau {results[name]:.3f}")
     return results
