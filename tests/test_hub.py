@@ -282,9 +282,9 @@ def test_gated_repo_with_access(hub, fixtures, target_gguf, tmp_path):
 
 def test_neither_a_path_nor_a_repo_id(hub, tmp_path, target_gguf):
     proc = _convert(hub, tmp_path, "no/such/folder", "-t", target_gguf, "-o", tmp_path / "x.gguf")
-    assert proc.returncode == 2 and "not a Hub repo id" in proc.stderr
+    assert_refused(proc, "not a Hub repo id", out=tmp_path / "x.gguf")
     proc = _convert(hub, tmp_path, "z-lab/x:Q4_K_M", "-t", target_gguf, "-o", tmp_path / "x.gguf")
-    assert proc.returncode == 2 and "names a GGUF file on the Hub" in proc.stderr
+    assert_refused(proc, "names a GGUF file on the Hub", out=tmp_path / "x.gguf")
     assert hub.calls == []
 
 
@@ -361,8 +361,7 @@ def test_reference_repo_errors_come_before_any_server(hub, fixtures, converted, 
     hub.add_folder("Qwen/tiny-target", fixtures / "target-hf")
     proc = dflash_gguf("validate", "-t", target_gguf, "-d", converted["dflash2-b8"], "--reference-draft",
                        "z-lab/missing", "--reference-target", "Qwen/tiny-target", env=hub_env(hub, tmp_path))
-    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
-    assert "no repository z-lab/missing" in proc.stderr
+    assert_refused(proc, "no repository z-lab/missing")
 
 
 @pytest.mark.integration
@@ -436,7 +435,7 @@ def test_push_needs_a_token_before_any_work(hub, fixtures, target_gguf, tmp_path
     _serve(hub, fixtures, target_gguf)
     proc = dflash_gguf("release", "z-lab/tiny-dflash", "-t", "org/tiny-target-GGUF:F16", "--types", "F16",
                        "--push", "me/x", env=hub_env(hub, tmp_path))
-    assert proc.returncode == 2 and proc.stderr.startswith("error: no Hugging Face token"), proc.stderr
+    assert assert_refused(proc).startswith("error: no Hugging Face token")
     assert hub.calls == []
 
 

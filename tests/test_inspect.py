@@ -7,6 +7,7 @@ import json
 
 from dflash_gguf.convert.gguf_file import GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
 from tests.conftest import cli
+from tests.refusal import assert_refused
 from tests.legacy_fixture import make_legacy
 
 
@@ -68,4 +69,4 @@ def test_truncated_file_is_an_error(converted, tmp_path):
     broken = tmp_path / "cut.gguf"
     broken.write_bytes(data[: len(data) // 3])
     proc = cli("inspect", broken)
-    assert proc.returncode == 2 and "truncated" in proc.stderr and "Traceback" not in proc.stderr
+    assert_refused(proc, "truncated")

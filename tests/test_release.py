@@ -418,7 +418,7 @@ def test_a_failed_build_leaves_nothing(drafter_copy, target_gguf, tmp_path):
     out = tmp_path / "rel"
     proc = dflash_gguf("release", drafter, "--target", target_gguf, "--types", "F16", "-o", out,
                        "--target-license", "mit", "--skip-validate")
-    assert proc.returncode == 2 and proc.stderr.startswith("error: ")
+    assert_refused(proc, out=out)
     assert list(tmp_path.iterdir()) == [drafter]
 
 
