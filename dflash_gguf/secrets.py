@@ -6,8 +6,9 @@ file included) and stderr (its error line, warnings, the log handler's records) 
 `ScrubbingStream`, the log handler carries `ScrubbingFilter`, and
 reports go through outputs.write_text, which scrubs too. What is replaced by `***`:
 
-- the tokens huggingface_hub would send: HF_TOKEN (and the older HUGGING_FACE_HUB_TOKEN), the stored
-  login (`hf auth login`'s token file and its stored tokens);
+- the tokens huggingface_hub would send: HF_TOKEN (and the older HUGGING_FACE_HUB_TOKEN), and the stored
+  login (`hf auth login`'s token file) once a command that needs a token has read it (`hub_token`: the
+  file is local state, read without blocking and bounded, and only when HF_TOKEN is unset);
 - any `Authorization:` header value and any `Bearer ...` credential, whoever's it is;
 - anything shaped like a Hugging Face token (`hf_` and 30 or more letters and digits).
 
@@ -42,28 +43,51 @@ _FOLD_BYTES = bytes.maketrans(_FOLDED_FROM.encode(), _FOLDED_TO.encode())
 _CHUNK = 16 << 20
 
 
-def _stored_tokens() -> list[str]:
-    """The stored login: huggingface_hub's token file and its stored tokens (read as the library does)."""
+TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+TOKEN_FILE_LIMIT = 1 << 16  # bytes: a token is some dozens
+_stored: list[str] = []     # the stored login, once a command has read it (hub_token)
+
+
+def _token_file() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_TOKEN_PATH)
+
+
+def stored_token() -> str | None:
+    """The stored login (`hf auth login`'s token file), None when there is none. Read as untrusted local
+    state, once: a regular file only, opened without blocking (a FIFO is refused, never waited on), at
+    most TOKEN_FILE_LIMIT bytes of UTF-8; anything else is refused in one line naming the file."""
+    from .errors import InputError
+    from .inputs import read_text
+
+    if _stored:
+        return _stored[0] or None
+    path = _token_file()
+    if not os.path.lexists(path):
+        return None
     try:
-        from huggingface_hub import constants
-    except ImportError:  # pragma: no cover - a base dependency
-        return []
-    found = []
-    for path in (constants.HF_TOKEN_PATH, constants.HF_STORED_TOKENS_PATH):
-        try:
-            text = Path(path).read_text(encoding="utf-8", errors="replace")[:1 << 16]
-        except OSError:
-            continue
-        for line in text.splitlines():
-            value = line.split("=", 1)[1] if "=" in line else line
-            found.append(value.strip())
-    return found
+        token = read_text(path, "token file (the stored Hugging Face login)", TOKEN_FILE_LIMIT).strip()
+    except InputError as err:
+        raise InputError(f"{err}; remove it and run `hf auth login` again, or set HF_TOKEN") from None
+    _stored.append(token)
+    return token or None
+
+
+def hub_token() -> str | None:
+    """The token huggingface_hub would send: HF_TOKEN (or the older HUGGING_FACE_HUB_TOKEN), else the
+    stored login. Only a command that needs a token calls this: the token file is read then, never by
+    a command that sends none (`--version` included)."""
+    for name in TOKEN_ENV:
+        if os.environ.get(name, "").strip():
+            return os.environ[name].strip()
+    return stored_token()
 
 
 def known_secrets() -> list[str]:
-    """The token values in play for this process, longest first."""
-    values = [os.environ.get(name, "") for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")]
-    values += _stored_tokens()
+    """The token values in play for this process, longest first: the environment's, and the stored login
+    once a command has read it."""
+    values = [os.environ.get(name, "") for name in TOKEN_ENV] + _stored
     return sorted({v for v in values if len(v) >= _MIN_SECRET}, key=len, reverse=True)
 
 
@@ -131,14 +155,14 @@ def _carries(where: object, why: str):
 
 
 class ScrubbingStream:
-    """A text stream that scrubs what is written to it (the secrets are read once, when it is made)."""
+    """A text stream that scrubs what is written to it (with the secrets known at each write: the stored
+    login joins them when a command reads it)."""
 
     def __init__(self, inner: TextIO):
         self._inner = inner
-        self._secrets = known_secrets()
 
     def write(self, text: str) -> int:
-        self._inner.write(scrub(text, self._secrets) if isinstance(text, str) else text)
+        self._inner.write(scrub(text) if isinstance(text, str) else text)
         return len(text)
 
     def writelines(self, lines) -> None:
