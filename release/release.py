@@ -257,7 +257,7 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
                                           exact=exact))
     making = _Making(draft_dir, target, rec, backend, llama_bin, threads, validation)
 
-    with built_beside(out_dir) as folder:
+    with built_beside(out_dir, force) as folder:
         made = _make_variants(making, settled, wanted, folder, say)
         runs_on = support_of(made.drafter)
         if not runs_on.stock:
