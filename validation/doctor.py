@@ -49,7 +49,7 @@ FULL_PRECISION_CACHE = frozenset({"f32", "f16", "bf16"})
 MANY_SLOTS = 4
 CARD_TAU_SHORTFALL = 0.8  # a measured tau under this share of the card's is a finding
 MAX_CARD_TAU = 1 << 16   # tokens per step: far above any drafter's block
-_TAU = re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,6})?(?![0-9.])", re.ASCII)
+_TAU = re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,6})?(?=\s|$)", re.ASCII)
 CARD_NAME = "README.md"
 
 
