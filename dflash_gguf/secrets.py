@@ -7,8 +7,9 @@ file included) and stderr (its error line, warnings, the log handler's records) 
 reports go through outputs.write_text, which scrubs too. What is replaced by `***`:
 
 - the tokens huggingface_hub would send: HF_TOKEN (and the older HUGGING_FACE_HUB_TOKEN), and the stored
-  login (`hf auth login`'s token file) once a command that needs a token has read it (`hub_token`: the
-  file is local state, read without blocking and bounded, and only when HF_TOKEN is unset);
+  login (`hf auth login`'s token file) once a command that needs a token has read it (`hub_token`, only
+  when HF_TOKEN is unset) or an artifact is checked before it leaves: the file is local state, read
+  without blocking and bounded, never by a command that neither sends a token nor writes an artifact;
 - any `Authorization:` header value and any `Bearer ...` credential, whoever's it is;
 - anything shaped like a Hugging Face token (`hf_` and 30 or more letters and digits).
 
@@ -20,6 +21,7 @@ files `publish` sends) holding a token are refused, never scrubbed (`refuse_secr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -84,9 +86,16 @@ def hub_token() -> str | None:
     return stored_token()
 
 
-def known_secrets() -> list[str]:
+def known_secrets(leaving: bool = False) -> list[str]:
     """The token values in play for this process, longest first: the environment's, and the stored login
-    once a command has read it."""
+    once a command has read it. `leaving`: for an artifact about to leave the process (a GGUF, a card,
+    an upload), which must not hold the stored login either: the token file is read now if it can be
+    (a file that cannot be read as one holds no token anyone sends)."""
+    from .errors import InputError
+
+    if leaving and not _stored:
+        with contextlib.suppress(InputError):
+            stored_token()
     values = [os.environ.get(name, "") for name in TOKEN_ENV] + _stored
     return sorted({v for v in values if len(v) >= _MIN_SECRET}, key=len, reverse=True)
 
@@ -122,7 +131,7 @@ def scrub(text: str, secrets: list[str] | None = None) -> str:
 def refuse_secrets(texts, where: object) -> None:
     """Refuse (OutputError) to write an artifact (a GGUF's text metadata, a release card) that holds a
     token of this process: an artifact is never scrubbed in silence, it is not written."""
-    secrets = known_secrets()
+    secrets = known_secrets(leaving=True)
     if not secrets:
         return
     for text in texts:
@@ -134,7 +143,7 @@ def refuse_secrets(texts, where: object) -> None:
 def refuse_secrets_in_file(opened, where: object) -> None:
     """As `refuse_secrets`, for every byte of a file the confined reader opened (confine.Opened), read
     through that open file: what `publish` sends is what was scanned."""
-    keys = [secret.translate(_FOLD_TEXT).encode("utf-8") for secret in known_secrets()]
+    keys = [secret.translate(_FOLD_TEXT).encode("utf-8") for secret in known_secrets(leaving=True)]
     if not keys:
         return
     overlap = max(map(len, keys)) - 1  # a token across two chunks

@@ -95,6 +95,18 @@ def test_hf_token_set_leaves_the_token_file_unread(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
 
 
+def test_an_artifact_holding_the_stored_login_is_not_sent(tmp_path: Path):
+    from tests.test_publish import _folder
+
+    token = "stored-login-secret-0123456789"
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "token").write_text(token + "\n")
+    folder = _folder(tmp_path / "rel", extra={"LICENSE": f"text {token}\n"})
+    proc = _cli("publish", str(folder), "--repo", "me/tiny", "--dry-run", hf_home=tmp_path / "hf")
+    assert proc.returncode == 2 and "holds the Hugging Face token" in proc.stderr, proc.stderr
+    assert token not in proc.stdout + proc.stderr
+
+
 # -- tuned records ------------------------------------------------------------------------------------------
 
 @pytest.fixture
