@@ -216,3 +216,14 @@ def _card(folder: Path, tau: str) -> Path:
 ])
 def test_a_card_tau_that_is_not_a_number_is_no_tau(tmp_path: Path, cell: str, tau):
     assert card_tau(_card(tmp_path, cell)) == tau
+
+
+@pytest.mark.parametrize("kind", ["fifo", "sparse-5GiB", "dev-zero"])
+def test_a_hostile_card_beside_the_drafter_is_refused_unread(tmp_path: Path, kind: str):
+    from dflash_gguf.errors import DflashError
+
+    draft = tmp_path / "dflash-T-Q8_0.gguf"
+    draft.write_bytes(b"GGUF")
+    _make(tmp_path / "README.md", kind)
+    with pytest.raises(DflashError, match="README.md"):  # a link to /dev/zero leads out of the folder
+        _within(20, lambda: card_tau(draft))
