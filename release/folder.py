@@ -68,9 +68,9 @@ def _claimed(out_dir: Path) -> Iterator[None]:
                            f"wait for it to end, or remove {lock} if no release is running") from None
     except OSError as err:
         raise named_for(err, out_dir) from None
+    mine = os.fstat(fd)
     try:
         os.write(fd, f"{os.getpid()}\n".encode())
-        mine = os.fstat(fd)
         yield
     finally:
         os.close(fd)
