@@ -605,7 +605,7 @@ def build(backend: str | None = None, source_dir: Path | None = None, jobs: int 
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         stamp = build_dir / ".dflash-configure.json"
         wanted = {"flags": flags, "generator": generator, "source": str(work / "src")}
-        before = json.loads(stamp.read_text(encoding="utf-8")) if stamp.is_file() else None
+        before = _configured(stamp)
         configured = before == wanted and (build_dir / "CMakeCache.txt").is_file()
         if not configured:
             if build_dir.exists() and not reconfigurable(before, wanted):
@@ -666,6 +666,20 @@ def has_reference_kernels(bin_dir: Path) -> bool:
 
 
 MANIFEST_LIMIT = 1 << 20  # bytes: a manifest lists some dozen files and flags
+
+
+def _configured(stamp: Path) -> dict | None:
+    """What the build folder was last configured with (its stamp), None when unknown: a stamp that cannot
+    be read as one (not a regular file, too large, not JSON of that shape) only means configuring anew."""
+    if not os.path.lexists(stamp):
+        return None
+    try:
+        before = values.mapping(stamp, "stamp", parse_json(read_bytes(stamp, "configure stamp", MANIFEST_LIMIT), stamp))
+        values.string_list(stamp, "flags", before.get("flags"))
+        values.string_list(stamp, "generator", before.get("generator"))
+    except DflashError:
+        return None
+    return before
 
 
 def read_manifest(path: Path) -> dict:

@@ -227,3 +227,17 @@ def test_a_hostile_card_beside_the_drafter_is_refused_unread(tmp_path: Path, kin
     _make(tmp_path / "README.md", kind)
     with pytest.raises(DflashError, match="README.md"):  # a link to /dev/zero leads out of the folder
         _within(20, lambda: card_tau(draft))
+
+
+@pytest.mark.parametrize("content", ["fifo", "sparse-5GiB", "deep-json", '{"flags": 5}', '["a"]', "{"])
+def test_a_configure_stamp_that_is_not_one_means_configuring_anew(tmp_path: Path, content: str):
+    stamp = tmp_path / ".dflash-configure.json"
+    if content in HOSTILE_FILES:
+        _make(stamp, content)
+    else:
+        stamp.write_text(content)
+    assert _within(20, lambda: build._configured(stamp)) is None
+    stamp.unlink()
+    wanted = {"flags": ["-DA=1"], "generator": [], "source": "/s"}
+    stamp.write_text(json.dumps(wanted))
+    assert build._configured(stamp) == wanted and build.reconfigurable(build._configured(stamp), wanted)
