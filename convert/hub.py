@@ -33,6 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..confine import open_in, safe_name
 from ..errors import DflashError, HubError
+from ..hub_names import is_repo_id, is_revision
 from ..licenses import LICENSE_FILE_NAMES
 from .checkpoint import INDEX_NAME, MASK_EMBEDDING_NAME
 
@@ -48,9 +49,9 @@ TARGET_FILES = (*TARGET_READ_FILES, "README.md", *LICENSE_FILE_NAMES)
 # Prefixes of files that ride along in a GGUF repository without being the model (llama.cpp's -hf).
 SIDECAR_PREFIXES = ("dflash-", "dspark-", "eagle3-", "mtp-", "mmproj")
 
-_NAME = r"[A-Za-z0-9][\w.-]*"
-_REF = re.compile(rf"^(?P<repo>{_NAME}/{_NAME})(?:@(?P<rev>refs/pr/\d+|[\w.-]+))?"
-                  rf"(?::(?P<quant>[A-Za-z0-9_.-]+)|/(?P<path>[^@:]+\.gguf))?$")
+# the shape only; hub_names says which repo ids and revisions the Hub accepts
+_REF = re.compile(r"^(?P<repo>[^/@:]+/[^/@:]+)(?:@(?P<rev>refs/pr/\d+|[^/@:]+))?"
+                  r"(?::(?P<quant>[A-Za-z0-9_.-]+)|/(?P<path>[^@:]+\.gguf))?$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -75,7 +76,9 @@ class HubRef:
 
 def parse_ref(text: str) -> HubRef | None:
     m = _REF.fullmatch(str(text).strip(" "))  # fullmatch: `$` alone would take "owner/name\n"
-    if not m or ".." in m.group("repo") or (m.group("path") and ".." in m.group("path").split("/")):
+    if not m or not is_repo_id(m.group("repo")) or (m.group("path") and ".." in m.group("path").split("/")):
+        return None
+    if m.group("rev") is not None and not is_revision(m.group("rev")):
         return None
     if m.group("repo").lower().endswith(".gguf"):
         return None  # a GGUF path that does not exist, not a repository

@@ -11,13 +11,21 @@ import click
 from . import __version__
 from .errors import DflashError
 from .inputs import reading
-from .secrets import ScrubbingStream, filter_log_handlers
+from .secrets import ScrubbingStream, filter_log_handlers, scrub
 from .terminal import shown
 from .signals import exit_status, raise_on_terminate, signal_name
 
 
+ERROR_LINE_LIMIT = 2000  # characters of an error line; a value quoted from a file can be megabytes
+
+
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """`text` as one line for the terminal: scrubbed, escaped, and cut at ERROR_LINE_LIMIT (scrubbed
+    first, so a cut never leaves part of a token that the filter would no longer recognise)."""
+    line = shown(" ".join(scrub(text).split()))
+    if len(line) <= ERROR_LINE_LIMIT:
+        return line
+    return f"{line[:ERROR_LINE_LIMIT]}... ({len(line) - ERROR_LINE_LIMIT} more characters cut)"
 
 
 class _Group(click.Group):
@@ -44,10 +52,10 @@ class _Group(click.Group):
             sys.exit(err.exit_code)
         except click.UsageError as err:
             where = err.ctx.command_path if err.ctx is not None else "dflash-gguf"
-            click.echo(f"error: {shown(_one_line(err.format_message()))} (see `{where} --help`)", err=True)
+            click.echo(f"error: {_one_line(err.format_message())} (see `{where} --help`)", err=True)
             sys.exit(err.exit_code)
         except click.ClickException as err:
-            click.echo(f"error: {shown(_one_line(err.format_message()))}", err=True)
+            click.echo(f"error: {_one_line(err.format_message())}", err=True)
             sys.exit(err.exit_code)
         except (KeyboardInterrupt, click.Abort):
             click.echo("error: interrupted", err=True)
@@ -63,14 +71,14 @@ class _Group(click.Group):
             click.echo(f"interrupted ({signal_name(status)})", err=True)
             sys.exit(status)
         except DflashError as err:
-            click.echo(f"error: {shown(_one_line(str(err)))}", err=True)
+            click.echo(f"error: {_one_line(str(err))}", err=True)
             sys.exit(err.exit_code)
         except BrokenPipeError:  # `dflash-gguf inspect --json x | head`: the reader left, as click treats it
             sys.stdout = open(os.devnull, "w")
             sys.exit(1)
         except OSError as err:  # an unwritable output folder, a full disk: the user's to fix
             where = f"{err.filename}: " if err.filename else ""
-            click.echo(f"error: {shown(_one_line(f'{where}{err.strerror or err}'))}", err=True)
+            click.echo(f"error: {_one_line(f'{where}{err.strerror or err}')}", err=True)
             sys.exit(2)
 
 

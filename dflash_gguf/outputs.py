@@ -22,6 +22,9 @@ The rules, the same for every command:
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -229,4 +232,40 @@ def write_text(out: Path | str, text: str) -> None:
         raise named_for(err, out) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
+
+
+_RENAME_NOREPLACE = 1  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def _renameat2():
+    try:
+        return ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return None
+
+
+def rename_exclusive(src: Path | str, dst: Path | str) -> None:
+    """Rename `src` to `dst` only when nothing is at `dst`, in one step: FileExistsError (EEXIST) when
+    anything, even an empty folder, is there by then. Linux's renameat2(RENAME_NOREPLACE); where that
+    is missing, `dst` is made as an empty folder first (mkdir fails when it exists) and `src` renamed
+    onto it, which fails when anything was put in it meanwhile."""
+    renameat2 = _renameat2()
+    if renameat2 is not None:
+        if renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return
+        code = ctypes.get_errno()
+        if code not in (errno.ENOSYS, errno.EINVAL):  # EINVAL: a file system without the flag
+            raise OSError(code, os.strerror(code), str(dst))
+    if not os.path.isdir(src):
+        os.link(src, dst)  # a file: a hard link fails when dst exists
+        os.unlink(src)
+        return
+    os.mkdir(dst)
+    try:
+        os.rename(src, dst)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.rmdir(dst)  # ours, and still empty; a folder someone filled meanwhile stays
         raise

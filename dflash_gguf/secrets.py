@@ -6,8 +6,10 @@ file included) and stderr (its error line, warnings, the log handler's records) 
 `ScrubbingStream`, the log handler carries `ScrubbingFilter`, and
 reports go through outputs.write_text, which scrubs too. What is replaced by `***`:
 
-- the tokens huggingface_hub would send: HF_TOKEN (and the older HUGGING_FACE_HUB_TOKEN), the stored
-  login (`hf auth login`'s token file and its stored tokens);
+- the tokens huggingface_hub would send: HF_TOKEN (and the older HUGGING_FACE_HUB_TOKEN), and the stored
+  login (`hf auth login`'s token file) once a command that needs a token has read it (`hub_token`, only
+  when HF_TOKEN is unset) or an artifact is checked before it leaves: the file is local state, read
+  without blocking and bounded, never by a command that neither sends a token nor writes an artifact;
 - any `Authorization:` header value and any `Bearer ...` credential, whoever's it is;
 - anything shaped like a Hugging Face token (`hf_` and 30 or more letters and digits).
 
@@ -19,6 +21,7 @@ files `publish` sends) holding a token are refused, never scrubbed (`refuse_secr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -42,28 +45,58 @@ _FOLD_BYTES = bytes.maketrans(_FOLDED_FROM.encode(), _FOLDED_TO.encode())
 _CHUNK = 16 << 20
 
 
-def _stored_tokens() -> list[str]:
-    """The stored login: huggingface_hub's token file and its stored tokens (read as the library does)."""
+TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+TOKEN_FILE_LIMIT = 1 << 16  # bytes: a token is some dozens
+_stored: list[str] = []     # the stored login, once a command has read it (hub_token)
+
+
+def _token_file() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_TOKEN_PATH)
+
+
+def stored_token() -> str | None:
+    """The stored login (`hf auth login`'s token file), None when there is none. Read as untrusted local
+    state, once: a regular file only, opened without blocking (a FIFO is refused, never waited on), at
+    most TOKEN_FILE_LIMIT bytes of UTF-8; anything else is refused in one line naming the file."""
+    from .errors import InputError
+    from .inputs import read_text
+
+    if _stored:
+        return _stored[0] or None
+    path = _token_file()
+    if not os.path.lexists(path):
+        return None
     try:
-        from huggingface_hub import constants
-    except ImportError:  # pragma: no cover - a base dependency
-        return []
-    found = []
-    for path in (constants.HF_TOKEN_PATH, constants.HF_STORED_TOKENS_PATH):
-        try:
-            text = Path(path).read_text(encoding="utf-8", errors="replace")[:1 << 16]
-        except OSError:
-            continue
-        for line in text.splitlines():
-            value = line.split("=", 1)[1] if "=" in line else line
-            found.append(value.strip())
-    return found
+        token = read_text(path, "token file (the stored Hugging Face login)", TOKEN_FILE_LIMIT).strip()
+    except InputError as err:
+        raise InputError(f"{err}; remove it and run `hf auth login` again, or set HF_TOKEN") from None
+    _stored.append(token)
+    return token or None
 
 
-def known_secrets() -> list[str]:
-    """The token values in play for this process, longest first."""
-    values = [os.environ.get(name, "") for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")]
-    values += _stored_tokens()
+def hub_token() -> str | None:
+    """The token huggingface_hub would send: HF_TOKEN (or the older HUGGING_FACE_HUB_TOKEN), else the
+    stored login. Only a command that needs a token calls this: the token file is read then, never by
+    a command that sends none (`--version` included)."""
+    for name in TOKEN_ENV:
+        if os.environ.get(name, "").strip():
+            return os.environ[name].strip()
+    return stored_token()
+
+
+def known_secrets(leaving: bool = False) -> list[str]:
+    """The token values in play for this process, longest first: the environment's, and the stored login
+    once a command has read it. `leaving`: for an artifact about to leave the process (a GGUF, a card,
+    an upload), which must not hold the stored login either: the token file is read now if it can be
+    (a file that cannot be read as one holds no token anyone sends)."""
+    from .errors import InputError
+
+    if leaving and not _stored:
+        with contextlib.suppress(InputError):
+            stored_token()
+    values = [os.environ.get(name, "") for name in TOKEN_ENV] + _stored
     return sorted({v for v in values if len(v) >= _MIN_SECRET}, key=len, reverse=True)
 
 
@@ -98,7 +131,7 @@ def scrub(text: str, secrets: list[str] | None = None) -> str:
 def refuse_secrets(texts, where: object) -> None:
     """Refuse (OutputError) to write an artifact (a GGUF's text metadata, a release card) that holds a
     token of this process: an artifact is never scrubbed in silence, it is not written."""
-    secrets = known_secrets()
+    secrets = known_secrets(leaving=True)
     if not secrets:
         return
     for text in texts:
@@ -110,7 +143,7 @@ def refuse_secrets(texts, where: object) -> None:
 def refuse_secrets_in_file(opened, where: object) -> None:
     """As `refuse_secrets`, for every byte of a file the confined reader opened (confine.Opened), read
     through that open file: what `publish` sends is what was scanned."""
-    keys = [secret.translate(_FOLD_TEXT).encode("utf-8") for secret in known_secrets()]
+    keys = [secret.translate(_FOLD_TEXT).encode("utf-8") for secret in known_secrets(leaving=True)]
     if not keys:
         return
     overlap = max(map(len, keys)) - 1  # a token across two chunks
@@ -131,14 +164,14 @@ def _carries(where: object, why: str):
 
 
 class ScrubbingStream:
-    """A text stream that scrubs what is written to it (the secrets are read once, when it is made)."""
+    """A text stream that scrubs what is written to it (with the secrets known at each write: the stored
+    login joins them when a command reads it)."""
 
     def __init__(self, inner: TextIO):
         self._inner = inner
-        self._secrets = known_secrets()
 
     def write(self, text: str) -> int:
-        self._inner.write(scrub(text, self._secrets) if isinstance(text, str) else text)
+        self._inner.write(scrub(text) if isinstance(text, str) else text)
         return len(text)
 
     def writelines(self, lines) -> None:

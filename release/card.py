@@ -11,6 +11,8 @@ import re
 import yaml
 
 from .. import __version__
+from ..errors import ReleaseError
+from ..hub_names import commit_id
 from ..quantize.quantize import RECIPES
 from . import licenses as lic
 from .license_files import LicensePlan
@@ -85,6 +87,8 @@ def provenance_front_matter(sources: dict, types: list[str]) -> dict:
     for role in ("drafter", "target"):
         src = sources.get(role) or {}
         out[role] = {k: src.get(k) for k in ("repo", "revision", "file") if src.get(k)}
+        if "repo" in out[role]:  # read on the Hub: the exact commit, never what a server called one
+            commit_id(src.get("revision"), src["repo"], f"the {role}'s revision", ReleaseError)
         out[role]["files"] = dict(src.get("files") or {})
     return out
 

@@ -13,6 +13,7 @@ from ..convert.target import TargetInfo, load_target
 from ..confine import find_in
 from ..convert import config_values as cv
 from ..errors import InputError, ReleaseError
+from ..hub_names import is_repo_id
 from ..inputs import parse_json
 from . import licenses as lic
 
@@ -55,7 +56,7 @@ def target_facts(target: Path | TargetInfo) -> tuple[str, str | None, lic.Licens
     if isinstance(target, Path) and target.is_dir():
         repo = _hub_cache_repo(target)
         name_or_path = _name_or_path(target)
-        if repo is None and re.fullmatch(r"[\w.-]+/[\w.-]+", name_or_path):
+        if repo is None and is_repo_id(name_or_path):
             repo = name_or_path
         declared = lic.license_from_folder(target, repo)
         return (repo.split("/")[-1] if repo else hub.folder_name(target)), repo, declared
@@ -73,8 +74,8 @@ def target_facts(target: Path | TargetInfo) -> tuple[str, str | None, lic.Licens
                                                                     source.repo)])
     repo = None
     if url:
-        m = re.search(r"huggingface\.co/([\w.-]+/[\w.-]+)", url) or re.fullmatch(r"([\w.-]+/[\w.-]+)", url)
-        repo = m.group(1) if m else None
+        m = re.search(r"huggingface\.co/([^/\s?#]+/[^/\s?#]+)", url) or re.fullmatch(r"([^/\s]+/[^/\s]+)", url)
+        repo = m.group(1) if m and is_repo_id(m.group(1)) else None
     repo = repo or (source.repo if source else None)
     return QUANT_SUFFIX.sub("", path.stem) or path.stem, repo, declared
 
@@ -85,7 +86,7 @@ def drafter_repo(draft_dir: Path) -> str | None:
     if repo:
         return repo
     name_or_path = _name_or_path(Path(draft_dir))
-    return name_or_path if re.fullmatch(r"[\w.-]+/[\w.-]+", name_or_path) else None
+    return name_or_path if is_repo_id(name_or_path) else None
 
 
 def resolve_target(target: str | Path | hub.HubRef) -> Path | TargetInfo:

@@ -15,19 +15,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .. import __version__, hub_names
 from ..confine import check_inside, file_in, find_in
 from ..convert import layout
 from ..errors import DflashError, PublishError
 from ..inputs import TEXT_LIMIT
-from ..secrets import known_secrets, refuse_secrets_in_file, scrub
+from ..secrets import hub_token, known_secrets, refuse_secrets_in_file, scrub
 from ..terminal import shown
 from . import licenses as lic
 from .card import recorded_sha256
 
 log = logging.getLogger(__name__)
 
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 _SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
 
 
@@ -45,9 +44,7 @@ class Upload:
 
 
 def check_repo_id(repo: str) -> str:
-    if not _REPO_ID.fullmatch(repo) or ".." in repo or repo.endswith((".git", ".")):
-        raise PublishError(f"--repo {shown(repr(repo))}: give the repository as ORG/NAME (letters, digits, '.', '_', '-')")
-    return repo
+    return hub_names.check_repo_id(repo, "--repo", PublishError)
 
 
 _LISTED = re.compile(r"\]\(\./([^)\s#?]+)\)")
@@ -147,12 +144,28 @@ def _one_line(err: Exception) -> str:
 
 def require_token() -> str:
     """huggingface_hub's token (HF_TOKEN or the stored login); refused without one."""
-    from huggingface_hub import get_token
-
-    token = get_token()
+    token = hub_token()
     if not token:
         raise PublishError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (or use --dry-run)")
     return token
+
+
+def _preupload(api, repo: str, additions: list, token) -> None:
+    """Ask the Hub how it takes each file (huggingface_hub's pre-upload), the small files first, and refuse
+    before anything is committed when it answers that it would ignore one (`shouldIgnore`: a rule of the
+    repository's .gitignore): create_commit would leave the file out and still succeed, publishing a
+    release without its card or license. Large (LFS) files are uploaded here, as create_commit would."""
+    ggufs = [op.path_in_repo.endswith(".gguf") for op in additions]
+    for group in ([op for op, big in zip(additions, ggufs) if not big], [op for op, big in zip(additions, ggufs) if big]):
+        if not group:
+            continue
+        api.preupload_lfs_files(repo, group, repo_type="model", token=token)
+        ignored = [op.path_in_repo for op in group if op._should_ignore]  # set by the pre-upload answer
+        if ignored:
+            more = f" and {len(ignored) - 3} more" if len(ignored) > 3 else ""
+            raise PublishError(f"{repo}: the Hub answered that it would ignore {', '.join(map(shown, ignored[:3]))}"
+                               f"{more} (a rule of the repository's .gitignore); nothing was committed, as a release "
+                               "never goes up without every file: remove the rule from the repository's .gitignore")
 
 
 @dataclass
@@ -203,6 +216,7 @@ def commit_files(uploads: list[Upload], repo: str, *, private: bool = False, api
     try:
         log.info("creating %s (exist_ok)", repo)
         api.create_repo(repo, repo_type="model", private=True if private else None, exist_ok=True, token=token)
+        _preupload(api, repo, [op for op in operations if isinstance(op, CommitOperationAdd)], token)
         log.info("committing %d files to %s", len(uploads), repo)
         info = api.create_commit(repo, operations, commit_message=summary, commit_description=description,
                                  repo_type="model", token=token)

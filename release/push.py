@@ -21,7 +21,8 @@ from .. import __version__
 from ..convert import hub
 from ..convert.checkpoint import Checkpoint
 from ..convert.target import read_files
-from ..errors import ReleaseError
+from ..errors import HubError, ReleaseError
+from ..hub_names import commit_id
 from ..hashing import hash_files
 from . import licenses as lic
 from .publish import PublishResult, check_repo_id, publish, require_token
@@ -51,6 +52,7 @@ def planned_sources(draft, target) -> tuple[dict, object, object]:
         model = hub.as_model(value)
         if isinstance(model, hub.HubRef):
             src = hub.resolve_source(model)
+            commit_id(src.revision, f"{hub.hub_endpoint()}/{src.repo}", "model info sha", HubError)
             out[role] = {"repo": src.repo, "revision": src.revision, **({"file": src.file} if src.file else {})}
             pinned.append(hub.HubRef(src.repo, src.revision, path=src.file))
             continue

@@ -31,6 +31,7 @@ from ..convert.describe import DrafterDescription, describe
 from ..convert.llama_support import support_of
 from ..convert.target import TargetInfo
 from ..errors import ReleaseError
+from ..hub_names import check_repo_id
 from ..outputs import Input, Output, check_outputs
 from ..secrets import refuse_secrets
 from ..quantize.quantize import (DEFAULT_RECIPE, FLOAT_TYPES, Recipe, find_llama_quantize, get_recipe, parse_type,
@@ -161,6 +162,8 @@ def _settle_names_and_terms(draft_dir: Path, target: Path | TargetInfo, name: st
     warnings: list[str] = []
     short, target_repo, declared_target = target_facts(target)
     name = safe_name(name) if name else safe_name(short)
+    if base_model is not None:
+        check_repo_id(base_model, "--base-model", ReleaseError)
     base_model = base_model or drafter_repo(draft_dir)
     if not base_model:
         base_model = hub.folder_name(draft_dir)
@@ -254,7 +257,7 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
                                           exact=exact))
     making = _Making(draft_dir, target, rec, backend, llama_bin, threads, validation)
 
-    with built_beside(out_dir) as folder:
+    with built_beside(out_dir, force) as folder:
         made = _make_variants(making, settled, wanted, folder, say)
         runs_on = support_of(made.drafter)
         if not runs_on.stock:

@@ -41,7 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..errors import LlamaBuildError
+from .. import values
+from ..errors import DflashError, LlamaBuildError
+from ..inputs import parse_json, read_bytes
 from ..options import BACKENDS  # noqa: F401 - the option owns it; named here as before
 from ..paths import cache_dir
 from . import cuda_libs, sdist
@@ -578,7 +580,7 @@ def build(backend: str | None = None, source_dir: Path | None = None, jobs: int 
     root = build_dir_for(key)
     platform = sys.platform
     if not force and (root / "build.json").is_file():
-        manifest = json.loads((root / "build.json").read_text(encoding="utf-8"))
+        manifest = read_manifest(root / "build.json")
         other_arch = backend == "cuda" and cuda_arch and \
             f"-DCMAKE_CUDA_ARCHITECTURES={cuda_architectures(cuda_arch)}" not in manifest.get("cmake_flags", [])
         if not other_arch:
@@ -603,7 +605,7 @@ def build(backend: str | None = None, source_dir: Path | None = None, jobs: int 
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         stamp = build_dir / ".dflash-configure.json"
         wanted = {"flags": flags, "generator": generator, "source": str(work / "src")}
-        before = json.loads(stamp.read_text(encoding="utf-8")) if stamp.is_file() else None
+        before = _configured(stamp)
         configured = before == wanted and (build_dir / "CMakeCache.txt").is_file()
         if not configured:
             if build_dir.exists() and not reconfigurable(before, wanted):
@@ -663,9 +665,47 @@ def has_reference_kernels(bin_dir: Path) -> bool:
     return any(mark in p.read_bytes() for p in libraries)
 
 
+MANIFEST_LIMIT = 1 << 20  # bytes: a manifest lists some dozen files and flags
+
+
+def _configured(stamp: Path) -> dict | None:
+    """What the build folder was last configured with (its stamp), None when unknown: a stamp that cannot
+    be read as one (not a regular file, too large, not JSON of that shape) only means configuring anew."""
+    if not os.path.lexists(stamp):
+        return None
+    try:
+        before = values.mapping(stamp, "stamp", parse_json(read_bytes(stamp, "configure stamp", MANIFEST_LIMIT), stamp))
+        values.string_list(stamp, "flags", before.get("flags"))
+        values.string_list(stamp, "generator", before.get("generator"))
+    except DflashError:
+        return None
+    return before
+
+
+def read_manifest(path: Path) -> dict:
+    """A build's build.json, read as untrusted input (another user's cache, or a tampered one): a regular
+    file only (a FIFO is refused, not waited on), bounded in size and depth, and the values the
+    tools use typed; LlamaBuildError naming the file and the field otherwise."""
+    fix = f"; remove {path.parent} or rebuild it with `dflash-gguf llama build --force`"
+    try:
+        manifest = values.mapping(path, "manifest", parse_json(read_bytes(path, "build record", MANIFEST_LIMIT), path),
+                                  LlamaBuildError)
+        for name in ("key", "backend"):
+            if manifest.get(name) is not None and not _MANIFEST_WORD.fullmatch(
+                    values.string(path, name, manifest[name], 128, error=LlamaBuildError)):
+                raise LlamaBuildError(f"{path}: field {name!r} is not a build {name}")
+        values.string_list(path, "cmake_flags", manifest.get("cmake_flags"), LlamaBuildError)
+    except DflashError as err:
+        raise LlamaBuildError(f"{err}{fix}") from None
+    return manifest
+
+
+_MANIFEST_WORD = re.compile(r"[A-Za-z0-9._-]+", re.ASCII)
+
+
 def build_info(bin_dir: Path, backend: str | None) -> dict:
     """Which patched build ran: backend, build key, bin folder."""
     manifest = bin_dir.parent / "build.json"
-    build = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    build = read_manifest(manifest) if os.path.lexists(manifest) else {}
     return {"backend": build.get("backend", backend), "build": build.get("key", bin_dir.parent.name),
             "bin": str(bin_dir)}

@@ -72,7 +72,9 @@ Prompt = Union[str, ChatPrompt]
 def read_prompts(path: str | Path) -> list[Prompt]:
     """The prompts of a file in either format (see the module's docstring)."""
     path = Path(path)
-    lines = read_text(path, "prompts file").splitlines()
+    # only \n (and \r\n) end a line: str.splitlines also splits at U+2028, U+0085 and form feeds,
+    # which a JSON string may hold as they are
+    lines = [line.removesuffix("\r") for line in read_text(path, "prompts file").split("\n")]
     if is_jsonl(path, lines):
         prompts = [_jsonl_prompt(path, number, line) for number, line in enumerate(lines, 1) if line.strip()]
         expected = 'one JSON object per line: {"messages": [...]} or {"prompt": "..."}'

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from .. import values
 from ..errors import ServerArgsError, ServerError, ServerStartError
 from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient
@@ -63,6 +64,15 @@ ABANDON_AFTER, ABANDON_BELOW = 4, 0.33
 # ... and one request taking this many times the reference's (at least SLOW_MIN_SECONDS) is not waited for
 SLOW_FACTOR, SLOW_MIN_SECONDS = 6, 5.0
 PROBE_REQUESTS = 2          # per thread count, to pick the first reference
+
+
+MAX_THREADS = 512      # llama.cpp's GGML_MAX_N_THREADS
+MAX_DRAFT = 1 << 16    # far above any drafter's block; llama.cpp clamps to the drafter's own length
+
+
+def _optional(read, source: object, name: str, data: dict, *args, **kwargs):
+    value = data.get(name.rpartition(".")[2])
+    return None if value is None else read(source, name, value, *args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -99,11 +109,14 @@ class Setting:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Setting":
-        return cls(drafting=bool(data["drafting"]),
-                   threads=None if data.get("threads") is None else int(data["threads"]),
-                   draft_max=None if data.get("draft_max") is None else int(data["draft_max"]),
-                   p_min=None if data.get("p_min") is None else float(data["p_min"]))
+    def from_dict(cls, data: object, source: object = "tuned setting", name: str = "chosen") -> "Setting":
+        """A setting as `to_dict` wrote it, every value typed and ranged (InputError naming `source` and
+        the field): a record read back is untrusted, and each value becomes a llama-server flag."""
+        data = values.mapping(source, name, data)
+        return cls(drafting=values.boolean(source, f"{name}.drafting", data.get("drafting")),
+                   threads=_optional(values.integer, source, f"{name}.threads", data, 1, MAX_THREADS),
+                   draft_max=_optional(values.integer, source, f"{name}.draft_max", data, 1, MAX_DRAFT),
+                   p_min=_optional(values.number, source, f"{name}.p_min", data, lo=0.0, hi=1.0))
 
 
 @dataclass

@@ -21,10 +21,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from .. import values
+from ..errors import DflashError
+from ..inputs import parse_json, read_bytes
 from ..outputs import write_text
 from ..paths import tuned_dir
 from .launch import parse_server_args
@@ -82,28 +86,42 @@ class UnreadableTuning(ValueError):
     """A file in the tuned folder that is not a record this version wrote (serve warns and ignores it)."""
 
 
+RECORD_LIMIT = 4 << 20  # bytes: a record with every candidate tune measured is some kilobytes
+
+
 def load(key: TuneKey) -> dict | None:
-    """The record saved for `key`; None when there is none; UnreadableTuning when it is damaged."""
+    """The record saved for `key`; None when there is none; UnreadableTuning when it is damaged or
+    tampered with. Read as untrusted input: a regular file only (a FIFO is refused, not waited on),
+    bounded in size and depth, and every value serve uses typed and ranged."""
     path = key.path()
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None
-    except (OSError, ValueError) as err:
-        raise UnreadableTuning(f"{path}: {err}") from None
     try:
-        if record["format"] != FORMAT or record["version"] != VERSION:
-            raise KeyError("format")
-        if record["key"] != key.parts():
-            raise KeyError("key")
-        Setting.from_dict(record["chosen"])
-        bool(record["drafting_pays"])
-        if record["speedup"] is not None and not isinstance(record["speedup"], (int, float)):
-            raise ValueError("speedup")
-        float(record["settings"]["min_speedup"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise UnreadableTuning(f"{path}: field {err} is missing or not what `dflash-gguf tune` writes") from None
+        record = values.mapping(path, "record", parse_json(read_bytes(path, "tuned record", RECORD_LIMIT), path))
+        if record.get("format") != FORMAT or record.get("version") != VERSION:
+            raise UnreadableTuning(f"{path}: field 'format' is missing or not what `dflash-gguf tune` writes")
+        if record.get("key") != key.parts():
+            raise UnreadableTuning(f"{path}: field 'key' is missing or not what `dflash-gguf tune` writes")
+        _check_fields(path, record)
+    except DflashError as err:
+        raise UnreadableTuning(str(err)) from None
     return record
+
+
+def _check_fields(path: Path, record: dict) -> None:
+    """Every value serve takes from a record, typed and ranged (InputError naming the field)."""
+    Setting.from_dict(record.get("chosen"), path)
+    values.boolean(path, "drafting_pays", record.get("drafting_pays"))
+    if record.get("speedup") is not None:
+        values.number(path, "speedup", record["speedup"], lo=0.0)
+    settings = values.mapping(path, "settings", record.get("settings"))
+    values.number(path, "settings.min_speedup", settings.get("min_speedup"), positive=True)
+    best = values.mapping(path, "best_drafting", record.get("best_drafting"))
+    for name, read in (("label", values.string), ("tau", values.number), ("pairs", values.integer)):
+        if best.get(name) is not None:
+            read(path, f"best_drafting.{name}", best[name])
+    if record.get("finished_at") is not None:
+        values.string(path, "finished_at", record["finished_at"], 64)
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,7 @@ class LocalHub(ThreadingHTTPServer):
         self.calls: list[dict] = []
         self.commits: dict[str, list[list[dict]]] = {}  # repo -> commit payloads received, in order
         self.fail_commit: tuple[int, dict] | None = None
+        self.ignored: set[str] = set()  # paths the pre-upload answers `shouldIgnore` for (a .gitignore rule)
         self.ignore_ranges = False  # answer range requests with the whole file, as some servers do
         # a careless server: every error echoes the request's Authorization header, in its message
         # and as its request id (what the secret filter must keep out of every output)
@@ -408,8 +409,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._paths_info(repo_id, revision, body)
             if action == "preupload":
                 files = json.loads(body)["files"]
-                return self._json(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
-                                                  for f in files]})
+                return self._json(200, {"files": [{"path": f["path"], "uploadMode": "regular",
+                                                   "shouldIgnore": f["path"] in hub.ignored} for f in files]})
             if action == "commit":
                 return self._commit(repo_id, revision, body)
         self._error(404, None, f"no route {path}")

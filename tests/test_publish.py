@@ -224,3 +224,28 @@ def test_a_file_whose_sha256_differs_from_the_cards_is_refused(hub, tmp_path):
     tiny_gguf(gguf, 2)  # another file in its place
     assert_refused(_publish(folder, "--repo", "me/tiny", env=env), gguf.name, "sha256", recorded)
     assert not hub.commits
+
+
+@pytest.mark.parametrize("ignored", [{"README.md", "LICENSE"}, {"LICENSE"}, {"dflash-Tiny-F16.gguf"}])
+def test_a_hub_that_would_ignore_a_release_file_gets_no_commit(hub, tmp_path, ignored):
+    """huggingface_hub's create_commit leaves out what the pre-upload answers `shouldIgnore` for (a
+    .gitignore rule) and still succeeds: a repository without its card or license."""
+    folder = _folder(tmp_path / "rel")
+    hub.ignored = ignored
+    proc = _publish(folder, "--repo", "me/tiny", env=_env(hub, tmp_path))
+    _refused(proc, "me/tiny", "ignore", sorted(ignored)[0], ".gitignore", "nothing was committed")
+    assert ("POST", "/api/models/me/tiny/preupload/main") in [(c["method"], c["path"]) for c in hub.calls]
+    assert not hub.commits.get("me/tiny")
+
+
+def test_a_token_file_that_is_a_fifo_is_refused_not_waited_on(hub, tmp_path):
+    import os
+
+    folder = _folder(tmp_path / "rel")
+    env = _env(hub, tmp_path, token=None)
+    (tmp_path / "hf-home").mkdir()
+    os.mkfifo(tmp_path / "hf-home" / "token")
+    proc = subprocess.run([sys.executable, "-m", "dflash_gguf.cli", "publish", str(folder), "--repo", "me/tiny"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    _refused(proc, str(tmp_path / "hf-home" / "token"), "not a regular file", "HF_TOKEN")
+    assert not hub.calls

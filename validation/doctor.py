@@ -48,6 +48,8 @@ RECORDING_ARCHS = frozenset({
 FULL_PRECISION_CACHE = frozenset({"f32", "f16", "bf16"})
 MANY_SLOTS = 4
 CARD_TAU_SHORTFALL = 0.8  # a measured tau under this share of the card's is a finding
+MAX_CARD_TAU = 1 << 16   # tokens per step: far above any drafter's block
+_TAU = re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,6})?(?=\s|$)", re.ASCII)
 CARD_NAME = "README.md"
 
 
@@ -160,8 +162,10 @@ def card_tau(draft: Path) -> float | None:
             header = cells
         elif header is not None and cells and f"[{draft.name}]" in cells[0]:
             column = next(i for i, c in enumerate(header) if c.startswith("τ"))
-            match = re.match(r"[0-9.]+", cells[column]) if column < len(cells) else None
-            return float(match.group()) if match else None
+            # what release writes: a decimal such as 3.41, or "-" (not validated); anything else is no tau
+            match = _TAU.match(cells[column]) if column < len(cells) else None
+            tau = float(match.group()) if match else None
+            return tau if tau is not None and 0 < tau <= MAX_CARD_TAU else None
     return None
 
 
