@@ -484,7 +484,6 @@ def install() -> None:
     # huggingface_hub's own request hook (offline mode, request ids), as its default client has it
     from huggingface_hub.utils._http import hf_request_event_hook
 
-    from .secrets import filter_log_handlers
     from .signals import on_terminate
 
     transport_class = _make_transport(constants.ENDPOINT)
@@ -496,5 +495,16 @@ def install() -> None:
 
     set_client_factory(client)
     on_terminate(stop)
-    filter_log_handlers(hf_logging.get_logger("huggingface_hub"))  # its own stderr handler, -v or not
+    _route_library_logs(hf_logging.get_logger("huggingface_hub"))
     _installed = True
+
+
+def _route_library_logs(library: logging.Logger) -> None:
+    """huggingface_hub's records through the program's own handler (the secret filter, one format)
+    instead of the stderr handler it adds itself; its retry notices only under -v or HF_HUB_VERBOSITY
+    (the guard bounds the retries, and the command's error line says what failed)."""
+    for handler in list(library.handlers):
+        library.removeHandler(handler)
+    library.propagate = True
+    if not os.environ.get("HF_HUB_VERBOSITY") and logging.getLogger().getEffectiveLevel() > logging.INFO:
+        library.setLevel(logging.ERROR)

@@ -185,11 +185,13 @@ def test_sigterm_ends_a_hung_download(hub, tmp_path):
 @pytest.mark.parametrize("headers", [{"Retry-After": "3600"}, {}], ids=["retry-after-an-hour", "503-storm"])
 def test_retries_are_capped(hub, tmp_path, headers):
     _repo(hub)
-    hub.answer(INFO, raw(503, b'{"error": "busy"}', headers))
+    hub.answer(r"/z-lab/d/resolve/.*", raw(503, b'{"error": "busy"}', headers))
     proc, took = _convert(hub, tmp_path)
     _one_line(proc, "503")
-    assert took < 15, took
-    assert len([c for c in hub.calls if "/api/models/" in c["path"]]) <= 4
+    assert took < 15, took  # huggingface_hub alone: 23 s of back-off, or the hour asked
+    # RETRY_LIMIT for the command, plus what was in flight in huggingface_hub's other download threads
+    # (alone it asks 6 times per file: 12)
+    assert len([c for c in hub.calls if "/resolve/" in c["path"]]) <= 6
 
 
 # -- bodies are bounded before they are read --------------------------------------------------------------
