@@ -13,6 +13,8 @@ It answers the calls huggingface_hub makes (checked against the installed versio
                                                       huggingface_hub reads the metadata off the redirect)
     write   POST /api/repos/create, /api/validate-yaml, /api/models/O/N/preupload/REV,
                  /api/models/O/N/commit/REV           (files sent inline, base64; deleted files)
+                 with `lfs_uploads`, LFS files as the Hub takes them: POST /O/N.git/info/lfs/objects/batch
+                 says where to PUT each one and where to verify it, both on the CDN (another origin)
 
 and the errors the Hub gives, with its X-Error-Code header (and, on demand, failing range requests:
 `fail_ranges`): 404 RepoNotFound / RevisionNotFound /
@@ -108,6 +110,8 @@ class LocalHub(ThreadingHTTPServer):
         # what the next range requests get instead of their bytes: an HTTP status, or "drop" (the
         # connection closed without an answer), one per request, in order
         self.fail_ranges: list[int | str] = []
+        self.lfs_uploads = False  # preupload answers "lfs" for LFS files: they go up through the CDN
+        self.uploaded: dict[str, bytes] = {}  # sha256 -> bytes PUT to the CDN
         self.hostile: list[tuple[re.Pattern, object]] = []
         self.closing = threading.Event()  # set by stop(): hanging answers end
         self._lock = threading.Lock()
@@ -285,6 +289,17 @@ class _Handler(BaseHTTPRequestHandler):
         self._call = self._record(body)
         self._hostile() or self._route_post(self._call["path"], body)
 
+    def do_PUT(self) -> None:
+        body = self._body()
+        self._call = self._record(body)
+        parts = self._call["path"].strip("/").split("/")
+        if self._hostile():
+            return
+        if parts[0] == "_upload" and len(parts) == 2 and hashlib.sha256(body).hexdigest() == parts[1]:
+            self.hub.uploaded[parts[1]] = body
+            return self._reply(200)
+        self._error(400, None, "bad upload")
+
     def _route_get(self) -> None:
         if self.hub.fail_all:
             return self._error(self.hub.fail_all, None, "the server failed this request")
@@ -417,6 +432,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(200, {"url": f"{hub.url}/{repo}"})
         if path == "/api/validate-yaml":
             return self._json(200, {"errors": [], "warnings": []})
+        if path.endswith(".git/info/lfs/objects/batch"):
+            return self._lfs_batch(json.loads(body))
+        if path == "/_verify":
+            oid = json.loads(body)["oid"]
+            return self._json(200 if oid in hub.uploaded else 404, {})
         parts = path.strip("/").split("/")  # api/models/ORG/NAME/(preupload|commit|paths-info)/REV
         if len(parts) >= 6 and parts[:2] == ["api", "models"]:
             repo_id, action, revision = "/".join(parts[2:4]), parts[4], unquote("/".join(parts[5:]))
@@ -426,11 +446,20 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._paths_info(repo_id, revision, body)
             if action == "preupload":
                 files = json.loads(body)["files"]
-                return self._json(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                mode = {True: "lfs", False: "regular"}
+                return self._json(200, {"files": [{"path": f["path"], "shouldIgnore": False,
+                                                   "uploadMode": mode[hub.lfs_uploads and is_lfs(f["path"])]}
                                                   for f in files]})
             if action == "commit":
                 return self._commit(repo_id, revision, body)
         self._error(404, None, f"no route {path}")
+
+    def _lfs_batch(self, request: dict) -> None:
+        cdn = self.hub.cdn_url
+        objects = [{"oid": o["oid"], "size": o["size"], "actions": {
+            "upload": {"href": f"{cdn}/_upload/{o['oid']}"}, "verify": {"href": f"{cdn}/_verify"}}}
+            for o in request["objects"]]
+        self._json(200, {"transfer": "basic", "objects": objects})
 
     def _paths_info(self, repo_id: str, revision: str, body: bytes) -> None:
         found = self._repo_at(repo_id, revision)
@@ -449,6 +478,7 @@ class _Handler(BaseHTTPRequestHandler):
         lines = [json.loads(line) for line in body.splitlines() if line.strip()]
         hub.commits.setdefault(repo_id, []).append(lines)
         files = {ln["value"]["path"]: base64.b64decode(ln["value"]["content"]) for ln in lines if ln["key"] == "file"}
+        files.update({ln["value"]["path"]: hub.uploaded[ln["value"]["oid"]] for ln in lines if ln["key"] == "lfsFile"})
         deleted = [ln["value"]["path"] for ln in lines if ln["key"] == "deletedFile"]
         sha = hub.add_commit(repo_id, files, branch=revision, replace=False, deleted=deleted)
         oid = f"{len(hub.commits[repo_id]):040x}"

@@ -282,3 +282,20 @@ def test_a_ref_or_snapshot_leading_out_of_the_cache_is_refused(hub, tmp_path):
     (storage / "refs" / "main").unlink()
     (storage / "refs" / "main").symlink_to(elsewhere / "README.md")
     _one_line(_convert(hub, tmp_path, HF_HUB_OFFLINE="1")[0], "main", "outside")
+
+
+# -- publish: the LFS verify URL on another host gets no token ----------------------------------------
+
+def test_an_lfs_verify_url_elsewhere_gets_no_token(hub, tmp_path):
+    from tests.test_publish import _folder
+
+    folder = _folder(tmp_path / "rel")
+    hub.lfs_uploads = True
+    proc, _ = _run(hub, tmp_path, "publish", folder, "--repo", "me/tiny", HF_TOKEN=TOKEN)
+    assert proc.returncode == 0, proc.stderr
+    sent = hub.store["me/tiny"].commits[hub.store["me/tiny"].refs["main"]]
+    assert sent["dflash-Tiny-F16.gguf"].data == (folder / "dflash-Tiny-F16.gguf").read_bytes()
+    verified = [c for c in hub.calls if c["path"] == "/_verify"]
+    assert len(verified) == 2 and all(c["cdn"] for c in verified)
+    assert not any("authorization" in c["headers"] for c in hub.calls if c["cdn"])
+    assert TOKEN not in proc.stderr + proc.stdout
