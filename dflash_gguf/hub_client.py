@@ -6,9 +6,11 @@ mirror, or something pretending to be one) answers, the client holds to:
 
 - the token (the Authorization header) goes only to the configured endpoint's scheme, host and
   port: never to a redirect, a listing's next-page link or an upload's verify URL elsewhere;
-- every request has a total deadline (connect, headers and body; DFLASH_GGUF_HUB_TIMEOUT seconds,
-  a body then at least MIN_RATE bytes a second on average), and stops within SLICE_S of SIGTERM
-  (downloads run in huggingface_hub's worker threads, which a signal does not reach);
+- every request has a total deadline (connect, headers and body): its answer starts within
+  DFLASH_GGUF_HUB_TIMEOUT seconds, its body averages MIN_RATE bytes a second and is never silent that
+  long; a command's Hub traffic gets COMMAND_TIMEOUTS such deadlines plus its bytes at MIN_RATE; and
+  every request stops within SLICE_S of SIGTERM (downloads run in huggingface_hub's worker threads,
+  which a signal does not reach);
 - a command gets RETRY_LIMIT answers that ask to be retried (429, 5xx) and waits at most about a
   second after each: a Retry-After of an hour, or a storm of 503s, ends in one line, not a wait;
 - an API answer is at most API_BODY_LIMIT bytes, decompressed included (a gzip bomb stops there), and
@@ -236,18 +238,52 @@ def stop() -> None:
     _stopping.set()
 
 
-class _Deadline:
-    """A request's deadline: `timeout` for its answer to start, then MIN_RATE bytes a second."""
+class _Clock:
+    """Time against bytes: `timeout` seconds, plus a second for every MIN_RATE bytes received."""
 
-    def __init__(self, url: str, timeout: float):
-        self.url, self.timeout, self.start, self.received = url, timeout, time.monotonic(), 0
+    def __init__(self, timeout: float):
+        self.timeout, self.start, self.received = timeout, time.monotonic(), 0
 
     def remaining(self) -> float:
         return self.start + self.timeout + self.received / MIN_RATE - time.monotonic()
 
+
+class _Deadline(_Clock):
+    """A request's deadline: its answer starts within `timeout`, its body averages MIN_RATE bytes a
+    second, it is never silent for `timeout`, and the command's Hub traffic is within its own clock."""
+
+    def __init__(self, url: str, timeout: float):
+        super().__init__(timeout)
+        self.url, self.last = url, self.start
+
+    def got(self, n: int) -> None:
+        self.received += n
+        _command_clock().received += n
+
+    def heard(self) -> None:
+        self.last = time.monotonic()
+
+    def remaining(self) -> float:
+        command = _command_clock().remaining()
+        if command <= 0:
+            raise HubError(f"{self.url}: this command's Hub traffic has taken over {COMMAND_TIMEOUTS} times "
+                           f"{self.timeout:g} s ({TIMEOUT_ENV}) without data flowing; try again later")
+        return min(super().remaining(), self.last + self.timeout - time.monotonic(), command)
+
     def expired(self) -> HubError:
         return HubError(f"{self.url}: no complete answer within {self.timeout:g} s ({TIMEOUT_ENV}); the server "
                         "is not answering or answers too slowly: try again later, or raise the deadline")
+
+
+COMMAND_TIMEOUTS = 10  # a command's Hub traffic: this many request deadlines, plus its bytes at MIN_RATE
+_command: list[_Clock] = []
+
+
+def _command_clock() -> _Clock:
+    """The clock of this command's Hub traffic (a process runs one command), started at its first request."""
+    if not _command:
+        _command.append(_Clock(COMMAND_TIMEOUTS * timeout_s()))
+    return _command[0]
 
 
 def _clamp(timeout: float | None) -> float | None:
@@ -275,7 +311,11 @@ def _make_backend():
                 left = _clamp(timeout if timeout is None else timeout - waited)
                 step = SLICE_S if left is None else min(SLICE_S, left)
                 try:
-                    return self._inner.read(max_bytes, step)
+                    data = self._inner.read(max_bytes, step)
+                    deadline = getattr(_current, "deadline", None)
+                    if deadline is not None:
+                        deadline.heard()
+                    return data
                 except httpcore2.ReadTimeout:
                     waited += step
                     if timeout is not None and waited >= timeout:
@@ -347,7 +387,7 @@ def _make_transport(endpoint: str):
         def __iter__(self):
             out = 0
             for chunk in self._inner:
-                self._deadline.received += len(chunk)
+                self._deadline.got(len(chunk))
                 if self._decoder is not None:
                     room = (self._limit - out + 1) if self._limit is not None else 0
                     chunk = self._decoder.decompress(chunk, room)

@@ -299,3 +299,19 @@ def test_an_lfs_verify_url_elsewhere_gets_no_token(hub, tmp_path):
     assert len(verified) == 2 and all(c["cdn"] for c in verified)
     assert not any("authorization" in c["headers"] for c in hub.calls if c["cdn"])
     assert TOKEN not in proc.stderr + proc.stdout
+
+
+def test_a_command_s_hub_traffic_has_a_deadline_too(hub, tmp_path):
+    """Pages each answered in time, without end: the command's own clock stops it (10 request deadlines)."""
+    _repo(hub)
+
+    def slow_page(handler):
+        cursor = int(handler._call["query"].get("cursor", ["0"])[0])
+        time.sleep(0.5)
+        raw(200, b"[]", {"Link": f'<{hub.url}/api/models/z-lab/d/tree/main?recursive=true&cursor={cursor + 1}>; '
+                                  'rel="next"'})(handler)
+
+    hub.answer(r"/api/models/z-lab/d/tree/.*", slow_page)
+    proc, took = _convert(hub, tmp_path, DFLASH_GGUF_HUB_TIMEOUT="1")
+    _one_line(proc, "this command's Hub traffic has taken over 10 times 1 s")
+    assert took < 30, took
