@@ -360,13 +360,14 @@ def card_folder(repo: str, revision: str | None) -> Path:
 
 def download_file(repo: str, path: str, revision: str | None = None):
     """One file of a repository, fetched into the cache and opened through the confined reader
-    (confine.Opened): a cached file linked out of the cache is refused, not read."""
+    (confine.Opened): a cached file linked out of the cache is refused, not read. huggingface_hub's
+    errors are the caller's to word (`hub_errors`), or to expect (a missing card)."""
     from huggingface_hub import hf_hub_download
 
+    hub_client.install()
     hub_client.file_name(path, repo)
-    with hub_errors(HubRef(repo, revision)):
-        hub_cache.check_repo(repo, revision)
-        cached = hf_hub_download(repo, path, revision=revision)
+    hub_cache.check_repo(repo, revision)
+    cached = hf_hub_download(repo, path, revision=revision)
     folder = hub_cache.check_snapshot(Path(cached[:-len(path)]))
     return open_in(folder, path, "cached file")
 

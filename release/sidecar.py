@@ -110,7 +110,8 @@ def sidecar_card_folder(folder: str, prefix: str, name: str) -> str:
 def _published_provenance(repo: str, card_paths: list[str], files: list[str]) -> dict | None:
     for path in card_paths:
         if path in files:
-            card = hub.download_file(repo, path)
+            with hub.hub_errors(hub.HubRef(repo)):
+                card = hub.download_file(repo, path)
             meta, _ = lic.split_front_matter(lic.read_text(card), f"{repo}/{path}")
             block = meta.get(PROVENANCE_KEY)
             if isinstance(block, dict):

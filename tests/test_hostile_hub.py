@@ -8,6 +8,7 @@ test that fails by hanging fails in seconds (subprocess timeout), not never.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import signal
@@ -315,3 +316,48 @@ def test_a_command_s_hub_traffic_has_a_deadline_too(hub, tmp_path):
     proc, took = _convert(hub, tmp_path, DFLASH_GGUF_HUB_TIMEOUT="1")
     _one_line(proc, "this command's Hub traffic has taken over 10 times 1 s")
     assert took < 30, took
+
+
+# -- a target GGUF on the Hub: sizes a server claims, a cached file linked out -------------------------
+
+def _gguf_repo(hub: LocalHub, tmp_path: Path) -> tuple[str, Path]:
+    from tests.test_publish import tiny_gguf
+
+    gguf = tiny_gguf(tmp_path / "served" / "t-F16.gguf", 4) if not (tmp_path / "served").exists() else \
+        tmp_path / "served" / "t-F16.gguf"
+    hub.add_commit("org/t-GGUF", {"t-F16.gguf": gguf})
+    return hashlib.sha256(gguf.read_bytes()).hexdigest(), gguf
+
+
+def test_a_range_answered_with_gigabytes_is_not_read(hub, fixtures, tmp_path):
+    (tmp_path / "served").mkdir()
+    sha256, _ = _gguf_repo(hub, tmp_path)
+
+    def huge(handler):
+        handler.send_response(206)
+        handler.send_header("Content-Length", str(3 << 30))
+        handler.send_header("Content-Range", f"bytes 0-{(3 << 30) - 1}/{3 << 30}")
+        handler.end_headers()
+        handler.wfile.write(b"GGUF" + b"\0" * 4096)
+        handler.close_connection = True
+
+    hub.answer(rf"/_lfs/{sha256}", huge)
+    proc, took = _run(hub, tmp_path, "convert", fixtures / "dflash-b16", "-t", "org/t-GGUF:F16", "-o",
+                      tmp_path / "out.gguf")
+    _one_line(proc, "answered a range of")
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def test_a_cached_gguf_linked_out_of_the_cache_is_refused(hub, fixtures, tmp_path):
+    (tmp_path / "served").mkdir()
+    _, gguf = _gguf_repo(hub, tmp_path)
+    env = hub_env(hub, tmp_path)
+    subprocess.run([sys.executable, "-c", "from huggingface_hub import hf_hub_download as d; "
+                    "d('org/t-GGUF', 't-F16.gguf')"], env=env, check=True)
+    (cached,) = (tmp_path / "hf-home" / "hub" / "models--org--t-GGUF" / "snapshots").glob("*/t-F16.gguf")
+    cached.unlink()
+    cached.symlink_to(gguf)  # a file of the user's, outside the cache
+    for offline in ("0", "1"):
+        proc, _ = _run(hub, tmp_path, "convert", fixtures / "dflash-b16", "-t", "org/t-GGUF:F16", "-o",
+                       tmp_path / "out.gguf", HF_HUB_OFFLINE=offline)
+        _one_line(proc, "t-F16.gguf", "outside")
