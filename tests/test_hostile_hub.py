@@ -323,14 +323,13 @@ def test_a_command_s_hub_traffic_has_a_deadline_too(hub, tmp_path):
 def _gguf_repo(hub: LocalHub, tmp_path: Path) -> tuple[str, Path]:
     from tests.test_publish import tiny_gguf
 
-    gguf = tiny_gguf(tmp_path / "served" / "t-F16.gguf", 4) if not (tmp_path / "served").exists() else \
-        tmp_path / "served" / "t-F16.gguf"
+    (tmp_path / "served").mkdir()
+    gguf = tiny_gguf(tmp_path / "served" / "t-F16.gguf", 4)
     hub.add_commit("org/t-GGUF", {"t-F16.gguf": gguf})
     return hashlib.sha256(gguf.read_bytes()).hexdigest(), gguf
 
 
 def test_a_range_answered_with_gigabytes_is_not_read(hub, fixtures, tmp_path):
-    (tmp_path / "served").mkdir()
     sha256, _ = _gguf_repo(hub, tmp_path)
 
     def huge(handler):
@@ -349,7 +348,6 @@ def test_a_range_answered_with_gigabytes_is_not_read(hub, fixtures, tmp_path):
 
 
 def test_a_cached_gguf_linked_out_of_the_cache_is_refused(hub, fixtures, tmp_path):
-    (tmp_path / "served").mkdir()
     _, gguf = _gguf_repo(hub, tmp_path)
     env = hub_env(hub, tmp_path)
     subprocess.run([sys.executable, "-c", "from huggingface_hub import hf_hub_download as d; "
