@@ -389,8 +389,7 @@ def _make_transport(endpoint: str):
             for chunk in self._inner:
                 self._deadline.got(len(chunk))
                 if self._decoder is not None:
-                    room = (self._limit - out + 1) if self._limit is not None else 0
-                    chunk = self._decoder.decompress(chunk, room)
+                    chunk = self._decoder.decompress(chunk, self._limit - out + 1)  # API answers only
                 out += len(chunk)
                 if self._limit is not None and out > self._limit:
                     raise HubError(f"{self._where}: the answer is over the {self._limit >> 20} MiB an API answer may "
@@ -413,9 +412,9 @@ def _make_transport(endpoint: str):
             where = shown_url(request.url)
             if _origin(request.url) != home:
                 request.headers.pop("Authorization", None)  # the token is the endpoint's alone
-            asked_identity = request.headers.get("Accept-Encoding", "").strip().lower() == "identity"
-            if not asked_identity:
-                request.headers["Accept-Encoding"] = "gzip, deflate"  # what _Body decodes, bounded
+            api = urlsplit(str(request.url)).path.startswith("/api/")
+            # an API answer may come compressed (decoded by _Body, bounded); a file comes as it is
+            request.headers["Accept-Encoding"] = "gzip, deflate" if api else "identity"
             deadline = _Deadline(where, timeout_s())
             _current.deadline = deadline
             response = self._inner.handle_request(request)
@@ -423,19 +422,18 @@ def _make_transport(endpoint: str):
                 self._check_headers(response, where)
                 retry = self._retry(response, where)
                 self._check_next_page(response, request.url, where)
-                api = urlsplit(str(request.url)).path.startswith("/api/")
-                encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-                if encoding not in ("identity", "") and (asked_identity or encoding not in ("gzip", "deflate")):
+                encoding = response.headers.get("Content-Encoding", "identity").strip().lower() or "identity"
+                if encoding != "identity" and (not api or encoding not in ("gzip", "deflate")):
                     raise HubError(f"{where}: the server sent a {encoding[:20]!r}-encoded body where none was "
                                    "asked; the file is not read: check HF_ENDPOINT")
                 limit = API_BODY_LIMIT if api else None
                 declared = response.headers.get("Content-Length")
-                if limit is not None and declared and declared.isdigit() and int(declared) > limit and not encoding:
+                if limit is not None and encoding == "identity" and declared and int(declared) > limit:
                     raise HubError(f"{where}: the server announces a {declared}-byte answer, over the "
                                    f"{limit >> 20} MiB an API answer may be")
                 body = _Body(response.stream, deadline, encoding, limit, where)
                 headers = [(k, v) for k, v in response.headers.multi_items()
-                           if encoding in ("identity", "") or k.lower() not in ("content-encoding", "content-length")]
+                           if encoding == "identity" or k.lower() not in ("content-encoding", "content-length")]
                 if retry:
                     headers = [(k, v) for k, v in headers if k.lower() not in ("retry-after", "ratelimit",
                                                                                "ratelimit-policy")]

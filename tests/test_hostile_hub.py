@@ -359,3 +359,20 @@ def test_a_cached_gguf_linked_out_of_the_cache_is_refused(hub, fixtures, tmp_pat
         proc, _ = _run(hub, tmp_path, "convert", fixtures / "dflash-b16", "-t", "org/t-GGUF:F16", "-o",
                        tmp_path / "out.gguf", HF_HUB_OFFLINE=offline)
         _one_line(proc, "t-F16.gguf", "outside")
+
+
+def test_an_api_answer_announcing_too_much_is_not_read(hub, tmp_path):
+    _repo(hub)
+
+    def announces(handler):
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(64 << 20))
+        handler.end_headers()
+        handler.wfile.write(b"{")
+        handler.close_connection = True
+
+    hub.answer(INFO, announces)
+    proc, took = _convert(hub, tmp_path, DFLASH_GGUF_HUB_TIMEOUT="30")
+    _one_line(proc, f"announces a {64 << 20}-byte answer")
+    assert took < 20  # refused on the header, not after waiting for a body that never comes
