@@ -29,9 +29,10 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
-from ..confine import open_in, safe_name
+from .. import hub_cache, hub_client, hub_names
+from ..confine import find_in, open_in, safe_name
 from ..errors import DflashError, HubError
 from ..hub_names import is_repo_id, is_revision
 from ..licenses import LICENSE_FILE_NAMES
@@ -52,7 +53,7 @@ SIDECAR_PREFIXES = ("dflash-", "dspark-", "eagle3-", "mtp-", "mmproj")
 # the shape only; hub_names says which repo ids and revisions the Hub accepts
 _REF = re.compile(r"^(?P<repo>[^/@:]+/[^/@:]+)(?:@(?P<rev>refs/pr/\d+|[^/@:]+))?"
                   r"(?::(?P<quant>[A-Za-z0-9_.-]+)|/(?P<path>[^@:]+\.gguf))?$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_COMMIT = hub_names.COMMIT
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -97,6 +98,7 @@ def as_model(value: str | os.PathLike | HubRef) -> Path | HubRef:
 
 def hub_endpoint() -> str:
     """The Hub this process talks to (HF_ENDPOINT, else the public Hub), without any user:password."""
+    hub_client.install()
     from huggingface_hub import constants
 
     parts = urlsplit(constants.ENDPOINT.rstrip("/"))
@@ -143,6 +145,7 @@ def folder_name(folder: str | os.PathLike) -> str:
 # ---------------------------------------------------------------------------------------------------
 
 def _offline() -> bool:
+    hub_client.install()
     from huggingface_hub import constants
 
     return constants.is_offline_mode()
@@ -155,7 +158,9 @@ def _offline_error(ref: HubRef) -> HubError:
 
 @contextmanager
 def hub_errors(ref: HubRef):
-    """Turn huggingface_hub's and the network's exceptions into one line each, in our words."""
+    """Turn huggingface_hub's and the network's exceptions into one line each, in our words (the
+    guarded client installed first: every request inside goes through it)."""
+    hub_client.install()
     try:
         yield
     except DflashError:
@@ -211,9 +216,18 @@ def _worded(ref: HubRef, err: Exception) -> HubError | None:
     if isinstance(err, errors.HfHubHTTPError):
         said = f": {_first_line(err.server_message)}" if err.server_message else ""
         return HubError(f"{ref}: {hub_endpoint()} answered HTTP {_status(err)}{said}")
-    if type(err).__module__.startswith(("huggingface_hub", "httpx")):
+    if type(err).__module__.startswith(("huggingface_hub", "httpx")) or _raised_in_huggingface_hub(err):
         return HubError(f"{ref}: reading it through huggingface_hub failed: {_first_line(err)}")
     return None
+
+
+def _raised_in_huggingface_hub(err: Exception) -> bool:
+    """Whether huggingface_hub itself raised `err` (its ValueErrors for a file name or a pointer path a
+    server or the cache gave it): a Hub error, not a bug of ours."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and "huggingface_hub" in Path(tb.tb_frame.f_code.co_filename).parts
 
 
 def _status(err) -> int | None:
@@ -235,22 +249,29 @@ def _pinned(ref: HubRef) -> bool:
 
 def _exists(repo: str, revision: str = DEFAULT_REVISION) -> bool:
     """Whether `repo` answers at `revision` (to tell an unknown revision from an unknown repository)."""
-    from huggingface_hub import HfApi
-
     try:
-        HfApi().model_info(repo, revision=revision)
+        _fetch_model_info(repo, revision)
     except Exception:  # any failure: the caller's error stands
         return False
     return True
 
 
-def model_info(ref: HubRef):
-    """The repository's model info at `ref`'s revision, `main` when it names none: always asked at a
-    revision (`/api/models/O/N/revision/R`), which mirrors answer where the bare form is refused."""
-    from huggingface_hub import HfApi
+def _fetch_model_info(repo: str, revision: str) -> hub_client.ModelInfo:
+    """`/api/models/O/N/revision/R` (always at a revision: mirrors answer it where the bare form is
+    refused), read through the typed reader."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_backoff
 
+    url = f"{constants.ENDPOINT}/api/models/{repo}/revision/{quote(revision, safe='')}"
+    response = http_backoff("GET", url, headers=build_hf_headers())
+    hf_raise_for_status(response)
+    return hub_client.read_model_info(response.content, hub_client.shown_url(url))
+
+
+def model_info(ref: HubRef) -> hub_client.ModelInfo:
+    """The repository's model info at `ref`'s revision, `main` when it names none."""
     with hub_errors(ref):
-        return HfApi().model_info(ref.repo, revision=ref.revision or DEFAULT_REVISION)
+        return _fetch_model_info(ref.repo, ref.revision or DEFAULT_REVISION)
 
 
 _CLASS_NAME = re.compile(r"\b(?:[A-Z][a-z0-9]+)+(?:Error|Exception|Enabled)\b:?\s*")
@@ -313,13 +334,16 @@ def fetch_folder(ref: HubRef, files: tuple[str, ...], weights: bool = False) -> 
     if ref.is_gguf:
         raise HubError(f"{ref}: names a GGUF file; a checkpoint is given as a repository (owner/name[@revision])")
     with hub_errors(ref), _quiet_progress():
-        folder = Path(snapshot_download(ref.repo, revision=ref.revision, allow_patterns=list(files)))
+        hub_cache.check_repo(ref.repo, ref.revision)
+        folder = hub_cache.check_snapshot(snapshot_download(ref.repo, revision=ref.revision,
+                                                            allow_patterns=list(files)))
         if not (folder / "config.json").is_file():
             raise HubError(f"{ref}: the repository has no config.json; a checkpoint or target folder needs one "
                            "(a GGUF repository is named owner/name:QUANT)")
         if weights:
             shards = _weight_files(folder, ref, folder.name)
             if shards:
+                hub_client.file_names(shards, ref)
                 snapshot_download(ref.repo, revision=folder.name, allow_patterns=shards)
     log.info("%s: using %s", ref, folder)
     return folder
@@ -332,7 +356,23 @@ def card_folder(repo: str, revision: str | None) -> Path:
 
     ref = HubRef(repo, revision)
     with hub_errors(ref), _quiet_progress():
-        return Path(snapshot_download(repo, revision=revision, allow_patterns=["README.md", *LICENSE_FILE_NAMES]))
+        hub_cache.check_repo(repo, revision)
+        return hub_cache.check_snapshot(snapshot_download(repo, revision=revision,
+                                                          allow_patterns=["README.md", *LICENSE_FILE_NAMES]))
+
+
+def download_file(repo: str, path: str, revision: str | None = None):
+    """One file of a repository, fetched into the cache and opened through the confined reader
+    (confine.Opened): a cached file linked out of the cache is refused, not read. huggingface_hub's
+    errors are the caller's to word (`hub_errors`), or to expect (a missing card)."""
+    from huggingface_hub import hf_hub_download
+
+    hub_client.install()
+    hub_client.file_name(path, repo)
+    hub_cache.check_repo(repo, revision)
+    cached = hf_hub_download(repo, path, revision=revision)
+    folder = hub_cache.check_snapshot(Path(cached[:-len(path)]))
+    return open_in(folder, path, "cached file")
 
 
 def drafter_folder(value: str | os.PathLike | HubRef) -> Path:
@@ -494,7 +534,7 @@ class HubRangeFile(io.RawIOBase):
                 response.read()
                 hf_raise_for_status(response)
             if status == 206:
-                data = response.read()
+                data = _read_at_most(response, length, self.name)
                 self.bytes_fetched += len(data)
                 return data
             if status != 200:
@@ -538,6 +578,20 @@ class HubRangeFile(io.RawIOBase):
 STREAM_CHUNK = 16 * 1024
 
 
+def _read_at_most(response, length: int, name: str) -> bytes:
+    """A range answer's bytes, never more than the `length` asked for (a server may claim gigabytes)."""
+    declared = response.headers.get("Content-Length")
+    if declared is not None and declared.isdigit() and int(declared) > length:
+        raise HubError(f"{name}: the server answered a range of {length} bytes with {declared} bytes; it is not "
+                       "read: check HF_ENDPOINT")
+    out = bytearray()
+    for chunk in response.iter_bytes(STREAM_CHUNK):
+        out += chunk
+        if len(out) >= length:
+            break
+    return bytes(out[:length])
+
+
 class _Retry(Exception):
     """A range request answered 429 or 5xx: to be tried again, or raised as the Hub's error."""
 
@@ -562,24 +616,8 @@ class HubGGUF:
     requests: int = 0
 
 
-def _cached_snapshot(repo: str, revision: str | None) -> Path | None:
-    from huggingface_hub import constants
-
-    storage = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
-    rev = revision or "main"
-    sha = rev if _COMMIT.fullmatch(rev) else None
-    ref_file = storage / "refs" / rev
-    if sha is None and ref_file.is_file():
-        sha = ref_file.read_text(errors="replace")[:64].strip()
-        sha = sha if _COMMIT.fullmatch(sha) else None
-    folder = storage / "snapshots" / sha if sha else None
-    return folder if folder is not None and folder.is_dir() else None
-
-
 def _open_cached(ref: HubRef) -> HubGGUF | None:
-    from .gguf_file import GGUFFile
-
-    folder = _cached_snapshot(ref.repo, ref.revision)
+    folder = hub_cache.snapshot(ref.repo, ref.revision or DEFAULT_REVISION)
     if folder is None:
         return None
     files = [p.relative_to(folder).as_posix() for p in folder.rglob("*.gguf")]
@@ -587,14 +625,27 @@ def _open_cached(ref: HubRef) -> HubGGUF | None:
         name = pick_gguf(ref, files)
     except DflashError:
         return None
-    path = folder / name
-    return HubGGUF(GGUFFile(path), HubSource(ref.repo, folder.name, name), path)
+    return _cached_gguf(folder, name, HubSource(ref.repo, folder.name, name))
+
+
+def _cached_gguf(folder: Path, name: str, source: HubSource) -> HubGGUF:
+    """A GGUF of a cached snapshot, found through the confined reader (a link out of the cache is
+    refused) and read where it really lies."""
+    from .gguf_file import GGUFFile
+
+    opened = find_in(folder, name, "cached GGUF")
+    if opened is None:
+        raise HubError(f"{folder / name}: vanished from the Hugging Face cache while it was read")
+    try:
+        return HubGGUF(GGUFFile(opened.real, name=name), source, folder / name)
+    finally:
+        opened.close()
 
 
 def resolve_source(ref: HubRef) -> HubSource:
     """The commit `ref` names now (and for a GGUF, which file), from the Hub's model info alone."""
     info = model_info(ref)
-    name = pick_gguf(ref, [s.rfilename for s in info.siblings or []]) if ref.is_gguf else None
+    name = pick_gguf(ref, list(info.files)) if ref.is_gguf else None
     return HubSource(ref.repo, info.sha, name)
 
 
@@ -613,10 +664,11 @@ def open_gguf(ref: HubRef) -> HubGGUF:
     resolved = resolve_source(ref)
     sha, name = resolved.revision, resolved.file
     with hub_errors(ref):
+        hub_cache.check_repo(ref.repo, sha)
         cached = try_to_load_from_cache(ref.repo, name, revision=sha)
         if isinstance(cached, str):
             log.info("%s: %s is in the cache", ref, name)
-            return HubGGUF(GGUFFile(cached), HubSource(ref.repo, sha, name), Path(cached))
+            return _cached_gguf(Path(cached[:-len(name)]), name, HubSource(ref.repo, sha, name))
         url = hf_hub_url(ref.repo, name, revision=sha)
         meta = get_hf_file_metadata(url)
         etag = (meta.etag or "").strip('"')

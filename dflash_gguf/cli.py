@@ -11,6 +11,7 @@ import click
 from . import __version__
 from .errors import DflashError
 from .inputs import reading
+from .hub_client import check_environment
 from .secrets import ScrubbingStream, filter_log_handlers, scrub
 from .terminal import shown
 from .signals import exit_status, raise_on_terminate, signal_name
@@ -35,6 +36,11 @@ class _Group(click.Group):
         for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 is printed escaped, never a traceback
             if hasattr(stream, "reconfigure"):
                 stream.reconfigure(errors="backslashreplace")
+        try:  # before anything imports huggingface_hub, which parses them (a traceback otherwise)
+            check_environment()
+        except DflashError as err:
+            sys.stderr.write(f"error: {shown(_one_line(str(err)))}\n")  # names no secret
+            sys.exit(err.exit_code)
         stdout, stderr = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = ScrubbingStream(stdout), ScrubbingStream(stderr)
         try:

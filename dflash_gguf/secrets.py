@@ -11,6 +11,7 @@ reports go through outputs.write_text, which scrubs too. What is replaced by `**
   when HF_TOKEN is unset) or an artifact is checked before it leaves: the file is local state, read
   without blocking and bounded, never by a command that neither sends a token nor writes an artifact;
 - any `Authorization:` header value and any `Bearer ...` credential, whoever's it is;
+- the user:password of any URL (`http://user:pass@host`), and HF_ENDPOINT's wherever they appear;
 - anything shaped like a Hugging Face token (`hf_` and 30 or more letters and digits).
 
 A token is found in any case and with `_`, `-`, whitespace and `,` taken as one: a license id's
@@ -28,6 +29,7 @@ import re
 import string
 from pathlib import Path
 from typing import TextIO
+from urllib.parse import unquote, urlsplit
 
 MASK = "***"
 _MIN_SECRET = 8  # a shorter value would mask ordinary words
@@ -35,6 +37,7 @@ _PATTERNS = (
     re.compile(r"(?i)(authorization\s*['\"]?\s*[:=]\s*['\"]?)(?:(?:bearer|basic|token)\s+)?[^\s'\",;)}\]]+"),
     re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/=-]{6,}"),
     re.compile(r"()\b[hH][fF][_-][A-Za-z0-9]{30,}"),
+    re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)[^\s/?#@]+(?=@)"),
 )
 # ASCII upper case to lower, and the separators a license id's normalisation rewrites to '-'. Length
 # preserving, so a match's place in the folded text is its place in the original.
@@ -86,6 +89,16 @@ def hub_token() -> str | None:
     return stored_token()
 
 
+def _endpoint_credentials() -> list[str]:
+    """HF_ENDPOINT's user:password and password, as written and URL-decoded (a server may echo either)."""
+    netloc = urlsplit(os.environ.get("HF_ENDPOINT", "").strip()).netloc
+    userinfo = netloc.rpartition("@")[0]
+    if not userinfo:
+        return []
+    password = userinfo.partition(":")[2]
+    return [userinfo, unquote(userinfo), password, unquote(password)]
+
+
 def known_secrets(leaving: bool = False) -> list[str]:
     """The token values in play for this process, longest first: the environment's, and the stored login
     once a command has read it. `leaving`: for an artifact about to leave the process (a GGUF, a card,
@@ -96,7 +109,7 @@ def known_secrets(leaving: bool = False) -> list[str]:
     if leaving and not _stored:
         with contextlib.suppress(InputError):
             stored_token()
-    values = [os.environ.get(name, "") for name in TOKEN_ENV] + _stored
+    values = [os.environ.get(name, "") for name in TOKEN_ENV] + _endpoint_credentials() + _stored
     return sorted({v for v in values if len(v) >= _MIN_SECRET}, key=len, reverse=True)
 
 

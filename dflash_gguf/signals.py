@@ -19,6 +19,15 @@ class Terminated(KeyboardInterrupt):
 
 
 _HANDLED = ("SIGTERM", "SIGHUP")
+# Called when SIGTERM or SIGHUP arrives, before `Terminated` is raised: what the main thread's
+# exception cannot reach (a download in a worker thread) is told to stop here.
+_ON_TERMINATE: list = []
+
+
+def on_terminate(hook) -> None:
+    """Call `hook()` (once registered, at every SIGTERM or SIGHUP) before the command unwinds."""
+    if hook not in _ON_TERMINATE:
+        _ON_TERMINATE.append(hook)
 
 
 @contextlib.contextmanager
@@ -30,6 +39,8 @@ def raise_on_terminate(*, sigint: bool = False) -> Iterator[None]:
         return
 
     def terminate(signum, _frame):
+        for hook in _ON_TERMINATE:
+            hook()
         raise Terminated(signal.Signals(signum).name)
 
     def interrupt(_signum, _frame):

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, hub_names
+from .. import __version__, hub_client, hub_names
 from ..confine import check_inside, file_in, find_in
 from ..convert import layout
 from ..errors import DflashError, PublishError
@@ -144,6 +144,7 @@ def _one_line(err: Exception) -> str:
 
 def require_token() -> str:
     """huggingface_hub's token (HF_TOKEN or the stored login); refused without one."""
+    hub_client.install()
     token = hub_token()
     if not token:
         raise PublishError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (or use --dry-run)")
@@ -202,6 +203,7 @@ def commit_files(uploads: list[Upload], repo: str, *, private: bool = False, api
                  skipped: list[str] | None = None, delete: list[str] = ()) -> PublishResult:
     """Create `repo` if needed (an existing one is left as it is), add `uploads` and remove `delete`
     in one commit; the repository's other files stay."""
+    hub_client.install()
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
     result = PublishResult(repo, private, False, [{"path": u.path, "bytes": u.bytes} for u in uploads],

@@ -68,12 +68,11 @@ def planned_sources(draft, target) -> tuple[dict, object, object]:
 
 def published_provenance(repo: str) -> dict | None:
     """The provenance block of the card REPO holds; None when it has no card (or no such repo)."""
-    from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
 
     with hub.hub_errors(hub.HubRef(repo)):
         try:
-            card = Path(hf_hub_download(repo, "README.md"))
+            card = hub.download_file(repo, "README.md")
         except GatedRepoError:
             raise
         except (RepositoryNotFoundError, EntryNotFoundError):

@@ -88,7 +88,7 @@ def default_target(repo: str, revision: str | None, files: list[str]) -> hub.Hub
 
 def _listing(repo: str, revision: str | None) -> list[str]:
     info = hub.model_info(hub.HubRef(repo, revision))
-    return [s.rfilename for s in info.siblings or []]
+    return list(info.files)
 
 
 def _target_for(into: str, revision: str | None, target, files: list[str]):
@@ -108,12 +108,10 @@ def sidecar_card_folder(folder: str, prefix: str, name: str) -> str:
 
 
 def _published_provenance(repo: str, card_paths: list[str], files: list[str]) -> dict | None:
-    from huggingface_hub import hf_hub_download
-
     for path in card_paths:
         if path in files:
             with hub.hub_errors(hub.HubRef(repo)):
-                card = Path(hf_hub_download(repo, path))
+                card = hub.download_file(repo, path)
             meta, _ = lic.split_front_matter(lic.read_text(card), f"{repo}/{path}")
             block = meta.get(PROVENANCE_KEY)
             if isinstance(block, dict):

@@ -13,6 +13,8 @@ It answers the calls huggingface_hub makes (checked against the installed versio
                                                       huggingface_hub reads the metadata off the redirect)
     write   POST /api/repos/create, /api/validate-yaml, /api/models/O/N/preupload/REV,
                  /api/models/O/N/commit/REV           (files sent inline, base64; deleted files)
+                 with `lfs_uploads`, LFS files as the Hub takes them: POST /O/N.git/info/lfs/objects/batch
+                 says where to PUT each one and where to verify it, both on the CDN (another origin)
 
 and the errors the Hub gives, with its X-Error-Code header (and, on demand, failing range requests:
 `fail_ranges`): 404 RepoNotFound / RevisionNotFound /
@@ -20,6 +22,10 @@ EntryNotFound, and for a gated repository 401 (no token) or 403 (a token without
 on file downloads (its model info stays public). A file may be "virtual": its first bytes given,
 the rest zeros up to a declared size, so a multi-GB GGUF can be served without existing on disk.
 Every request is recorded in `calls`, with the body bytes sent back.
+
+A hostile server (issue 35): `answer(PATH_REGEX, fn)` makes `fn(handler)` answer the requests whose
+path fullmatches PATH_REGEX, on the Hub or on the CDN (the second origin, "another host"): the
+helpers below answer raw bytes and headers, never answer, or drip headers or a body.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -104,8 +111,16 @@ class LocalHub(ThreadingHTTPServer):
         # what the next range requests get instead of their bytes: an HTTP status, or "drop" (the
         # connection closed without an answer), one per request, in order
         self.fail_ranges: list[int | str] = []
+        self.lfs_uploads = False  # preupload answers "lfs" for LFS files: they go up through the CDN
+        self.uploaded: dict[str, bytes] = {}  # sha256 -> bytes PUT to the CDN
+        self.hostile: list[tuple[re.Pattern, object]] = []
+        self.closing = threading.Event()  # set by stop(): hanging answers end
         self._lock = threading.Lock()
         self._serial = 0
+
+    def answer(self, path: str, fn) -> None:
+        """`fn(handler)` answers every request whose path fullmatches `path` (a regex), first match wins."""
+        self.hostile.append((re.compile(path), fn))
 
     scheme = "http"
 
@@ -255,18 +270,36 @@ class _Handler(BaseHTTPRequestHandler):
         return found
 
     # -- verbs --------------------------------------------------------------------------------------
+    def _hostile(self) -> bool:
+        for pattern, fn in self.hub.hostile:
+            if pattern.fullmatch(self._call["path"]):
+                fn(self)
+                return True
+        return False
+
     def do_HEAD(self) -> None:
         self._call = self._record(b"")
-        self._route_get()
+        self._hostile() or self._route_get()
 
     def do_GET(self) -> None:
         self._call = self._record(b"")
-        self._route_get()
+        self._hostile() or self._route_get()
 
     def do_POST(self) -> None:
         body = self._body()
         self._call = self._record(body)
-        self._route_post(self._call["path"], body)
+        self._hostile() or self._route_post(self._call["path"], body)
+
+    def do_PUT(self) -> None:
+        body = self._body()
+        self._call = self._record(body)
+        parts = self._call["path"].strip("/").split("/")
+        if self._hostile():
+            return
+        if parts[0] == "_upload" and len(parts) == 2 and hashlib.sha256(body).hexdigest() == parts[1]:
+            self.hub.uploaded[parts[1]] = body
+            return self._reply(200)
+        self._error(400, None, "bad upload")
 
     def _route_get(self) -> None:
         if self.hub.fail_all:
@@ -400,6 +433,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(200, {"url": f"{hub.url}/{repo}"})
         if path == "/api/validate-yaml":
             return self._json(200, {"errors": [], "warnings": []})
+        if path.endswith(".git/info/lfs/objects/batch"):
+            return self._lfs_batch(json.loads(body))
+        if path == "/_verify":
+            oid = json.loads(body)["oid"]
+            return self._json(200 if oid in hub.uploaded else 404, {})
         parts = path.strip("/").split("/")  # api/models/ORG/NAME/(preupload|commit|paths-info)/REV
         if len(parts) >= 6 and parts[:2] == ["api", "models"]:
             repo_id, action, revision = "/".join(parts[2:4]), parts[4], unquote("/".join(parts[5:]))
@@ -409,11 +447,20 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._paths_info(repo_id, revision, body)
             if action == "preupload":
                 files = json.loads(body)["files"]
-                return self._json(200, {"files": [{"path": f["path"], "uploadMode": "regular",
-                                                   "shouldIgnore": f["path"] in hub.ignored} for f in files]})
+                mode = {True: "lfs", False: "regular"}
+                return self._json(200, {"files": [{"path": f["path"], "shouldIgnore": f["path"] in hub.ignored,
+                                                   "uploadMode": mode[hub.lfs_uploads and is_lfs(f["path"])]}
+                                                  for f in files]})
             if action == "commit":
                 return self._commit(repo_id, revision, body)
         self._error(404, None, f"no route {path}")
+
+    def _lfs_batch(self, request: dict) -> None:
+        cdn = self.hub.cdn_url
+        objects = [{"oid": o["oid"], "size": o["size"], "actions": {
+            "upload": {"href": f"{cdn}/_upload/{o['oid']}"}, "verify": {"href": f"{cdn}/_verify"}}}
+            for o in request["objects"]]
+        self._json(200, {"transfer": "basic", "objects": objects})
 
     def _paths_info(self, repo_id: str, revision: str, body: bytes) -> None:
         found = self._repo_at(repo_id, revision)
@@ -432,11 +479,58 @@ class _Handler(BaseHTTPRequestHandler):
         lines = [json.loads(line) for line in body.splitlines() if line.strip()]
         hub.commits.setdefault(repo_id, []).append(lines)
         files = {ln["value"]["path"]: base64.b64decode(ln["value"]["content"]) for ln in lines if ln["key"] == "file"}
+        files.update({ln["value"]["path"]: hub.uploaded[ln["value"]["oid"]] for ln in lines if ln["key"] == "lfsFile"})
         deleted = [ln["value"]["path"] for ln in lines if ln["key"] == "deletedFile"]
         sha = hub.add_commit(repo_id, files, branch=revision, replace=False, deleted=deleted)
         oid = f"{len(hub.commits[repo_id]):040x}"
         self._json(200, {"commitUrl": f"{hub.url}/{repo_id}/commit/{oid}", "commitOid": oid, "success": True,
                          "sha": sha})
+
+
+# -- hostile answers (LocalHub.answer) ------------------------------------------------------------------
+
+def raw(status: int, body: bytes = b"", headers: dict | None = None, content_type: str = "application/json"):
+    """An answer of exactly these bytes and headers."""
+    def fn(handler: _Handler) -> None:
+        handler._reply(status, body, headers, content_type)
+    return fn
+
+
+def hang(handler: _Handler) -> None:
+    """Read the request, never answer (until the Hub stops)."""
+    handler.close_connection = True
+    handler.hub.closing.wait()
+
+
+def drip(headers_too: bool, every_s: float = 0.2):
+    """Answer one byte every `every_s` seconds: of the header lines (`headers_too`), else of a body
+    announced as 1 GB (a HEAD is answered as the Hub does); until the client hangs up or the Hub stops."""
+    def fn(handler: _Handler) -> None:
+        if handler.command == "HEAD" and not headers_too:
+            return handler._route_get()  # the file's metadata as the Hub gives it; its body drips
+        handler.close_connection = True
+        head = b"HTTP/1.1 200 OK\r\n"
+        if not headers_too:
+            head += b"Content-Type: application/octet-stream\r\nContent-Length: 1000000000\r\n\r\n"
+        try:
+            handler.wfile.write(head)
+            handler.wfile.flush()
+            while not handler.hub.closing.wait(every_s):
+                handler.wfile.write(b"X" if headers_too else b"\0")
+                handler.wfile.flush()
+        except OSError:
+            pass
+    return fn
+
+
+def model_info(hub: LocalHub, repo_id: str, **changes) -> bytes:
+    """`repo_id`'s model info at main as the Hub gives it, with `changes` (a value None: the key left out)."""
+    repo = hub.store[repo_id]
+    sha = repo.refs["main"]
+    info = {"id": repo_id, "modelId": repo_id, "sha": sha, "private": False, "gated": False,
+            "siblings": [{"rfilename": p} for p in sorted(repo.commits[sha])]}
+    info.update(changes)
+    return json.dumps({k: v for k, v in info.items() if v is not None}).encode()
 
 
 def start(tls: tuple[Path, Path] | None = None) -> LocalHub:
@@ -456,6 +550,7 @@ def start(tls: tuple[Path, Path] | None = None) -> LocalHub:
 
 
 def stop(server: LocalHub) -> None:
+    server.closing.set()
     for s in (server, server.cdn):
         s.shutdown()
         s.server_close()
@@ -467,7 +562,8 @@ def hub_env(hub: LocalHub, tmp_path: Path, token: str | None = None, **extra: st
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"), HF_HUB_DISABLE_TELEMETRY="1",
-               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost", **extra)
+               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    env.update(extra)
     if token:
         env["HF_TOKEN"] = token
     return env
