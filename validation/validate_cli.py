@@ -87,6 +87,14 @@ def _print_table(report: dict) -> None:
         click.echo(f"  what it means         {text}")
     click.echo(f"tokens checked          {report['positions_checked']} of {report['produced']} produced, each against "
                "a replay of its own verify batch")
+    click.echo(f"proven by replay        {report['proven_by_replay']} of {report['produced']} tokens are the target's "
+               "argmax in the replay of their own verify batch"
+               + (f" ({replay['restores']} checkpoint restores followed)" if replay.get("restores") else ""))
+    for i, r in enumerate(report["prompts"], 1):
+        for miss in r["not_proven"][:3]:
+            click.echo(f"  prompt {i}, new token {miss['position']} ({miss['token']}): {miss['why']}")
+        if len(r["not_proven"]) > 3:
+            click.echo(f"  prompt {i}: {len(r['not_proven']) - 3} more not proven (see the JSON report)")
     if replay["exact"]:
         click.echo(f"replay                  exact: reproduced all {replay['alone_tokens']} tokens of the target-alone run")
     else:
