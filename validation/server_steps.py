@@ -48,6 +48,7 @@ class Step:
     width: int
     last: int
     drafts: list[int] = field(default_factory=list)  # as drafted (patch 0003), trimmed to width - 1
+    proposed: list[int] = field(default_factory=list)  # the drafter's whole block (patch 0003), untrimmed
     accepted: int | None = None  # drafts accepted; None for a plain step, or a request's last step
     #                              when the request ended inside it (the server logs no count then)
     restored_from: int | None = None  # rolled back through the checkpoint: the cache from here on dropped
@@ -102,7 +103,8 @@ def read_steps(log: Path) -> list[TaskSteps]:
                     drafts = drafted[1][:n] if drafted is not None and drafted[0] == pos else []
                     previous = entry.steps[-1] if entry.steps else None
                     replay = previous is not None and previous.restored_from is not None
-                    step = Step(pos, n + 1, int(m["last"]), drafts if len(drafts) == n else [], replay=replay)
+                    step = Step(pos, n + 1, int(m["last"]), drafts if len(drafts) == n else [],
+                                drafted[1] if drafted is not None and drafted[0] == pos else [], replay=replay)
                     open_step[task] = step
                 else:
                     step = Step(pos, 1, int(m["last"]))

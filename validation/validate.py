@@ -38,7 +38,7 @@ from ..runner.prompts import Prompt, size_bound, tokenize_prompts
 from . import compare
 from .lossless import MISMATCH, NUMERICAL, judge, noise_by_width
 from .replay import Replay, ServerContext
-from .server_steps import DEBUG_ARGS, read_steps
+from .server_steps import DEBUG_ARGS, TaskSteps, read_steps
 
 log = logging.getLogger(__name__)
 
@@ -60,18 +60,24 @@ class ValidationSettings:
         return (["-t", str(self.threads)] if self.threads else []) + [str(a) for a in self.server_args]
 
 
-def _reference_parity(settings: ValidationSettings, prompt_ids: list[list[int]], progress: Progress) -> dict | None:
+def _reference_parity(settings: ValidationSettings, prompt_ids: list[list[int]], spec: ServerRun,
+                      spec_tasks: list[TaskSteps], progress: Progress) -> dict | None:
     if settings.reference_draft is None:
         return None
+    from .draft_parity import draft_parity
     from .reference import run_reference
 
     progress("reference: running the z-lab PyTorch drafter on the same token ids")
     runs = run_reference(settings.reference_draft, settings.reference_target, prompt_ids, settings.n_predict)
     steps = sum(len(r.acceptance_lengths) for r in runs)
     tau = sum(sum(r.acceptance_lengths) for r in runs) / steps if steps else 0.0
+    progress("reference: drafting every block llama.cpp drafted, at the same context, in float32 and float16")
+    parity = draft_parity(settings.reference_draft, settings.reference_target, prompt_ids,
+                          [c.tokens for c in spec.sequential], [task.steps for task in spec_tasks])
     return {"mean_acceptance_length": round(tau, 4), "draft": str(settings.reference_draft),
             "target": str(settings.reference_target),
-            "prompts": [{"tokens": len(r.tokens), "mean_acceptance_length": round(r.tau, 4)} for r in runs]}
+            "prompts": [{"tokens": len(r.tokens), "mean_acceptance_length": round(r.tau, 4)} for r in runs],
+            "draft_parity": parity}
 
 
 def run_server(launch: Launch, prompts: list[list[int]] | Sequence[Prompt], settings: ValidationSettings,
@@ -111,14 +117,12 @@ def _replayed(model: Path, contexts: list[ServerContext], bin_dir: Path, jobs: l
     return results
 
 
-def _check_tokens(spec: ServerRun, alone: ServerRun, prompt_ids: list[list[int]], logs: dict[str, Path],
+def _check_tokens(spec: ServerRun, alone: ServerRun, prompt_ids: list[list[int]], tasks: dict[str, list[TaskSteps]],
                   commands: dict[str, list[str]], model: Path, bin_dir: Path, n_ctx: int, reference_kernels: bool,
                   progress: Progress) -> tuple[list, dict]:
     """Replay the one-at-a-time speculative pass batch by batch on `model` alone, and plain decoding
     of the target-alone pass, each with its server's context and prompt batches; judge every token.
     The judgements per prompt, and what the replay was."""
-    # the last requests of each log are its one-at-a-time pass
-    tasks = {run: read_steps(logs[run])[-len(prompt_ids):] for run in ("speculative", "alone")}
     contexts = [ServerContext.from_args(commands[run][1:], n_ctx, reference_kernels) for run in ("speculative", "alone")]
     progress(f"replaying every verify batch of the speculative run on {model.name} alone")
     spec_jobs = [lambda r, ids=ids, c=c, task=task: r.run(ids, c.tokens, task.steps, task.prompt_batches)
@@ -169,7 +173,9 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], s
                                                     progress, log_path=logs["speculative"])
         alone, _, alone_command = run_server(launch.alone(baseline), prompt_ids, settings, bin_dir, "target alone",
                                               progress, log_path=logs["alone"])
-        judgements, replay_info = _check_tokens(spec, alone, prompt_ids, logs,
+        # the last requests of each log are its one-at-a-time pass
+        tasks = {run: read_steps(logs[run])[-len(prompt_ids):] for run in logs}
+        judgements, replay_info = _check_tokens(spec, alone, prompt_ids, tasks,
                                                 {"speculative": spec_command, "alone": alone_command}, baseline,
                                                 bin_dir, n_ctx * launch.parallel, launch.exact, progress)
 
@@ -187,7 +193,7 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], s
         divergences += [{"prompt": str(text), **f.to_dict()} for f in j.findings]
 
     totals = spec.totals()
-    reference = _reference_parity(settings, prompt_ids, progress)
+    reference = _reference_parity(settings, prompt_ids, spec, tasks["speculative"], progress)
     tps_target, tps_spec = alone.tokens_per_second(), spec.tokens_per_second()
     return {
         "exact": all(r["exact"] for r in results),
