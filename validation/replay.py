@@ -246,12 +246,15 @@ class Replay:
         return starts
 
     def run(self, prompt: Sequence[int], emitted: Sequence[int], steps: Sequence[Step],
-            prompt_batches: Sequence[int] = ()) -> list[Row]:
+            prompt_batches: Sequence[int] = (), logged: Sequence[int] = ()) -> list[Row]:
         """The row that produced each emitted token (the first: the prompt's last row; then each
         step's), evaluated in the server's batches, its rollbacks and restores followed. Fewer
         rows than tokens when the steps stop short (a log that does not cover the run); the
-        caller counts what was checked."""
+        caller counts what was checked. A batch's drafts that the log does not give (a step that
+        verifies again what a restore took back) are the tokens the server `logged` as emitted,
+        where it logged them all, else the `emitted` ones."""
         prompt, emitted = [int(t) for t in prompt], [int(t) for t in emitted]
+        source = [int(t) for t in logged] if len(logged) == len(emitted) else emitted
         lib = self._lib
         lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
         if not emitted:
@@ -273,7 +276,7 @@ class Replay:
             n_emit = step.emitted(remaining)
             drafts = list(step.drafts) if len(step.drafts) == step.width - 1 else []
             if not drafts:  # not logged: the emitted tokens stand in (rejected rows come after every checked row)
-                drafts = (emitted[done:done + step.width - 1] + [emitted[done + n_emit - 1]] * step.width)[:step.width - 1]
+                drafts = (source[done:done + step.width - 1] + [source[done + n_emit - 1]] * step.width)[:step.width - 1]
             tokens = [step.last] + drafts  # the server's batch, even where a response says otherwise
             if step.restored_from is not None and not step.replay:
                 checkpoint = self._checkpoint()  # saved before the verify batch; a replay step reuses it

@@ -35,7 +35,7 @@ _DRAFT_STEP = re.compile(_SLOT + r"generate_draft: id=(?P<last>-?\d+), #tokens=\
 _PLAIN_STEP = re.compile(_SLOT + r"slot decode token, id=(?P<last>-?\d+), n_ctx = \d+, n_tokens = (?P<pos>\d+)")
 _ACCEPTED = re.compile(_SLOT + r"accepted (?P<a>\d+)/(?P<n>\d+) draft tokens, new n_tokens")
 _DRAFTS = re.compile(r"dflash draft: seq_id=(?P<seq>\d+) pos=(?P<pos>\d+) id_last=-?\d+ n=\d+ ids=\[(?P<ids>[0-9,]*)\]")
-_TOKEN = re.compile(_SLOT + r"n_gen = \d+, n_remaining = -?\d+, next token:")  # every request emits one
+_TOKEN = re.compile(_SLOT + r"n_gen = \d+, n_remaining = -?\d+, next token:\s*(?P<id>-?\d+)")  # every request emits one
 _RESTORE = re.compile(_SLOT + r"restoring speculative checkpoint \(pos_min = -?\d+, pos_max = (?P<pos>-?\d+)")
 _PROMPT_BATCH = re.compile(_SLOT + r"main/do_checkpoint = \w+, pos_min = -?\d+, pos_max = (?P<pos>-?\d+)")
 
@@ -75,6 +75,7 @@ class TaskSteps:
     slot: int
     steps: list[Step] = field(default_factory=list)
     prompt_batches: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # what the server emitted, by its own log
 
     @property
     def restores(self) -> int:
@@ -111,7 +112,7 @@ def read_steps(log: Path) -> list[TaskSteps]:
                 entry.steps.append(step)
                 continue
             if (m := _TOKEN.search(line)) is not None:
-                tasks.setdefault(int(m["task"]), TaskSteps(int(m["task"]), int(m["slot"])))
+                tasks.setdefault(int(m["task"]), TaskSteps(int(m["task"]), int(m["slot"]))).tokens.append(int(m["id"]))
                 continue
             if (m := _ACCEPTED.search(line)) is not None:
                 step = open_step.pop(int(m["task"]), None)

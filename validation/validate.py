@@ -125,7 +125,7 @@ def _check_tokens(spec: ServerRun, alone: ServerRun, prompt_ids: list[list[int]]
     The judgements per prompt, and what the replay was."""
     contexts = [ServerContext.from_args(commands[run][1:], n_ctx, reference_kernels) for run in ("speculative", "alone")]
     progress(f"replaying every verify batch of the speculative run on {model.name} alone")
-    spec_jobs = [lambda r, ids=ids, c=c, task=task: r.run(ids, c.tokens, task.steps, task.prompt_batches)
+    spec_jobs = [lambda r, ids=ids, c=c, task=task: r.run(ids, c.tokens, task.steps, task.prompt_batches, task.tokens)
                  for ids, c, task in zip(prompt_ids, spec.sequential, tasks["speculative"])]
     plain_jobs = [lambda r, ids=ids, c=c, task=task: r.plain(ids, c.tokens, task.prompt_batches)
                   for ids, c, task in zip(prompt_ids, alone.sequential, tasks["alone"])]
