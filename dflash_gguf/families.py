@@ -43,6 +43,9 @@ class Family:
     # for a multimodal family whose text model the converter reads from the whole model's folder:
     # the vision tower's config at toy size (`toy` is then the text config)
     vision_toy: dict | None = None
+    # the toy's tokenizer: "qwen3" (Qwen3's BPE; its pre-tokenizer hash the converter knows) or
+    # "sentencepiece-bpe" (a byte-fallback BPE, which the converter reads without a hash: Gemma 4)
+    tokenizer: str = "qwen3"
     recurrent: bool = False     # llama-server rolls rejected drafts back through checkpoints
     sliding: bool = False       # the target has sliding-window layers
     # GGUF keys (without the `<arch>.` prefix) a target of this family carries that a drafter's
@@ -129,6 +132,7 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
                                               "rope_theta": 1_000_000.0}}),
         published=("z-lab/gemma-4-26B-A4B-it-DFlash", "z-lab/gemma-4-31B-it-DFlash"),
         sliding=True, target_keys=("attention.sliding_window", "attention.sliding_window_pattern"),
+        tokenizer="sentencepiece-bpe",
     ),
     Family(
         # gpt-oss: sliding and full layers alternate; attention sinks and biases; MoE with biases.
