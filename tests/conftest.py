@@ -126,16 +126,17 @@ def trained_pair(tmp_path_factory, llama_bin) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def family(llama_bin):
+def family():
     """family(arch): build/fixtures/families/<arch>/ of the target-family zoo (tests/fixtures/
-    families.py; built into the cache on first use), skipping a family whose target could not be
-    built or converted, with the error line its status.json records."""
+    families.py; built into the cache on first use, target-Q4_K_M.gguf only once the patched
+    llama.cpp is built), skipping a family whose target could not be built or converted, with the
+    error line its status.json records."""
     import json
 
     from tests.fixtures.families import STATUS, family_folder
 
     def get(arch: str) -> Path:
-        folder = family_folder(arch, bin_dir=llama_bin)
+        folder = family_folder(arch)
         status = json.loads((folder / STATUS).read_text())
         if not (folder / "target-F16.gguf").is_file():
             pytest.skip(f"{arch}: {status.get('F16') or status.get('hf')}")
