@@ -20,34 +20,23 @@ from tests.test_validate_flip import flipping_bin  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.integration
 
-FAMILIES = Path(__file__).resolve().parents[1] / "build" / "fixtures" / "families"
 
-
-def family(arch: str) -> dict[str, Path]:
-    folder = FAMILIES / arch
-    files = {"target": folder / "target-F16.gguf", "dflash": folder / "dflash.gguf", "prompts": folder / "prompts.txt"}
-    missing = [str(p) for p in files.values() if not p.is_file()]
-    if missing:
-        pytest.fail(f"the family zoo is not laid out ({', '.join(missing)}): run `make fixtures`")
-    return files
-
-
-def _prompts(pair: dict[str, Path], tmp_path: Path, n: int) -> Path:
+def _prompts(folder: Path, tmp_path: Path, n: int) -> Path:
     out = tmp_path / "prompts.txt"
-    out.write_text("\n".join(pair["prompts"].read_text().splitlines()[:n]) + "\n")
+    out.write_text("\n".join((folder / "prompts.txt").read_text().splitlines()[:n]) + "\n")
     return out
 
 
-def _validate(pair: dict[str, Path], prompts: Path, report: Path, *extra, **kwargs):
-    proc = dflash_gguf("validate", "--target", pair["target"], "--draft", pair["dflash"], "--prompts", prompts,
-                       "-n", "32", "--threads", "1", "--report", report, *extra, **kwargs)
+def _validate(folder: Path, prompts: Path, report: Path, *extra, **kwargs):
+    proc = dflash_gguf("validate", "--target", folder / "target-F16.gguf", "--draft", folder / "dflash.gguf",
+                       "--prompts", prompts, "-n", "32", "--threads", "1", "--report", report, *extra, **kwargs)
     return proc, json.loads(report.read_text())
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen3next", "gpt-oss"])
-def test_every_token_is_proven_by_replay_under_exact(arch, llama_bin, tmp_path):
-    pair = family(arch)
-    proc, report = _validate(pair, _prompts(pair, tmp_path, 3), tmp_path / "report.json", "--exact",
+def test_every_token_is_proven_by_replay_under_exact(arch, family, llama_bin, tmp_path):
+    folder = family(arch)
+    proc, report = _validate(folder, _prompts(folder, tmp_path, 3), tmp_path / "report.json", "--exact",
                              "--llama-bin", llama_bin)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert report["replay"]["exact"], report["replay"]
@@ -60,10 +49,10 @@ def test_every_token_is_proven_by_replay_under_exact(arch, llama_bin, tmp_path):
     assert f"proven by replay        {report['produced']} of {report['produced']} tokens" in proc.stdout
 
 
-def test_a_substituted_token_after_restores_is_caught(flipping_bin, tmp_path):  # noqa: F811
-    pair = family("qwen3next")
+def test_a_substituted_token_after_restores_is_caught(family, flipping_bin, tmp_path):  # noqa: F811
+    folder = family("qwen3next")
     record = tmp_path / "flip.json"
-    proc, report = _validate(pair, _prompts(pair, tmp_path, 1), tmp_path / "report.json", "--exact",
+    proc, report = _validate(folder, _prompts(folder, tmp_path, 1), tmp_path / "report.json", "--exact",
                              "--llama-bin", flipping_bin,
                              env={**os.environ, "DFLASH_TEST_FLIP_RECORD": str(record), "DFLASH_TEST_FLIP_ANY": "1"})
     flip = json.loads(record.read_text())
