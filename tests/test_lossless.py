@@ -107,3 +107,11 @@ def test_a_restore_and_the_step_after_it_are_read_from_the_server_log(tmp_path):
     assert (again.position, again.width, again.replay, again.accepted, again.restored_from) == (14, 2, True, 0, None)
     assert again.emitted(remaining=3) == 2  # the token it verified again, and its own
     assert (plain.position, plain.width, plain.replay) == (16, 1, False)
+
+
+def test_the_replay_keeps_as_many_recurrent_snapshots_as_the_server():
+    from dflash_gguf.validation.replay import ServerContext
+
+    speculative = ["-m", "t.gguf", "-md", "d.gguf", "--spec-type", "draft-dflash", "--spec-draft-n-max", "7"]
+    assert ServerContext.from_args(speculative, 512).n_rs_seq == 7  # llama-server: need_n_rs_seq() = n_max
+    assert ServerContext.from_args(["-m", "t.gguf"], 512).n_rs_seq == 0  # the target alone keeps none
