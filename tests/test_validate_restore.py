@@ -51,8 +51,10 @@ def test_every_token_is_proven_by_replay_under_exact(arch, family, llama_bin, tm
 
 def test_a_substituted_token_after_restores_is_caught(family, flipping_bin, tmp_path):  # noqa: F811
     folder = family("qwen3next")
-    record = tmp_path / "flip.json"
-    proc, report = _validate(folder, _prompts(folder, tmp_path, 1), tmp_path / "report.json", "--exact",
+    record, prompts = tmp_path / "flip.json", tmp_path / "prompts.txt"
+    # longer than the stand-in's warm-up bound (8 tokens), which it never alters
+    prompts.write_text("Tell me a story about a robot who learns to paint, in three sentences.\n")
+    proc, report = _validate(folder, prompts, tmp_path / "report.json", "--exact",
                              "--llama-bin", flipping_bin,
                              env={**os.environ, "DFLASH_TEST_FLIP_RECORD": str(record), "DFLASH_TEST_FLIP_ANY": "1"})
     flip = json.loads(record.read_text())
