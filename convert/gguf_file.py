@@ -158,6 +158,9 @@ def kv_from_writer(writer: GGUFWriter) -> list[KV]:
 FIRST_READ = 256 << 10  # first range read of a file object; each later read doubles what is held
 
 
+_U64 = struct.Struct("<Q")
+
+
 class GGUFFile:
     """A GGUF opened read-only, every structure bounds-checked.
 
@@ -243,6 +246,20 @@ class GGUFFile:
         self._need(pos, length, what)
         return self._map[pos:pos + length], pos + length
 
+    def _strings(self, count: int, pos: int, what: str) -> tuple[list[str], int]:
+        """An array of strings (a vocabulary: 150k+ of them), as _string would read each, in one loop."""
+        items, unpack = [], _U64.unpack_from
+        for _ in range(count):
+            if pos + 8 > len(self._map):
+                self._need(pos, 8, what)
+            (length,) = unpack(self._map, pos)
+            pos += 8
+            if pos + length > len(self._map):
+                self._need(pos, length, what)
+            items.append(self._map[pos:pos + length].decode("utf-8", errors="surrogateescape"))
+            pos += length
+        return items, pos
+
     def _value(self, vtype: int, pos: int, what: str) -> tuple[Any, GGUFValueType | None, int]:
         vtype = GGUFValueType(vtype)
         if vtype in _SCALAR:
@@ -264,6 +281,9 @@ class GGUFFile:
             if sub == GGUFValueType.ARRAY:
                 raise GGUFFormatError(f"{self.path}: {what} is an array of arrays, which llama.cpp does not read: "
                                       "corrupt or not a model GGUF")
+            if sub == GGUFValueType.STRING:
+                items, pos = self._strings(count, pos, what)
+                return items, sub, pos
             items = []
             for _ in range(count):
                 item, _, pos = self._value(sub, pos, what)

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.tiny_models import cached_fixtures
-from tests.upstream import cached_target_gguf, run_upstream_converter
-
 REPO = Path(__file__).resolve().parents[1]
+
+pytest_plugins = ["tests.timing", "tests.tiers"]
 
 
 def dflash_gguf(*args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None
@@ -21,6 +20,28 @@ def dflash_gguf(*args: str | Path, cwd: Path | None = None, env: dict[str, str] 
     """Run the real command line, as a user would."""
     return subprocess.run([sys.executable, "-m", "dflash_gguf.cli", *map(str, args)],
                           capture_output=True, text=True, cwd=cwd, env=env)
+
+
+def cli(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """The same command line in this process (click's CliRunner): milliseconds where a subprocess
+    costs seconds of imports. For refusals and usage; what only a new process shows (the entry
+    point, signals, an environment read at import such as HF_ENDPOINT) stays with dflash_gguf()."""
+    import logging
+
+    from click.testing import CliRunner
+
+    from dflash_gguf.cli import main
+
+    handlers, level, here = logging.root.handlers[:], logging.root.level, os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        result = CliRunner().invoke(main, [str(a) for a in args], prog_name="dflash-gguf", catch_exceptions=False)
+    finally:  # main's logging.basicConfig would keep writing to this run's closed streams
+        os.chdir(here)
+        logging.root.handlers[:] = handlers
+        logging.root.setLevel(level)
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
 
 
 LLAMA_BACKEND = os.environ.get("DFLASH_TEST_BACKEND", "cpu")
@@ -57,25 +78,31 @@ def converted(fixtures: Path, target_gguf: Path, tmp_path_factory) -> dict[str, 
     out = {}
     for name in sorted(DRAFTERS):
         out[name] = folder / f"dflash-{name}.gguf"
-        proc = dflash_gguf("convert", fixtures / name, "--target", target_gguf, "-o", out[name])
+        proc = cli("convert", fixtures / name, "--target", target_gguf, "-o", out[name])
         assert proc.returncode == 0, proc.stderr
     return out
 
 
 @pytest.fixture(scope="session")
 def fixtures() -> Path:
+    from tests.fixtures.tiny_models import cached_fixtures
+
     return cached_fixtures()
 
 
 @pytest.fixture(scope="session")
 def target_gguf(fixtures: Path) -> Path:
     """The tiny target converted by the pinned upstream converter (cached beside the fixtures)."""
+    from tests.upstream import cached_target_gguf
+
     return cached_target_gguf("f16")
 
 
 @pytest.fixture(scope="session")
 def upstream_gguf(fixtures: Path, tmp_path_factory):
     """upstream_gguf(drafter, outtype): the pinned converter's output for a fixture drafter."""
+    from tests.upstream import run_upstream_converter
+
     made: dict[tuple[str, str], Path] = {}
     folder = tmp_path_factory.mktemp("upstream")
 

@@ -10,7 +10,8 @@ import pytest
 
 from dflash_gguf.cli import main
 from dflash_gguf.options import ServerArgsCommand
-from tests.conftest import dflash_gguf
+from tests.conftest import cli, dflash_gguf
+from tests.refusal import assert_refused
 
 
 def _commands(group: click.Group, prefix: str = "") -> dict[str, click.Command]:
@@ -66,10 +67,18 @@ def test_json_is_a_flag_everywhere_and_the_build_is_chosen_one_way():
     (["no-such-command"], "No such command"),
 ])
 def test_usage_errors_are_one_line_exit_2(args, needle, tmp_path: Path):
+    proc = cli(*args, cwd=tmp_path)
+    assert_refused(proc, needle)
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("args, needle", [(["convert"], "Missing argument 'SRC'"),
+                                          (["no-such-command"], "No such command")])
+def test_the_installed_entry_point_refuses_the_same_way(args, needle, tmp_path: Path):
+    """The in-process runs above stand for the real entry point: a new interpreter says the same."""
     proc = dflash_gguf(*args, cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
-    assert needle in proc.stderr and proc.stdout == ""
+    assert_refused(proc, needle)
+    assert proc.stdout == "" and proc.stderr == cli(*args, cwd=tmp_path).stderr
 
 
 def test_llama_path_without_a_build_is_one_line_exit_2(tmp_path: Path):

@@ -13,6 +13,7 @@ from dflash_gguf.validation.concurrency import (ALONE, DRAFTER, Pass, _level, ch
                                             verdict_line)
 from dflash_gguf.errors import ServerArgsError
 from tests.conftest import dflash_gguf
+from tests.refusal import assert_refused
 
 
 def answer(tokens: list[int], slot: int, drafted: int = 0, accepted: int = 0, speed: float = 100.0) -> Completion:
@@ -57,7 +58,7 @@ def test_where_drafting_stops_paying_is_read_from_the_curve():
 def test_bench_refuses_slots_and_ports_it_sets_itself(trained_pair):
     for args in (["--", "-np", "4"], ["--", "--port", "8080"], ["--concurrency", "0"]):
         proc = dflash_gguf("bench", "--target", trained_pair["target"], "--draft", trained_pair["dflash"], *args)
-        assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+        assert_refused(proc)
 
 
 @pytest.mark.integration

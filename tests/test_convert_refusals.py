@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from gguf import GGUFValueType as T
 
-from tests.conftest import dflash_gguf
+from tests.conftest import cli
+from tests.refusal import assert_refused
 from tests.malformed import (copy_file, edit_config, edit_tensors, encode, rebuild_gguf, regenerate_weights,
                              truncate, write_config)
 
@@ -26,17 +27,6 @@ def repeat_key(path: Path, pair: str) -> Path:
 def write_bytes(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path.parent
-
-
-def assert_refused(proc, out: Path, *needles: str) -> None:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: ") and "Traceback" not in proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    assert not out.exists()
-    assert not list(out.parent.glob(f".{out.name}*")), "a temporary file was left behind"
 
 
 # (drafter fixture, how to break it, words the one-line message must contain)
@@ -102,7 +92,7 @@ def test_refuses_broken_drafter(case, drafter_copy, target_gguf, tmp_path):
     drafter = breaker(drafter_copy(fixture))
     out = tmp_path / "out" / "drafter.gguf"
     out.parent.mkdir()
-    assert_refused(dflash_gguf("convert", drafter, "--target", target_gguf, "-o", out), out, *needles)
+    assert_refused(cli("convert", drafter, "--target", target_gguf, "-o", out), *needles, out=out)
 
 
 @pytest.mark.parametrize("target_kind", ["gguf", "hf"])
@@ -116,7 +106,7 @@ def test_refuses_broken_target(target_kind, fixtures, target_gguf, tmp_path):
         copy_file(fixtures / "target-hf" / "config.json", target)
         needles = ["tokenizer.json", "not found"]
     out = tmp_path / "drafter.gguf"
-    assert_refused(dflash_gguf("convert", fixtures / "dflash-b16", "--target", target, "-o", out), out, *needles)
+    assert_refused(cli("convert", fixtures / "dflash-b16", "--target", target, "-o", out), *needles, out=out)
 
 
 @pytest.mark.parametrize("key, value", [("qwen3.block_count", 1 << 63), ("qwen3.block_count", 1 << 32),
@@ -126,25 +116,25 @@ def test_refuses_absurd_target_gguf_facts(key, value, fixtures, target_gguf, tmp
     target = rebuild_gguf(target_gguf, tmp_path / "target.gguf",
                           kv=lambda kvs: [(k, v) for k, v in kvs if k != key] + [(key, encode(T.UINT64, value))])
     out = tmp_path / "drafter.gguf"
-    assert_refused(dflash_gguf("convert", fixtures / "dflash-b16", "--target", target, "-o", out), out,
-                   "target.gguf", repr(key), str(value))
+    assert_refused(cli("convert", fixtures / "dflash-b16", "--target", target, "-o", out),
+                   "target.gguf", repr(key), str(value), out=out)
 
 
 def test_refuses_truncated_legacy_gguf(target_gguf, tmp_path):
     broken = truncate(copy_file(target_gguf, tmp_path), 0.5)
     out = tmp_path / "migrated.gguf"
-    assert_refused(dflash_gguf("convert", broken, "-o", out), out, "truncated")
+    assert_refused(cli("convert", broken, "-o", out), "truncated", out=out)
 
 
 def test_refuses_non_legacy_gguf_as_source(target_gguf, tmp_path):
     out = tmp_path / "migrated.gguf"
-    assert_refused(dflash_gguf("convert", target_gguf, "-o", out), out, "qwen3", "legacy")
+    assert_refused(cli("convert", target_gguf, "-o", out), "qwen3", "legacy", out=out)
 
 
 def test_warns_when_mask_token_is_pad(drafter_copy, target_gguf, tmp_path):
     drafter = edit_config(drafter_copy("dflash-b16"), dflash__mask_token_id=151643)  # <|endoftext|> = pad
     out = tmp_path / "drafter.gguf"
-    proc = dflash_gguf("convert", drafter, "--target", target_gguf, "-o", out)
+    proc = cli("convert", drafter, "--target", target_gguf, "-o", out)
     assert proc.returncode == 0, proc.stderr
     assert "warning:" in proc.stderr and "padding token" in proc.stderr
     assert proc.stderr.count("padding token") == 1, proc.stderr  # said once, not logged and printed
@@ -154,7 +144,7 @@ def test_warns_when_mask_token_is_pad(drafter_copy, target_gguf, tmp_path):
 def test_existing_output_needs_force(fixtures, target_gguf, tmp_path):
     out = tmp_path / "drafter.gguf"
     out.write_bytes(b"keep me")
-    assert_refused_keep = dflash_gguf("convert", fixtures / "dflash-b16", "--target", target_gguf, "-o", out)
+    assert_refused_keep = cli("convert", fixtures / "dflash-b16", "--target", target_gguf, "-o", out)
     assert assert_refused_keep.returncode == 2 and "--force" in assert_refused_keep.stderr
     assert out.read_bytes() == b"keep me"
 
@@ -165,4 +155,4 @@ def test_output_ending_in_a_separator_is_refused(command, fixtures, target_gguf,
     out = tmp_path / "newdir"
     args = (["convert", fixtures / "dflash-b16", "--target", target_gguf, "-o", f"{out}/"] if command == "convert"
             else ["quantize", target_gguf, f"{out}/"])
-    assert_refused(dflash_gguf(*args), out, "ends with a separator", "give a file name")
+    assert_refused(cli(*args), "ends with a separator", "give a file name", out=out)

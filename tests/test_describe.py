@@ -12,6 +12,7 @@ from dflash_gguf.convert.describe import describe
 from dflash_gguf.convert.gguf_file import KV, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
 from dflash_gguf.runner.launch import speculative_args
 from tests.conftest import dflash_gguf
+from tests.refusal import assert_refused
 from tests.legacy_fixture import make_legacy
 
 
@@ -92,7 +93,7 @@ def test_quantize_refuses_what_the_server_refuses(converted, llama_bin, tmp_path
     """quantize checks its input with the same description as the runner: same message."""
     legacy = make_legacy(converted["dflash-b16"], tmp_path / "legacy.gguf")
     proc = dflash_gguf("quantize", legacy, tmp_path / "q.gguf", "--type", "Q8_0", "--llama-bin", llama_bin)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert_refused(proc, out=tmp_path / "q.gguf")
     with pytest.raises(Exception) as err:
         speculative_args(legacy)
     assert str(err.value) in proc.stderr

@@ -11,6 +11,7 @@ from gguf import GGUFValueType
 
 from dflash_gguf.convert.gguf_file import KV, GGUFFile
 from tests.conftest import dflash_gguf
+from tests.refusal import assert_refused
 from tests.fixtures.trained_gguf import TRAINED
 from tests.gguf_edit import edited_copy
 from tests.legacy_fixture import make_legacy
@@ -143,4 +144,4 @@ def test_not_a_gguf_exits_2(trained_pair, tmp_path):
     bogus = tmp_path / "target.gguf"
     bogus.write_bytes(b"not a gguf at all")
     proc, _ = doctor(bogus, trained_pair["dflash"], "--no-run")
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr and str(bogus) in proc.stderr
+    assert_refused(proc, str(bogus))

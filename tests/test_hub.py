@@ -21,6 +21,7 @@ from dflash_gguf import __version__
 from dflash_gguf.convert.gguf_file import GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, encode_header
 from dflash_gguf.release import licenses as lic
 from tests.conftest import dflash_gguf
+from tests.refusal import assert_refused
 from tests.gguf_compare import differences
 from tests.local_hub import Blob, LocalHub, hub_env
 
@@ -73,15 +74,6 @@ def _fetched(hub: LocalHub, repo: str) -> set[str]:
         elif c["cdn"] and c["path"].split("/")[-1] in files:
             out.add(files[c["path"].split("/")[-1]])
     return out
-
-
-def _refused(proc, out: Path, *needles: str) -> None:
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0, proc.stderr
-    for needle in needles:
-        assert needle in proc.stderr, proc.stderr
-    assert not out.exists()
-    assert [p.name for p in out.parent.iterdir() if p.name.startswith(".")] == []  # no partial file
 
 
 # -- part 1: repo ids in ----------------------------------------------------------------------------
@@ -194,11 +186,11 @@ def test_offline_runs_from_the_cache(hub, fixtures, target_gguf, tmp_path):
 
     # a GGUF never cached cannot be read offline, and nothing is written
     out = tmp_path / "x.gguf"
-    _refused(_convert(hub, tmp_path, "z-lab/tiny-dflash", "-t", "org/tiny-target-GGUF:F16", "-o", out,
-                      HF_HUB_OFFLINE="1"), out, "org/tiny-target-GGUF:F16", "HF_HUB_OFFLINE=1")
+    assert_refused(_convert(hub, tmp_path, "z-lab/tiny-dflash", "-t", "org/tiny-target-GGUF:F16", "-o", out,
+                            HF_HUB_OFFLINE="1"), "org/tiny-target-GGUF:F16", "HF_HUB_OFFLINE=1", out=out)
     # nor anything offline with an empty cache
-    _refused(_convert(hub, tmp_path / "empty", "z-lab/tiny-dflash", "-t", target_gguf, "-o", out,
-                      HF_HUB_OFFLINE="1"), out, "z-lab/tiny-dflash", "HF_HUB_OFFLINE=1")
+    assert_refused(_convert(hub, tmp_path / "empty", "z-lab/tiny-dflash", "-t", target_gguf, "-o", out,
+                            HF_HUB_OFFLINE="1"), "z-lab/tiny-dflash", "HF_HUB_OFFLINE=1", out=out)
     assert len(hub.calls) == calls
 
 
@@ -238,10 +230,10 @@ def test_range_requests_are_retried_then_refused_in_one_line(hub, fixtures, targ
 
     out = tmp_path / "refused.gguf"
     hub.fail_ranges = [503] * (RANGE_RETRIES + 1)
-    _refused(_convert(hub, tmp_path, "z-lab/tiny-dflash", "-t", "org/tiny-target-GGUF:F16", "-o", out), out, "503")
+    assert_refused(_convert(hub, tmp_path, "z-lab/tiny-dflash", "-t", "org/tiny-target-GGUF:F16", "-o", out), "503", out=out)
     hub.fail_ranges = ["drop"] * (RANGE_RETRIES + 1)
-    _refused(_convert(hub, tmp_path, "z-lab/tiny-dflash", "-t", "org/tiny-target-GGUF:F16", "-o", out), out,
-             f"failed {RANGE_RETRIES + 1} times")
+    assert_refused(_convert(hub, tmp_path, "z-lab/tiny-dflash", "-t", "org/tiny-target-GGUF:F16", "-o", out),
+                   f"failed {RANGE_RETRIES + 1} times", out=out)
 
 
 def test_a_local_path_wins_over_a_repo_id(hub, fixtures, target_gguf, tmp_path):
@@ -274,7 +266,7 @@ def test_hub_errors_are_one_line(hub, fixtures, target_gguf, tmp_path, drafter, 
     out.parent.mkdir()
     env = {"HF_TOKEN": token} if token else {}
     proc = _convert(hub, tmp_path, drafter, "-t", target_gguf if target == "T" else target, "-o", out, **env)
-    _refused(proc, out, *needles)
+    assert_refused(proc, *needles, out=out)
     assert not (token and token in proc.stderr)
 
 
@@ -290,9 +282,9 @@ def test_gated_repo_with_access(hub, fixtures, target_gguf, tmp_path):
 
 def test_neither_a_path_nor_a_repo_id(hub, tmp_path, target_gguf):
     proc = _convert(hub, tmp_path, "no/such/folder", "-t", target_gguf, "-o", tmp_path / "x.gguf")
-    assert proc.returncode == 2 and "not a Hub repo id" in proc.stderr
+    assert_refused(proc, "not a Hub repo id", out=tmp_path / "x.gguf")
     proc = _convert(hub, tmp_path, "z-lab/x:Q4_K_M", "-t", target_gguf, "-o", tmp_path / "x.gguf")
-    assert proc.returncode == 2 and "names a GGUF file on the Hub" in proc.stderr
+    assert_refused(proc, "names a GGUF file on the Hub", out=tmp_path / "x.gguf")
     assert hub.calls == []
 
 
@@ -369,8 +361,7 @@ def test_reference_repo_errors_come_before_any_server(hub, fixtures, converted, 
     hub.add_folder("Qwen/tiny-target", fixtures / "target-hf")
     proc = dflash_gguf("validate", "-t", target_gguf, "-d", converted["dflash2-b8"], "--reference-draft",
                        "z-lab/missing", "--reference-target", "Qwen/tiny-target", env=hub_env(hub, tmp_path))
-    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
-    assert "no repository z-lab/missing" in proc.stderr
+    assert_refused(proc, "no repository z-lab/missing")
 
 
 @pytest.mark.integration
@@ -444,7 +435,7 @@ def test_push_needs_a_token_before_any_work(hub, fixtures, target_gguf, tmp_path
     _serve(hub, fixtures, target_gguf)
     proc = dflash_gguf("release", "z-lab/tiny-dflash", "-t", "org/tiny-target-GGUF:F16", "--types", "F16",
                        "--push", "me/x", env=hub_env(hub, tmp_path))
-    assert proc.returncode == 2 and proc.stderr.startswith("error: no Hugging Face token"), proc.stderr
+    assert assert_refused(proc).startswith("error: no Hugging Face token")
     assert hub.calls == []
 
 
@@ -459,7 +450,7 @@ def test_an_unreachable_hub_is_one_line(fixtures, tmp_path):
     out = tmp_path / "x.gguf"
     for drafter, target in (("z-lab/tiny-dflash", fixtures / "target-hf"), (fixtures / "dflash-b16", "org/t:Q4_K_M")):
         proc = dflash_gguf("convert", drafter, "-t", target, "-o", out, env=env)
-        _refused(proc, out, "cannot reach", f"127.0.0.1:{port}")
+        assert_refused(proc, "cannot reach", f"127.0.0.1:{port}", out=out)
 
 
 def test_default_output_is_named_after_the_repo(hub, fixtures, target_gguf, tmp_path):

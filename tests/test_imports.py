@@ -10,7 +10,8 @@ import importlib
 import pytest
 
 from tests.conftest import REPO
-from tests.test_layers import _package_dirs
+from tests.test_layers import _modules, _package_dirs
+from tests.tiers import HEAVY_MODULES
 
 # folder -> the package its modules are imported as (pyproject's package-dir; the rest by their name)
 PACKAGE_OF = {folder.name: name for name, folder in _package_dirs().items()}
@@ -39,13 +40,59 @@ def _imports():
 IMPORTS = list(_imports())
 
 
+def _top_level_imports(path) -> set[str]:
+    """What importing the module itself imports (not its functions' imports), absolute names."""
+    module = {str(p): m for p, m, _ in _modules()}[str(path)]
+    package = module.rsplit(".", 1)[0]
+    names, todo = set(), list(ast.parse(path.read_text(encoding="utf-8")).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            names |= {target} | {f"{target}.{a.name}" for a in node.names}
+        todo.extend(ast.iter_child_nodes(node))
+    return names
+
+
+def _needing_torch() -> set[str]:
+    """Modules of the package whose import pulls in PyTorch, transformers or the z-lab reference."""
+    direct = {m: _top_level_imports(p) for p, m, _ in _modules()}
+    heavy = {m for m, names in direct.items() if any(n.split(".")[0] in HEAVY_MODULES for n in names)}
+    while True:
+        more = {m for m, names in direct.items() if m not in heavy and names & heavy}
+        if not more:
+            return heavy
+        heavy |= more
+
+
+NEEDS_TORCH = _needing_torch()
+BY_MODULE: dict[str, list[tuple[str, list[str]]]] = {}
+for _where, _module, _names in IMPORTS:
+    BY_MODULE.setdefault(_module, []).append((_where, _names))
+
+
 def test_the_scan_sees_function_level_imports():
     assert any(where.startswith("benchmarks/real_target.py") for where, _, _ in IMPORTS)
+    assert "dflash_gguf.validation.dspark_reference" in NEEDS_TORCH and "dflash_gguf.convert.converter" not in NEEDS_TORCH
 
 
-@pytest.mark.parametrize("where,module,names", IMPORTS, ids=[i[0] for i in IMPORTS])
-def test_import_resolves(where, module, names):
+@pytest.mark.parametrize("module", [pytest.param(m, marks=[pytest.mark.torch] if m in NEEDS_TORCH else [])
+                                    for m in sorted(BY_MODULE)])
+def test_imports_resolve(module):
+    """Every name any file imports from `module` is there (one case per module imported)."""
     loaded = importlib.import_module(module)
-    for name in names:
-        if name != "*" and not hasattr(loaded, name):
-            importlib.import_module(f"{module}.{name}")  # a submodule imported by name
+    missing = []
+    for where, names in BY_MODULE[module]:
+        for name in names:
+            if name == "*" or hasattr(loaded, name):
+                continue
+            try:
+                importlib.import_module(f"{module}.{name}")  # a submodule imported by name
+            except ModuleNotFoundError:
+                missing.append(f"{where}: {name}")
+    assert missing == []

@@ -6,12 +6,13 @@ import json
 
 
 from dflash_gguf.convert.gguf_file import GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
-from tests.conftest import dflash_gguf
+from tests.conftest import cli
+from tests.refusal import assert_refused
 from tests.legacy_fixture import make_legacy
 
 
 def inspect_json(path):
-    proc = dflash_gguf("inspect", path, "--json")
+    proc = cli("inspect", path, "--json")
     return proc.returncode, json.loads(proc.stdout)
 
 
@@ -56,7 +57,7 @@ def test_window_metadata_and_missing_pieces_are_problems(converted, tmp_path):
     broken = _rewrite_without(converted["dflash-swa"], tmp_path / "old-swa.gguf",
                               drop_keys=("dflash.attention.sliding_window", "dflash.target_layers"),
                               drop_tensors=("fc.weight",))
-    proc = dflash_gguf("inspect", broken)
+    proc = cli("inspect", broken)
     assert proc.returncode == 1
     assert "sliding-window layers without the window metadata" in proc.stdout
     assert "missing key dflash.target_layers" in proc.stdout
@@ -67,5 +68,5 @@ def test_truncated_file_is_an_error(converted, tmp_path):
     data = converted["dflash-b16"].read_bytes()
     broken = tmp_path / "cut.gguf"
     broken.write_bytes(data[: len(data) // 3])
-    proc = dflash_gguf("inspect", broken)
-    assert proc.returncode == 2 and "truncated" in proc.stderr and "Traceback" not in proc.stderr
+    proc = cli("inspect", broken)
+    assert_refused(proc, "truncated")

@@ -11,17 +11,10 @@ from dflash_gguf.confine import is_inside
 from dflash_gguf.convert.gguf_file import GGUFFile
 from dflash_gguf.release import licenses as lic
 from tests.conftest import dflash_gguf
+from tests.refusal import assert_refused
 from tests.test_publish import _env, _folder, _publish, tiny_gguf  # the hub fixture is conftest.py's
 
 SECRET = "SECRET-OUTSIDE-BYTES-0123456789"
-
-
-def _refused(proc, *needles: str) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0, proc.stderr
-    for needle in needles:
-        assert needle in proc.stderr, proc.stderr
-    return proc.stderr
 
 
 @pytest.fixture
@@ -52,7 +45,7 @@ def test_release_refuses_a_license_file_linked_out_of_the_checkpoint(drafter_cop
         (ckpt / "README.md").write_text("---\nlicense: mit\n---\n")
     (ckpt / name).symlink_to(outside)
     out = tmp_path / "rel"
-    _refused(_release(ckpt, target_gguf, out), name, "outside")
+    assert_refused(_release(ckpt, target_gguf, out), name, "outside")
     _nothing_written(out)
 
 
@@ -62,7 +55,7 @@ def test_release_refuses_a_license_link_file_leading_out(drafter_copy, target_gg
     (ckpt / "terms").symlink_to(outside.parent, target_is_directory=True)
     (outside.parent / "ACME.md").write_text(SECRET)
     out = tmp_path / "rel"
-    _refused(_release(ckpt, target_gguf, out), "ACME.md", "outside")
+    assert_refused(_release(ckpt, target_gguf, out), "ACME.md", "outside")
     _nothing_written(out)
 
 
@@ -82,7 +75,7 @@ def test_publish_refuses_a_listed_file_linked_out_of_the_folder(hub, tmp_path, o
     folder = _folder(tmp_path / "rel", extra={"NOTICE": "x"})
     (folder / "NOTICE").unlink()
     (folder / "NOTICE").symlink_to(outside)
-    _refused(_publish(folder, "--repo", "me/tiny", env=_env(hub, tmp_path)), "NOTICE", "outside")
+    assert_refused(_publish(folder, "--repo", "me/tiny", env=_env(hub, tmp_path)), "NOTICE", "outside")
     assert hub.calls == []
     gguf = folder / "dflash-Tiny-F16.gguf"
     moved = tiny_gguf(outside.parent / "real.gguf", 2)
@@ -90,7 +83,7 @@ def test_publish_refuses_a_listed_file_linked_out_of_the_folder(hub, tmp_path, o
     gguf.symlink_to(moved)
     (folder / "NOTICE").unlink()
     (folder / "NOTICE").write_text("notice\n")
-    _refused(_publish(folder, "--repo", "me/tiny", env=_env(hub, tmp_path)), "dflash-Tiny-F16.gguf", "outside")
+    assert_refused(_publish(folder, "--repo", "me/tiny", env=_env(hub, tmp_path)), "dflash-Tiny-F16.gguf", "outside")
     assert hub.calls == []
 
 
@@ -98,7 +91,7 @@ def test_publish_refuses_files_its_card_does_not_list(hub, tmp_path):  # noqa: F
     folder = _folder(tmp_path / "rel")
     (folder / "notes.txt").write_text("private notes")
     (folder / "scratch").mkdir()
-    _refused(_publish(folder, "--repo", "me/tiny", env=_env(hub, tmp_path)), "notes.txt", "scratch/",
+    assert_refused(_publish(folder, "--repo", "me/tiny", env=_env(hub, tmp_path)), "notes.txt", "scratch/",
              "not part of the release")
     assert hub.calls == []
 
@@ -113,7 +106,7 @@ def test_publish_names_the_hidden_entries_it_leaves_out(hub, tmp_path):  # noqa:
 def test_publish_refuses_a_card_listing_a_missing_file(hub, tmp_path):  # noqa: F811
     folder = _folder(tmp_path / "rel")
     (folder / "LICENSE").unlink()
-    _refused(_publish(folder, "--repo", "me/tiny", env=_env(hub, tmp_path)), "lists LICENSE")
+    assert_refused(_publish(folder, "--repo", "me/tiny", env=_env(hub, tmp_path)), "lists LICENSE")
 
 
 # -- class 3: one parser, the strictest terms win ------------------------------------------------------
@@ -137,10 +130,10 @@ def test_a_no_derivatives_card_stays_no_derivatives_through_convert_and_quantize
     proc = dflash_gguf("convert", ckpt, "--target", target_gguf, "-o", out)
     assert proc.returncode == 0, proc.stderr
     assert lic.license_from_gguf(out).kind is lic.Kind.NO_DERIVATIVES
-    _refused(dflash_gguf("quantize", out, tmp_path / "q.gguf", "--type", "Q8_0"), "NoDerivatives")
+    assert_refused(dflash_gguf("quantize", out, tmp_path / "q.gguf", "--type", "Q8_0"), "NoDerivatives")
     assert not (tmp_path / "q.gguf").exists()
-    _refused(_release(ckpt, target_gguf, tmp_path / "rel"), "NoDerivatives")
-    _refused(dflash_gguf("convert", ckpt, "--target", target_gguf, "-o", tmp_path / "e.gguf", "--license", "mit"),
+    assert_refused(_release(ckpt, target_gguf, tmp_path / "rel"), "NoDerivatives")
+    assert_refused(dflash_gguf("convert", ckpt, "--target", target_gguf, "-o", tmp_path / "e.gguf", "--license", "mit"),
              "--license mit")
 
 
@@ -148,7 +141,7 @@ def test_a_license_file_stating_no_derivatives_beats_a_permissive_card(drafter_c
     ckpt = drafter_copy("dflash-b16")
     (ckpt / "README.md").write_text("---\nlicense: mit\n---\n")
     (ckpt / "LICENSE").write_text("Attribution-NonCommercial-NoDerivatives 4.0 International\n...")
-    _refused(_release(ckpt, target_gguf, tmp_path / "rel"), "LICENSE", "NoDerivatives")
+    assert_refused(_release(ckpt, target_gguf, tmp_path / "rel"), "LICENSE", "NoDerivatives")
     out = tmp_path / "d.gguf"
     assert dflash_gguf("convert", ckpt, "--target", target_gguf, "-o", out).returncode == 0
     with GGUFFile(out) as f:
@@ -167,13 +160,13 @@ def test_publish_takes_the_strictest_of_card_and_gguf(hub, tmp_path, gguf_licens
     if needle is None:
         assert proc.returncode == 0, proc.stderr
     else:
-        _refused(proc, needle, "dflash-Tiny-")
+        assert_refused(proc, needle, "dflash-Tiny-")
 
 
 def test_publish_refuses_a_no_derivatives_license_text(hub, tmp_path):  # noqa: F811
     folder = _folder(tmp_path / "rel", "license: mit\n")
     (folder / "LICENSE").write_text("See https://creativecommons.org/licenses/by-nd/4.0/legalcode\n")
-    _refused(_publish(folder, "--repo", "me/tiny", "--dry-run", env=_env(hub, tmp_path)), "NoDerivatives")
+    assert_refused(_publish(folder, "--repo", "me/tiny", "--dry-run", env=_env(hub, tmp_path)), "NoDerivatives")
 
 
 @pytest.mark.parametrize("value, ids", [

@@ -8,32 +8,26 @@ from pathlib import Path
 import pytest
 
 from dflash_gguf.quantize.quantize import failure_reason
-from tests.conftest import dflash_gguf
-
-
-def _one_line(proc) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
-    return lines[0]
+from tests.conftest import cli
+from tests.refusal import assert_refused
 
 
 def test_an_unwritable_output_is_named_not_its_temporary_file(fixtures, target_gguf):
     out = Path("/proc/dflash-gguf-test-output.gguf")  # a folder nobody, root included, may create files in
-    line = _one_line(dflash_gguf("convert", fixtures / "dflash-b16", "--target", target_gguf, "-o", out))
+    line = assert_refused(cli("convert", fixtures / "dflash-b16", "--target", target_gguf, "-o", out))
     assert str(out) in line and ".partial" not in line, line
 
 
 def test_swapped_target_and_drafter_say_so(converted, target_gguf, fixtures, tmp_path):
     drafter = converted["dflash-b16"]
-    line = _one_line(dflash_gguf("convert", fixtures / "dflash-b16", "--target", drafter, "-o", tmp_path / "x.gguf"))
+    line = assert_refused(cli("convert", fixtures / "dflash-b16", "--target", drafter, "-o", tmp_path / "x.gguf"))
     assert "drafter" in line and "swapped" in line and "deeper" not in line, line
-    line = _one_line(dflash_gguf("validate", "--target", drafter, "--draft", target_gguf, "--backend", "metal"))
+    line = assert_refused(cli("validate", "--target", drafter, "--draft", target_gguf, "--backend", "metal"))
     assert "target" in line and ("swapped" in line or "drafter goes second" in line), line
 
 
 def test_convert_to_an_existing_folder_says_it_is_a_folder(fixtures, target_gguf, tmp_path):
-    line = _one_line(dflash_gguf("convert", fixtures / "dflash-b16", "--target", target_gguf, "-o", tmp_path))
+    line = assert_refused(cli("convert", fixtures / "dflash-b16", "--target", target_gguf, "-o", tmp_path))
     assert "is a folder" in line and "--force" not in line, line
 
 

@@ -21,20 +21,13 @@ import pytest
 
 from dflash_gguf.convert.gguf_file import GGUFFile
 from tests.conftest import dflash_gguf
+from tests.refusal import assert_refused
 from tests.gguf_compare import differences
 from tests.local_hub import Blob, hub_env
 
 CLASS_NAME = re.compile(r"\b(?:[A-Z][a-z0-9]+)+(?:Error|Exception)\b")
 PROVENANCE = ("general.source.repo_url", "general.source.revision", "general.base_model.0.repo_url",
               "general.base_model.0.revision", "general.base_model.0.name", "general.base_model.count")
-
-
-def _one_line_error(proc, *needles: str) -> None:
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0, proc.stderr
-    assert not CLASS_NAME.search(proc.stderr) and "Traceback" not in proc.stderr, proc.stderr
-    for needle in needles:
-        assert needle in proc.stderr, proc.stderr
 
 
 def _same_but_provenance(ours: Path, local: Path) -> None:
@@ -136,7 +129,7 @@ def test_olah_errors_are_one_line_in_our_words(olah, fixtures, tmp_path, drafter
     out = tmp_path / "x.gguf"
     proc = dflash_gguf("convert", drafter, "--target", fixtures / "target-hf", "-o", out,
                        env=olah.env(tmp_path / "hf"))
-    _one_line_error(proc, *needles)
+    assert_refused(proc, *needles)
     assert not out.exists()
 
 
@@ -195,7 +188,7 @@ def test_an_incomplete_cached_snapshot_offline_is_one_line(hub, fixtures, tmp_pa
     out = tmp_path / "x.gguf"
     proc = dflash_gguf("convert", "z-lab/tiny-dflash", "-t", fixtures / "target-hf", "-o", out,
                        env=hub_env(hub, tmp_path, HF_HUB_OFFLINE="1"))
-    _one_line_error(proc, "z-lab/tiny-dflash", "HF_HUB_OFFLINE=1", "run once online")
+    assert_refused(proc, "z-lab/tiny-dflash", "HF_HUB_OFFLINE=1", "run once online")
     assert not out.exists()
 
 

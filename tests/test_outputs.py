@@ -14,21 +14,13 @@ import pytest
 
 from dflash_gguf.errors import DflashError
 from dflash_gguf.outputs import Input, Output, Replace, check_outputs
-from tests.conftest import dflash_gguf
+from tests.conftest import cli
+from tests.refusal import assert_refused
 from tests.legacy_fixture import make_legacy
 
 
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _refused(proc, *needles: str) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0, proc.stderr
-    assert "Traceback" not in proc.stderr
-    for needle in needles:
-        assert needle in proc.stderr, proc.stderr
-    return proc.stderr
 
 
 @pytest.fixture
@@ -57,7 +49,7 @@ def test_convert_never_replaces_its_target(drafter_copy, target, tmp_path, how):
            "dotted-path": lambda: tmp_path / "." / "x" / ".." / "target.gguf"}[how]()
     if how == "dotted-path":
         (tmp_path / "x").mkdir()
-    _refused(dflash_gguf("convert", ckpt, "--target", target, "-o", out, "--force"), "--target", "never replaces")
+    assert_refused(cli("convert", ckpt, "--target", target, "-o", out, "--force"), "--target", "never replaces")
     assert _digest(target) == before
     assert not list(tmp_path.glob(".*.partial"))
 
@@ -69,40 +61,40 @@ def test_convert_never_replaces_a_checkpoint_file(drafter_copy, target, name):
     if not victim.exists():
         victim.write_text("---\nlicense: mit\n---\n")
     before = _digest(victim)
-    _refused(dflash_gguf("convert", ckpt, "--target", target, "-o", victim, "--force"), "SRC", str(ckpt))
+    assert_refused(cli("convert", ckpt, "--target", target, "-o", victim, "--force"), "SRC", str(ckpt))
     assert _digest(victim) == before
 
 
 def test_convert_into_the_checkpoint_folder_is_fine_for_a_new_gguf(drafter_copy, target):
     ckpt = drafter_copy("dflash-b16")
     out = ckpt / "dflash.gguf"
-    assert dflash_gguf("convert", ckpt, "--target", target, "-o", out).returncode == 0
+    assert cli("convert", ckpt, "--target", target, "-o", out).returncode == 0
     # a GGUF in the folder is no input of the checkpoint reader: --force may replace it
-    proc = dflash_gguf("convert", ckpt, "--target", target, "-o", out, "--force")
+    proc = cli("convert", ckpt, "--target", target, "-o", out, "--force")
     assert proc.returncode == 0, proc.stderr
 
 
 def test_legacy_default_output_is_never_the_input(converted, tmp_path):
     legacy = make_legacy(converted["dflash-b16"], tmp_path / "old.gguf")
     before = _digest(legacy)
-    proc = dflash_gguf("convert", "old.gguf", cwd=tmp_path)
+    proc = cli("convert", "old.gguf", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "old-migrated.gguf").is_file()
     assert _digest(legacy) == before
-    _refused(dflash_gguf("convert", "old.gguf", "-o", "old.gguf", "--force", cwd=tmp_path), "SRC", "never replaces")
+    assert_refused(cli("convert", "old.gguf", "-o", "old.gguf", "--force", cwd=tmp_path), "SRC", "never replaces")
     assert _digest(legacy) == before
 
 
 def test_convert_to_a_folder_says_it_is_a_folder(drafter_copy, target, tmp_path):
     (tmp_path / "outdir").mkdir()
-    _refused(dflash_gguf("convert", drafter_copy("dflash-b16"), "--target", target, "-o", tmp_path / "outdir"),
+    assert_refused(cli("convert", drafter_copy("dflash-b16"), "--target", target, "-o", tmp_path / "outdir"),
              "is a folder", "give a file name")
 
 
 def test_convert_to_a_fifo_is_refused(drafter_copy, target, tmp_path):
     fifo = tmp_path / "pipe.gguf"
     os.mkfifo(fifo)
-    _refused(dflash_gguf("convert", drafter_copy("dflash-b16"), "--target", target, "-o", fifo, "--force"),
+    assert_refused(cli("convert", drafter_copy("dflash-b16"), "--target", target, "-o", fifo, "--force"),
              "not a regular file")
 
 
@@ -110,9 +102,9 @@ def test_convert_to_a_fifo_is_refused(drafter_copy, target, tmp_path):
 
 def test_quantize_never_replaces_its_input(drafter, tmp_path):
     before = _digest(drafter)
-    _refused(dflash_gguf("quantize", drafter, drafter, "--type", "Q8_0", "--force"), "IN.gguf", "never replaces")
+    assert_refused(cli("quantize", drafter, drafter, "--type", "Q8_0", "--force"), "IN.gguf", "never replaces")
     os.link(drafter, tmp_path / "same.gguf")
-    _refused(dflash_gguf("quantize", drafter, tmp_path / "same.gguf", "--type", "Q8_0", "--force"), "never replaces")
+    assert_refused(cli("quantize", drafter, tmp_path / "same.gguf", "--type", "Q8_0", "--force"), "never replaces")
     assert _digest(drafter) == before
 
 
@@ -122,7 +114,7 @@ def test_release_folder_never_replaces_or_holds_an_input(drafter_copy, target, w
     (ckpt / "README.md").write_text("---\nlicense: apache-2.0\n---\n")
     before = {p.name: _digest(p) for p in ckpt.iterdir()}
     out = ckpt if where == "draft-dir" else ckpt.parent
-    _refused(dflash_gguf("release", ckpt, "--target", target, "--types", "F16", "-o", out, "--force",
+    assert_refused(cli("release", ckpt, "--target", target, "--types", "F16", "-o", out, "--force",
                          "--skip-validate", "--target-license", "apache-2.0"), "DRAFT_DIR")
     assert {p.name: _digest(p) for p in ckpt.iterdir()} == before
 
@@ -131,12 +123,12 @@ def test_release_folder_never_replaces_or_holds_an_input(drafter_copy, target, w
 
 def test_validate_report_never_replaces_an_input_or_a_foreign_file(target, drafter, tmp_path):
     before = _digest(target)
-    _refused(dflash_gguf("validate", "--target", target, "--draft", drafter, "--report", target), "--report",
+    assert_refused(cli("validate", "--target", target, "--draft", drafter, "--report", target), "--report",
              "never replaces")
     assert _digest(target) == before
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\n")
-    _refused(dflash_gguf("validate", "--target", target, "--draft", drafter, "--report", notes),
+    assert_refused(cli("validate", "--target", target, "--draft", drafter, "--report", notes),
              "not a report this command wrote")
     assert notes.read_text() == "my notes\n"
 
@@ -147,7 +139,7 @@ def test_validate_report_may_replace_its_own_earlier_report(target, drafter, tmp
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
     # the report passes the output check; the empty prompts file is what stops the run, before any server
-    _refused(dflash_gguf("validate", "--target", target, "--draft", drafter, "--report", report, "--prompts", empty),
+    assert_refused(cli("validate", "--target", target, "--draft", drafter, "--report", report, "--prompts", empty),
              "no prompts")
 
 
@@ -155,11 +147,11 @@ def test_validate_report_may_replace_its_own_earlier_report(target, drafter, tmp
 def test_log_never_replaces_the_drafter_or_a_foreign_file(target, drafter, tmp_path, command):
     before = _digest(drafter)
     args = ["--target", target, "--draft", drafter] + (["hello"] if command == "generate" else [])
-    _refused(dflash_gguf(command, *args, "--log", drafter), "--log", "never replaces")
+    assert_refused(cli(command, *args, "--log", drafter), "--log", "never replaces")
     assert _digest(drafter) == before
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\n")
-    _refused(dflash_gguf(command, *args, "--log", notes), "not a llama-server log")
+    assert_refused(cli(command, *args, "--log", notes), "not a llama-server log")
     assert notes.read_text() == "my notes\n"
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.refusal import assert_refused
+
 from dflash_gguf.release.publish import publish
 from tests import local_hub
 
@@ -60,13 +62,6 @@ def _folder(path: Path, front: str = "license: apache-2.0\nbase_model: z-lab/x\n
     listed = "\n".join(f"- [{p.name}](./{p.name})" for p in sorted(path.iterdir()) if not p.name.startswith("."))
     (path / "README.md").write_text(f"---\n{front}---\n# card\n\n{listed}\n")
     return path
-
-
-def _refused(proc, *needles: str) -> None:
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0, proc.stderr
-    for needle in needles:
-        assert needle in proc.stderr, proc.stderr
 
 
 EXPECTED = ["LICENSE", "README.md", "dflash-Tiny-F16.gguf", "dflash-Tiny-Q8_0.gguf"]
@@ -140,7 +135,7 @@ def test_hub_error_is_one_line_without_the_token(hub, tmp_path):
 
 def test_no_token_is_refused_before_any_request(hub, tmp_path):
     proc = _publish(_folder(tmp_path / "rel"), "--repo", "me/tiny", env=_env(hub, tmp_path, token=None))
-    _refused(proc, "no Hugging Face token", "HF_TOKEN")
+    assert_refused(proc, "no Hugging Face token", "HF_TOKEN")
     assert hub.calls == []
 
 
@@ -171,7 +166,7 @@ def test_library_call_with_an_explicit_endpoint(hub, tmp_path):
 def test_folders_that_may_not_be_published(hub, tmp_path, front, extra, needle):
     folder = _folder(tmp_path / "rel", front, extra)
     proc = _publish(folder, "--repo", "me/tiny", env=_env(hub, tmp_path))
-    _refused(proc, needle)
+    assert_refused(proc, needle)
     assert hub.calls == []
 
 
@@ -184,9 +179,9 @@ def test_llama_folder_with_notice_may_be_published(tmp_path):
 def test_missing_readme_and_bad_repo_ids(hub, tmp_path):
     folder = _folder(tmp_path / "rel")
     (folder / "README.md").unlink()
-    _refused(_publish(folder, "--repo", "me/tiny", "--dry-run", env=_env(hub, tmp_path)), "README.md: missing")
+    assert_refused(_publish(folder, "--repo", "me/tiny", "--dry-run", env=_env(hub, tmp_path)), "README.md: missing")
     for repo in ("tiny", "me/tiny/extra", "me/ti ny", "../x"):
-        _refused(_publish(_folder(tmp_path / repo.replace("/", "_").replace(" ", "_").replace(".", "d")),
+        assert_refused(_publish(_folder(tmp_path / repo.replace("/", "_").replace(" ", "_").replace(".", "d")),
                           "--repo", repo, "--dry-run", env=_env(hub, tmp_path)), "ORG/NAME")
     assert hub.calls == []
 
@@ -202,7 +197,7 @@ def test_a_file_holding_the_token_is_not_sent(hub, tmp_path, where, dry_run):
     if where == "card":
         (folder / "README.md").write_text((folder / "README.md").read_text() + f"debug: {TOKEN}\n")
     proc = _publish(folder, "--repo", "me/tiny", *(["--dry-run"] if dry_run else []), env=_env(hub, tmp_path))
-    _refused(proc, "holds the Hugging Face token", "it is not sent")
+    assert_refused(proc, "holds the Hugging Face token", "it is not sent")
     assert TOKEN not in proc.stdout + proc.stderr
     assert hub.calls == []
 
@@ -211,7 +206,7 @@ def test_a_sparse_huge_license_file_is_not_sent(hub, tmp_path):
     folder = _folder(tmp_path / "rel")
     with open(folder / "LICENSE", "r+b") as fh:
         fh.truncate(2 << 30)
-    _refused(_publish(folder, "--repo", "me/tiny", env=_env(hub, tmp_path)), "LICENSE: this release file", "MiB")
+    assert_refused(_publish(folder, "--repo", "me/tiny", env=_env(hub, tmp_path)), "LICENSE: this release file", "MiB")
     assert hub.calls == []
 
 
@@ -227,5 +222,5 @@ def test_a_file_whose_sha256_differs_from_the_cards_is_refused(hub, tmp_path):
     env = _env(hub, tmp_path)
     assert _publish(folder, "--repo", "me/tiny", "--dry-run", env=env).returncode == 0  # as recorded: fine
     tiny_gguf(gguf, 2)  # another file in its place
-    _refused(_publish(folder, "--repo", "me/tiny", env=env), gguf.name, "sha256", recorded)
+    assert_refused(_publish(folder, "--repo", "me/tiny", env=env), gguf.name, "sha256", recorded)
     assert not hub.commits

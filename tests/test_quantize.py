@@ -18,6 +18,7 @@ from dflash_gguf.convert.converter import convert
 from dflash_gguf.convert.gguf_file import GGUFFile
 from dflash_gguf.quantize import quantize as q
 from tests.conftest import dflash_gguf
+from tests.refusal import assert_refused
 
 KEPT_TYPES = {"fc.weight", "selector_hidden.weight", "selector_predecessor.weight", "selector_successor.weight",
               "blk.0.attn_conv_proj.weight", "blk.0.ffn_conv_proj.weight",
@@ -47,14 +48,6 @@ def _types(path: Path) -> dict[str, QT]:
 
 def _run(*args):
     return dflash_gguf("quantize", *args)
-
-
-def _refused(proc, *needles: str) -> None:
-    """Exit status 2 with one `error:` line on stderr that says each of `needles`."""
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0, proc.stderr
-    for needle in needles:
-        assert needle in proc.stderr
 
 
 # -- the recipe table, without llama.cpp ----------------------------------------------------------
@@ -101,12 +94,12 @@ def test_parse_fallbacks():
 
 def test_unknown_type_is_one_line_exit_2(drafter_f16, tmp_path):
     proc = _run(drafter_f16("dflash-b16"), tmp_path / "o.gguf", "--type", "Q9_9", "--llama-bin", tmp_path)
-    _refused(proc, "Q9_9", "Q4_K_M")
+    assert_refused(proc, "Q9_9", "Q4_K_M")
 
 
 def test_missing_llama_quantize_is_named(drafter_f16, tmp_path):
     proc = _run(drafter_f16("dflash-b16"), tmp_path / "o.gguf", "--type", "Q8_0", "--llama-bin", tmp_path)
-    _refused(proc, "llama-quantize: not found")
+    assert_refused(proc, "llama-quantize: not found")
     assert not (tmp_path / "o.gguf").exists()
 
 
@@ -127,7 +120,7 @@ def test_a_failing_llama_quantize_leaves_nothing(drafter_f16, tmp_path):
     out = tmp_path / "out" / "o.gguf"
     out.parent.mkdir()
     proc = _run(drafter_f16("dflash-b16"), out, "--type", "Q8_0", "--llama-bin", fake)
-    _refused(proc, "llama-quantize failed", "main: error: boom")
+    assert_refused(proc, "llama-quantize failed", "main: error: boom")
     assert list(out.parent.iterdir()) == []
 
 
@@ -137,7 +130,7 @@ def test_output_that_breaks_the_recipe_is_refused_and_removed(drafter_f16, tmp_p
     out = tmp_path / "out" / "o.gguf"
     out.parent.mkdir()
     proc = _run(drafter_f16("dflash-b16"), out, "--type", "Q4_K_M", "--recipe", "keep-fc", "--llama-bin", fake)
-    _refused(proc, "fc.weight is F16, recipe keep-fc says Q8_0")
+    assert_refused(proc, "fc.weight is F16, recipe keep-fc says Q8_0")
     assert list(out.parent.iterdir()) == []
 
 
@@ -145,7 +138,7 @@ def test_no_derivatives_input_is_refused(drafter_f16, tmp_path):
     fake = _fake_llama_quantize(tmp_path / "bin", _COPY_INPUT)  # never reached
     out = tmp_path / "o.gguf"
     proc = _run(drafter_f16("dflash-b16", "cc-by-nc-nd-4.0"), out, "--type", "Q8_0", "--llama-bin", fake)
-    _refused(proc, "NoDerivatives", "cc-by-nc-nd-4.0")
+    assert_refused(proc, "NoDerivatives", "cc-by-nc-nd-4.0")
     assert not out.exists() and list(tmp_path.glob(".*partial")) == []
 
 
@@ -153,7 +146,7 @@ def test_existing_output_needs_force(drafter_f16, tmp_path):
     out = tmp_path / "o.gguf"
     out.write_bytes(b"keep me")
     proc = _run(drafter_f16("dflash-b16"), out, "--type", "Q8_0", "--llama-bin", tmp_path)
-    _refused(proc, "--force")
+    assert_refused(proc, "--force")
     assert out.read_bytes() == b"keep me"
 
 
@@ -221,7 +214,7 @@ def test_quantized_input_is_refused(drafter_f16, llama_bin, tmp_path):
     q8 = tmp_path / "q8.gguf"
     q.quantize(drafter_f16("dflash-b16"), q8, "Q8_0", "plain", llama_bin)
     proc = _run(q8, tmp_path / "q4.gguf", "--type", "Q4_0", "--llama-bin", llama_bin)
-    _refused(proc, "already holds quantized tensors (Q8_0)")
+    assert_refused(proc, "already holds quantized tensors (Q8_0)")
     assert not (tmp_path / "q4.gguf").exists()
 
 

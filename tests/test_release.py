@@ -16,6 +16,7 @@ from dflash_gguf.errors import DflashError
 from dflash_gguf.release import licenses as lic
 from dflash_gguf.release.release import release
 from tests.conftest import dflash_gguf
+from tests.refusal import assert_refused
 
 LLAMA31_NOTICE = ("Llama 3.1 is licensed under the Llama 3.1 Community License, Copyright © Meta Platforms, Inc. "
                   "All Rights Reserved.\n")
@@ -41,13 +42,6 @@ def _rows(body: str) -> dict[str, list[str]]:
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _refused(proc, *needles: str) -> None:
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith("error: ") and proc.stderr.strip().count("\n") == 0, proc.stderr
-    for needle in needles:
-        assert needle in proc.stderr, proc.stderr
 
 
 @pytest.fixture
@@ -208,7 +202,7 @@ def test_other_license_link_outside_the_folder_is_refused(drafter_copy, target_g
     (tmp_path / "secret.txt").write_text("not a license")
     proc = dflash_gguf("release", drafter, "--target", target_gguf, "--types", "F16", "-o", tmp_path / "rel",
                        "--target-license", "mit", "--skip-validate")
-    _refused(proc, "points outside the model folder")
+    assert_refused(proc, "points outside the model folder")
     assert not (tmp_path / "rel").exists()
 
 
@@ -223,7 +217,7 @@ def test_a_sparse_huge_license_file_is_refused_unread(drafter_copy, target_gguf,
         fh.truncate(2 << 30)
     proc = dflash_gguf("release", drafter, "--target", target_gguf, "--types", "F16", "-o", tmp_path / "rel",
                        "--target-license", "mit", "--skip-validate")
-    _refused(proc, f"{name}: this ", "MiB")
+    assert_refused(proc, f"{name}: this ", "MiB")
     assert not (tmp_path / "rel").exists()
 
 
@@ -308,7 +302,7 @@ def test_server_args_the_runner_manages_are_refused_before_any_work(drafter_copy
     _card(drafter, "license: mit\n")
     proc = dflash_gguf("release", drafter, "--target", target_gguf, "--types", "F16", "-o", tmp_path / "rel",
                        "--target-license", "mit", "--", "-md", "other.gguf")
-    _refused(proc, "-md after --: the drafter is --draft")
+    assert_refused(proc, "-md after --: the drafter is --draft")
     assert not (tmp_path / "rel").exists()
 
 
@@ -343,7 +337,7 @@ def test_no_derivatives_drafter_is_refused_and_nothing_written(drafter_copy, tar
     parent.mkdir()
     proc = dflash_gguf("release", drafter, "--target", target_gguf, "--types", "F16,Q4_K_M", "-o", parent / "rel",
                        "--target-license", "apache-2.0", "--skip-validate")
-    _refused(proc, license_id, "NoDerivatives")
+    assert_refused(proc, license_id, "NoDerivatives")
     assert list(parent.iterdir()) == []
 
 
@@ -352,7 +346,7 @@ def test_no_derivatives_cannot_be_overridden(drafter_copy, target_gguf, tmp_path
     _card(drafter, "license: cc-by-nc-nd-4.0\n")
     proc = dflash_gguf("release", drafter, "--target", target_gguf, "--types", "F16", "-o", tmp_path / "rel",
                        "--license", "mit", "--target-license", "mit", "--skip-validate")
-    _refused(proc, "declares cc-by-nc-nd-4.0")
+    assert_refused(proc, "declares cc-by-nc-nd-4.0")
     assert not (tmp_path / "rel").exists()
 
 
@@ -364,7 +358,7 @@ def test_refusal_leaves_an_existing_folder_untouched(drafter_copy, target_gguf, 
     (out / "README.md").write_text("an earlier release")
     proc = dflash_gguf("release", drafter, "--target", target_gguf, "--types", "F16", "-o", out,
                        "--target-license", "mit", "--skip-validate", "--force")
-    _refused(proc, "NoDerivatives")
+    assert_refused(proc, "NoDerivatives")
     assert [p.name for p in out.iterdir()] == ["README.md"]
     assert (out / "README.md").read_text() == "an earlier release"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
@@ -375,7 +369,7 @@ def test_missing_target_license_is_refused_until_given(drafter_copy, target_gguf
     _card(drafter, "license: mit\n")
     out = tmp_path / "rel"
     proc = dflash_gguf("release", drafter, "--target", target_gguf, "--types", "F16", "-o", out, "--skip-validate")
-    _refused(proc, "target declares no license", "--target-license")
+    assert_refused(proc, "target declares no license", "--target-license")
     assert not out.exists()
     proc = dflash_gguf("release", drafter, "--target", target_gguf, "--types", "F16", "-o", out, "--skip-validate",
                        "--target-license", "apache-2.0")
@@ -385,7 +379,7 @@ def test_missing_target_license_is_refused_until_given(drafter_copy, target_gguf
 def test_missing_drafter_license_is_refused(drafter_copy, target_gguf, tmp_path):
     proc = dflash_gguf("release", drafter_copy("dflash-b16"), "--target", target_gguf, "--types", "F16",
                        "-o", tmp_path / "rel", "--target-license", "mit", "--skip-validate")
-    _refused(proc, "drafter declares no license", "--license")
+    assert_refused(proc, "drafter declares no license", "--license")
     assert not (tmp_path / "rel").exists()
 
 
@@ -397,7 +391,7 @@ def test_existing_folder_needs_force_and_is_replaced_whole(drafter_copy, target_
     (out / "dflash-T-Q2_K.gguf").write_text("a variant of an earlier release")
     args = ["release", drafter, "--target", target_gguf, "--types", "F16", "-o", out, "--target-license", "mit",
             "--skip-validate", "--name", "T"]
-    _refused(dflash_gguf(*args), "--force")
+    assert_refused(dflash_gguf(*args), "--force")
     assert [p.name for p in out.iterdir()] == ["dflash-T-Q2_K.gguf"]
     proc = dflash_gguf(*args, "--force")
     assert proc.returncode == 0, proc.stderr
@@ -413,7 +407,7 @@ def test_force_never_replaces_a_folder_with_other_files(drafter_copy, target_ggu
     (out / "notes.txt").write_text("mine")
     proc = dflash_gguf("release", drafter, "--target", target_gguf, "--types", "F16", "-o", out,
                        "--target-license", "mit", "--skip-validate", "--force")
-    _refused(proc, ".git, notes.txt", "which a release does not write")
+    assert_refused(proc, ".git, notes.txt", "which a release does not write")
     assert sorted(p.name for p in out.iterdir()) == [".git", "notes.txt"]
 
 
@@ -424,11 +418,11 @@ def test_a_failed_build_leaves_nothing(drafter_copy, target_gguf, tmp_path):
     out = tmp_path / "rel"
     proc = dflash_gguf("release", drafter, "--target", target_gguf, "--types", "F16", "-o", out,
                        "--target-license", "mit", "--skip-validate")
-    assert proc.returncode == 2 and proc.stderr.startswith("error: ")
+    assert_refused(proc, out=out)
     assert list(tmp_path.iterdir()) == [drafter]
 
 
 def test_unknown_type_is_refused_before_anything(drafter_copy, target_gguf, tmp_path):
     proc = dflash_gguf("release", drafter_copy("dflash-b16"), "--target", target_gguf, "--types", "F16,Q7",
                        "-o", tmp_path / "rel")
-    _refused(proc, "--types 'Q7'")
+    assert_refused(proc, "--types 'Q7'")

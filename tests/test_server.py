@@ -24,7 +24,8 @@ from dflash_gguf.errors import DflashError
 from dflash_gguf.runner.client import LlamaClient, Metrics
 from dflash_gguf.runner.launch import dflash_server, read_draft, speculative_args
 from dflash_gguf.runner.server import LlamaServer, ServerStartError, error_line
-from tests.conftest import LLAMA_BACKEND, REPO, dflash_gguf
+from tests.conftest import LLAMA_BACKEND, REPO, cli, dflash_gguf
+from tests.refusal import assert_refused
 from tests.malformed import edit_config, regenerate_weights
 
 # the build the integration tests run; a GPU machine sets DFLASH_TEST_BACKEND=cuda
@@ -289,11 +290,7 @@ def test_clean_stop_returns_the_exit_status_and_removes_its_temporary_log(fake):
 def test_serve_refuses_a_drafter_made_for_another_target(target_gguf: Path, misfits: dict[str, Path],
                                                          kind: str, needles: list[str]):
     proc = dflash_gguf("serve", "--target", target_gguf, "--draft", misfits[kind], "--backend", BACKEND)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
-    for needle in needles:
-        assert needle in lines[0]
+    assert_refused(proc, *needles)
     assert proc.stdout == ""
     assert llama_servers_using(misfits[kind]) == []
 
@@ -311,9 +308,8 @@ def test_serve_refuses_a_drafter_made_for_another_target(target_gguf: Path, misf
 def test_server_args_the_runner_manages_are_refused_at_once(target_gguf: Path, converted: dict[str, Path],
                                                             command: str, args: list[str], needle: str):
     draft = converted["dflash-b16"]
-    proc = dflash_gguf(command, "--target", target_gguf, "--draft", draft, "--backend", BACKEND, *args)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    proc = cli(command, "--target", target_gguf, "--draft", draft, "--backend", BACKEND, *args)
+    assert_refused(proc)
     assert needle in proc.stderr and proc.stdout == ""
     assert llama_servers_using(draft) == []
 
@@ -327,9 +323,8 @@ def test_tensor_split_with_a_dflash2_drafter_is_refused_with_the_workaround(
         target_gguf: Path, converted: dict[str, Path], command: str, args: list[str]):
     """llama.cpp aborts on it (GGML_ASSERT(src_ss[0].axis != GGML_BACKEND_SPLIT_AXIS_0), #27819)."""
     draft = converted["dflash2-b8"]
-    proc = dflash_gguf(command, "--target", target_gguf, "--draft", draft, "--backend", BACKEND, *args)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    proc = cli(command, "--target", target_gguf, "--draft", draft, "--backend", BACKEND, *args)
+    assert_refused(proc)
     assert "--split-mode tensor with a DFlash 2 drafter" in proc.stderr and "#27819" in proc.stderr
     assert "use --split-mode layer" in proc.stderr and proc.stdout == ""
     assert llama_servers_using(draft) == []
@@ -385,14 +380,13 @@ def test_rpc_servers_from_the_option_or_after_the_dashes_go_into_the_launch(targ
 def test_bad_rpc_addresses_are_refused_at_once(target_gguf: Path, converted: dict[str, Path], command: str,
                                                args: list[str], needle: str):
     draft = converted["dflash-b16"]
-    proc = dflash_gguf(command, "--target", target_gguf, "--draft", draft, "--backend", BACKEND, *args)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
-    assert needle in proc.stderr and proc.stdout == ""
+    proc = cli(command, "--target", target_gguf, "--draft", draft, "--backend", BACKEND, *args)
+    assert_refused(proc, needle)
+    assert proc.stdout == ""
 
 
 def test_generate_needs_a_url_or_a_pair(target_gguf: Path):
-    proc = dflash_gguf("generate", "--target", target_gguf, "hello")
-    assert proc.returncode == 2 and "--url" in proc.stderr
+    assert_refused(cli("generate", "--target", target_gguf, "hello"), "--url")
 
 
 # ---------------------------------------------------------------------------------------------

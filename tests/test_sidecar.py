@@ -24,6 +24,7 @@ from dflash_gguf.release import licenses as lic
 from dflash_gguf.release.sidecar import default_target, model_files, placement_folder
 from dflash_gguf.runner.build import runtime_env
 from tests.conftest import dflash_gguf
+from tests.refusal import assert_refused
 from tests.local_hub import hub_env
 
 TOKEN = "hf_LocalHubToken0123456789"
@@ -157,17 +158,16 @@ def test_into_refuses_a_target_from_another_repo_and_a_repo_without_models(hub, 
     hub.add_commit("org/empty", {"README.md": TARGET_CARD})
     env = hub_env(hub, tmp_path, token=TOKEN)
     proc = _into(env, "--target", "other/Model-GGUF:Q8_0")
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert "--into org/Trained-GGUF places the drafter beside" in proc.stderr
+    assert_refused(proc, "--into org/Trained-GGUF places the drafter beside")
     proc = dflash_gguf("release", "tests/fixtures/trained/dflash", "--into", "org/empty", "--types", "F16",
                        "--skip-validate", env=env)
-    assert proc.returncode == 2 and "holds no model GGUF" in proc.stderr and proc.stderr.count("\n") == 1
+    assert_refused(proc, "holds no model GGUF")
     proc = dflash_gguf("release", "tests/fixtures/trained/dflash", "--into", "org/missing", "--types", "F16", env=env)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert_refused(proc)
     assert all(not c["path"].endswith("/commit/main") for c in hub.calls)
     proc = dflash_gguf("release", "tests/fixtures/trained/dflash", "--into", REPO, "--push", "a/b", "--types", "F16",
                        env=env)
-    assert proc.returncode == 2 and "--into and --push" in proc.stderr
+    assert_refused(proc, "--into and --push")
 
 
 @pytest.mark.integration

@@ -141,6 +141,7 @@ def test_trained_drafter_drafts_in_the_patched_server(drafter, smollm2):
     assert drafted.draft_n > 0
 
 
+@pytest.mark.torch  # training.train_smollm2 tokenizes with transformers
 def test_reference_tau_records_the_token_ids_it_was_measured_on():
     record = json.loads(fixture.REFERENCE_TAU.read_text())
     assert record["prompt_ids"] == _held_out_ids(24)

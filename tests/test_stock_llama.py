@@ -21,6 +21,7 @@ from dflash_gguf.convert.llama_support import FEATURES, STOCK_MEASURED, VARIANT_
 from dflash_gguf.errors import ServerStartError
 from dflash_gguf.runner.launch import launch_recipe
 from tests.conftest import dflash_gguf
+from tests.refusal import assert_refused
 from tests.fixtures.published_drafters import cached_published
 from tests.test_patches import misfit_drafters  # noqa: F401  (a fixture)
 
@@ -179,8 +180,7 @@ def test_validate_with_a_folder_that_is_no_build(fixtures, target_gguf, tmp_path
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("Hello\n")
     proc = dflash_gguf("validate", "-t", target_gguf, "-d", draft, "--prompts", prompts, "--llama-bin", tmp_path)
-    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
-    assert f"{tmp_path / 'llama-server'}: not found" in proc.stderr and "--llama-bin" in proc.stderr
+    assert_refused(proc, f"{tmp_path / 'llama-server'}: not found", "--llama-bin")
 
 
 # -- what the card, inspect and release say (no llama.cpp needed) --------------------------------------

@@ -32,6 +32,7 @@ from dflash_gguf.runner.tune import (
 )
 from dflash_gguf.runner.build import build_info
 from tests.conftest import REPO, dflash_gguf
+from tests.refusal import assert_refused
 
 # ---------------------------------------------------------------------------------------------
 # The grid and the choice
@@ -351,8 +352,7 @@ def test_tune_refuses_what_the_runner_manages_before_anything_starts(tiny_pair, 
                                                                     args, message):
     target, draft = tiny_pair
     proc = dflash_gguf("tune", "-t", target, "-d", draft, "--", *args, cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == f"error: {message}\n"
+    assert assert_refused(proc) == f"error: {message}" and proc.stdout == ""
     assert not tuned_home.exists()
 
 

@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from tests.conftest import dflash_gguf
+from tests.conftest import cli, dflash_gguf
+from tests.refusal import assert_refused
 
 pytestmark = pytest.mark.integration
 
@@ -104,15 +105,14 @@ def test_reference_parity(fixtures, converted, target_gguf, prompts_file, tmp_pa
     (["--reference-draft", "."], "go together"),
 ])
 def test_bad_input_exits_2(args, needle, converted, target_gguf):
-    proc = run_validate("--target", target_gguf, "--draft", converted["dflash-b16"], *args)
-    assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
+    assert_refused(cli("validate", "--target", target_gguf, "--draft", converted["dflash-b16"], *args), needle)
 
 
 def test_empty_prompts_file_exits_2(converted, target_gguf, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
-    proc = run_validate("--target", target_gguf, "--draft", converted["dflash-b16"], "--prompts", empty)
-    assert proc.returncode == 2 and "no prompts" in proc.stderr
+    assert_refused(cli("validate", "--target", target_gguf, "--draft", converted["dflash-b16"], "--prompts", empty),
+                   "no prompts")
 
 
 def _serve_command(target_gguf, draft, *server_args) -> list[str]:

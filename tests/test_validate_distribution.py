@@ -9,7 +9,8 @@ import pytest
 
 from dflash_gguf.validation.validate import is_report
 from dflash_gguf.validation.validate_sampled import Sampling
-from tests.conftest import dflash_gguf
+from tests.conftest import cli, dflash_gguf
+from tests.refusal import assert_refused
 from tests.gguf_edit import scaled_copy
 
 pytestmark = pytest.mark.integration
@@ -60,5 +61,5 @@ def test_shifted_distribution_is_caught_at_the_default_sample_size(trained_pair,
     (["--temperature", "-1"], "--temperature"),
 ])
 def test_bad_sampling_input_exits_2(args, needle, trained_pair):
-    proc = dflash_gguf("validate", "--target", trained_pair["target"], "--draft", trained_pair["dflash"], *args)
-    assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
+    assert_refused(cli("validate", "--target", trained_pair["target"], "--draft", trained_pair["dflash"], *args),
+                   needle)

@@ -8,14 +8,23 @@ both sides on the same prompts shows it.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from importlib import metadata
 from pathlib import Path
 
-from ..confine import open_in
+from ..confine import find_in, open_in
 from ..convert import layout
+from ..errors import InputError
 from ..extras import require
+from ..hashing import hash_files
 from ..inputs import parse_json
+from ..paths import cache_dir
+
+CACHE_FORMAT = 1  # bump when what a cached run holds changes
 
 
 @dataclass
@@ -67,9 +76,62 @@ def _load(draft_dir: Path, target_dir: Path):
 
 def run_reference(draft_dir: str | Path, target_dir: str | Path, prompts: list[list[int]], n_new: int,
                   stop_token_ids: list[int] | None = None) -> list[ReferenceRun]:
-    """Greedy speculative generation with the reference drafter, one run per prompt (token ids)."""
-    target, draft = _load(Path(draft_dir), Path(target_dir))
-    return speculative_runs(draft, target, prompts, n_new, stop_token_ids)
+    """Greedy speculative generation with the reference drafter, one run per prompt (token ids).
+    The runs are deterministic on the CPU, so they are kept in the cache (`<cache>/reference/`),
+    keyed by every byte of both folders, the prompts, the length and the library versions: a second
+    `validate --reference-*` of the same pair costs the hashing only."""
+    require("reference", "the z-lab PyTorch reference")
+    key = _cache_key(Path(draft_dir), Path(target_dir), prompts, n_new, stop_token_ids)
+    runs = _cached(key, len(prompts))
+    if runs is None:
+        target, draft = _load(Path(draft_dir), Path(target_dir))
+        runs = speculative_runs(draft, target, prompts, n_new, stop_token_ids)
+        _keep(key, runs)
+    return runs
+
+
+def _folder_digest(folder: Path) -> dict[str, str]:
+    return hash_files(folder, sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")))
+
+
+def _cache_key(draft_dir: Path, target_dir: Path, prompts, n_new: int, stop_token_ids) -> str:
+    import torch  # the versions are part of what the runs depend on
+
+    what = {"format": CACHE_FORMAT, "draft": _folder_digest(draft_dir), "target": _folder_digest(target_dir),
+            "prompts": prompts, "n_new": n_new, "stop": stop_token_ids, "torch": torch.__version__,
+            "transformers": metadata.version("transformers"), "dflash": metadata.version("dflash")}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _cached(key: str, n_prompts: int) -> list[ReferenceRun] | None:
+    """The kept runs, or None when there are none or the file is not what this module writes (the
+    cache is local state anyone may have changed: read confined, bounded and typed, never trusted)."""
+    opened = find_in(cache_dir() / "reference", f"{key}.json", "cached reference run")
+    if opened is None:
+        return None
+    try:
+        data = parse_json(opened.read(what="cached reference run"), opened.path)
+    except InputError:
+        return None
+    finally:
+        opened.close()
+    ints = lambda v: isinstance(v, list) and all(type(x) is int and 0 <= x < 1 << 31 for x in v)  # noqa: E731
+    if not (isinstance(data, list) and len(data) == n_prompts
+            and all(isinstance(r, dict) and set(r) == {"tokens", "acceptance_lengths"}
+                    and ints(r["tokens"]) and ints(r["acceptance_lengths"]) for r in data)):
+        return None
+    return [ReferenceRun(**r) for r in data]
+
+
+def _keep(key: str, runs: list[ReferenceRun]) -> None:
+    folder = cache_dir() / "reference"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{key}.{os.getpid()}.partial"
+        tmp.write_text(json.dumps([asdict(r) for r in runs]))
+        os.replace(tmp, folder / f"{key}.json")
+    except OSError:
+        pass  # a cache that cannot be written costs the next run its time, nothing else
 
 
 def speculative_runs(draft, target, prompts: list[list[int]], n_new: int,
