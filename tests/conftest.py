@@ -150,3 +150,23 @@ def trained_pair(tmp_path_factory, llama_bin) -> dict[str, Path]:
     from tests.fixtures.trained_gguf import trained_ggufs
 
     return trained_ggufs(tmp_path_factory.mktemp("trained"))
+
+
+@pytest.fixture(scope="session")
+def family():
+    """family(arch): build/fixtures/families/<arch>/ of the target-family zoo (tests/fixtures/
+    families.py; built into the cache on first use, target-Q4_K_M.gguf only once the patched
+    llama.cpp is built), skipping a family whose target could not be built or converted, with the
+    error line its status.json records."""
+    import json
+
+    from tests.fixtures.families import STATUS, family_folder
+
+    def get(arch: str) -> Path:
+        folder = family_folder(arch)
+        status = json.loads((folder / STATUS).read_text())
+        if not (folder / "target-F16.gguf").is_file():
+            pytest.skip(f"{arch}: {status.get('F16') or status.get('hf')}")
+        return folder
+
+    return get

@@ -64,7 +64,9 @@ def reference_draft(drafter_dir: Path, target_dir: Path, context_ids: list[int],
     every layer non-causal, what upstream llama.cpp does without `dflash.attention.causal`); the
     model is restored afterwards.
     """
-    from dflash.model import _draft_value, _output_head, _raw_input_embeddings, extract_context_feature
+    from dflash.model import _output_head
+
+    from dflash_gguf.validation.draft_parity import block_hidden, block_logits
 
     target = _target(str(target_dir))
     draft = _drafter(str(drafter_dir))
@@ -73,29 +75,18 @@ def reference_draft(drafter_dir: Path, target_dir: Path, context_ids: list[int],
     if causal is not None and len(causal) != len(layers):
         raise ValueError(f"causal has {len(causal)} entries for a drafter of {len(layers)} layers")
 
-    dspark = hasattr(draft, "markov_head")
-    context = torch.tensor([context_ids], dtype=torch.long)
-    block = torch.full((1, n_draft + (0 if dspark else 1)), int(draft.mask_token_id), dtype=torch.long)
-    block[0, 0] = id_last
     try:
         for attn, value in zip(layers, causal if causal is not None else saved):
             attn.is_causal = value
+        if not hasattr(draft, "markov_head"):
+            return block_logits(draft, target, context_ids, id_last, n_draft, mask_embedding).argmax(-1).tolist()
+        block = torch.full((1, n_draft), int(draft.mask_token_id), dtype=torch.long)
+        block[0, 0] = id_last
+        h = block_hidden(draft, target, context_ids, block, mask_embedding)
         with torch.inference_mode():
-            out = target(context, output_hidden_states=True)
-            hidden = extract_context_feature(out.hidden_states, draft.target_layer_ids)
-            scale = float(_draft_value(draft.config, "input_embedding_scale", 1.0))
-            noise = _raw_input_embeddings(target, block, scale)
-            if mask_embedding is not None:
-                noise[block == int(draft.mask_token_id)] = mask_embedding.to(noise.dtype) * scale
-            positions = torch.arange(context.shape[1] + block.shape[1])[None]
-            h = draft(target_hidden=hidden, noise_embedding=noise, position_ids=positions)
-            if dspark:
-                tokens, confidence = draft.draft(h, block[:, 0], _output_head(target))
-                kept = n_draft if p_min <= 0 else int((confidence[0] >= p_min).cumprod(0).sum())
-                return tokens[0, :kept].tolist()
-            h = h[:, 1:, :]
-            logits = draft.compute_logits(h, _output_head(target))
-            return torch.argmax(logits, dim=-1)[0].tolist()
+            tokens, confidence = draft.draft(h, block[:, 0], _output_head(target))
+        kept = n_draft if p_min <= 0 else int((confidence[0] >= p_min).cumprod(0).sum())
+        return tokens[0, :kept].tolist()
     finally:
         for attn, value in zip(layers, saved):
             attn.is_causal = value

@@ -74,3 +74,44 @@ def test_noise_is_the_largest_logit_difference_per_width_where_both_runs_agree()
     noise: dict[int, float] = {}
     noise_by_width(spec_rows, plain_rows, agree=2, into=noise)  # the third position is past the divergence
     assert set(noise) == {4, 5} and noise[5] == 0.0 and abs(noise[4] - 0.1) < 1e-6
+
+
+# A request on a target without recurrent-state snapshots (qwen3next): its prompt split 4 tokens
+# before the end, a draft step rejected and rolled back through the checkpoint, the step that
+# verifies again the token the target took (it logs one accepted fewer than it took), then a plain step.
+RESTORE_LOG = """\
+0.01.000.000 D slot update_slots: id  0 | task 7 | main/do_checkpoint = no, pos_min = -1, pos_max = -1
+0.01.100.000 D slot update_slots: id  0 | task 7 | main/do_checkpoint = yes, pos_min = 0, pos_max = 9
+0.01.200.000 D slot process_toke: id  0 | task 7 | n_gen = 1, n_remaining = 5, next token:   500 'a'
+0.01.300.000 D dflash draft: seq_id=0 pos=14 id_last=500 n=3 ids=[1,2,3]
+0.01.300.100 D slot update_slots: id  0 | task 7 | created speculative checkpoint (pos_min = 0, pos_max = 13, n_tokens = 14, size = 0.1 MiB, draft = 0.0 MiB)
+0.01.300.200 D slot handle_last_: id  0 | task 7 | generate_draft: id=500, #tokens=14, #draft=3, pos_next=14
+0.01.400.000 D slot   operator(): id  0 | task 7 | restoring speculative checkpoint (pos_min = 0, pos_max = 13, size = 123)
+0.01.500.000 D slot handle_last_: id  0 | task 7 | generate_draft: id=500, #tokens=14, #draft=1, pos_next=14
+0.01.600.000 D slot process_toke: id  0 | task 7 | n_gen = 2, n_remaining = 4, next token:   600 'b'
+0.01.600.000 D slot process_toke: id  0 | task 7 | n_gen = 3, n_remaining = 3, next token:   700 'c'
+0.01.600.100 D slot   operator(): id  0 | task 7 | accepted 0/1 draft tokens, new n_tokens = 16
+0.01.700.000 D slot handle_last_: id  0 | task 7 | slot decode token, id=700, n_ctx = 256, n_tokens = 16, truncated = 0
+0.01.800.000 D slot process_toke: id  0 | task 7 | n_gen = 4, n_remaining = 2, next token:   800 'd'
+"""
+
+
+def test_a_restore_and_the_step_after_it_are_read_from_the_server_log(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(RESTORE_LOG)
+    (task,) = read_steps(log)
+    assert task.prompt_batches == [0, 10] and task.tokens == [500, 600, 700, 800] and task.restores == 1
+    restored, again, plain = task.steps
+    assert (restored.position, restored.width, restored.drafts, restored.restored_from) == (14, 4, [1, 2, 3], 14)
+    assert restored.emitted(remaining=3) == 0  # a restored step emits nothing
+    assert (again.position, again.width, again.replay, again.accepted, again.restored_from) == (14, 2, True, 0, None)
+    assert again.emitted(remaining=3) == 2  # the token it verified again, and its own
+    assert (plain.position, plain.width, plain.replay) == (16, 1, False)
+
+
+def test_the_replay_keeps_as_many_recurrent_snapshots_as_the_server():
+    from dflash_gguf.validation.replay import ServerContext
+
+    speculative = ["-m", "t.gguf", "-md", "d.gguf", "--spec-type", "draft-dflash", "--spec-draft-n-max", "7"]
+    assert ServerContext.from_args(speculative, 512).n_rs_seq == 7  # llama-server: need_n_rs_seq() = n_max
+    assert ServerContext.from_args(["-m", "t.gguf"], 512).n_rs_seq == 0  # the target alone keeps none

@@ -12,9 +12,10 @@ from dflash_gguf.runner.sdist import upstream_converter
 from tests.fixtures.tiny_models import cached_fixtures
 
 
-def run_upstream_converter(src: Path, out: Path, outtype: str, target_dir: Path | None = None) -> Path:
+def run_upstream_converter(src: Path, out: Path, outtype: str, target_dir: Path | None = None,
+                           extra: tuple[str, ...] = ()) -> Path:
     script, gguf_py = upstream_converter()
-    cmd = [sys.executable, str(script), str(src), "--outfile", str(out), "--outtype", outtype]
+    cmd = [sys.executable, str(script), str(src), "--outfile", str(out), "--outtype", outtype, *extra]
     if target_dir is not None:
         cmd += ["--target-model-dir", str(target_dir)]
     proc = subprocess.run(cmd, cwd=script.parent, env={**os.environ, "PYTHONPATH": str(gguf_py)},

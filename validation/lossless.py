@@ -49,11 +49,33 @@ class Finding:
         return {k: v for k, v in asdict(self).items() if v is not None and v != ""}
 
 
+NOT_REPLAYED = "no verify batch in the server's log reaches it, so the replay could not evaluate it"
+
+
 @dataclass
 class PromptJudgement:
     checked: int
     findings: list[Finding] = field(default_factory=list)
     first_divergence: int | None = None
+    margins: list[float] = field(default_factory=list)  # per replayed token: logit(argmax) - logit(emitted)
+
+    def not_proven(self, produced: Sequence[int], checked: int | None = None) -> list[dict]:
+        """The tokens of `produced` that are not their replayed batch's argmax, each with why; only the
+        first `checked` count as replayed (default: every replayed row)."""
+        checked = len(self.margins) if checked is None else min(checked, len(self.margins))
+        why = {f.position: f.kind for f in self.findings}
+        result = []
+        for i, token in enumerate(produced):
+            if i >= checked:
+                reason = NOT_REPLAYED if i >= len(self.margins) else \
+                    "differs from the one-at-a-time pass whose batches were replayed (in flight with other requests)"
+            elif self.margins[i] > 0:
+                reason = (f"{why.get(i, MISMATCH)}: not the argmax of its replayed batch "
+                          f"(margin {self.margins[i]:.6f})")
+            else:
+                continue
+            result.append({"position": i, "token": int(token), "why": reason})
+        return result
 
     @property
     def mismatches(self) -> int:
@@ -86,7 +108,8 @@ def judge(speculative: Sequence[int], alone: Sequence[int], spec_rows: Sequence[
           tolerance: float = 0.0) -> PromptJudgement:
     """Every emitted token against its batch's argmax; the first difference from plain decoding
     explained. `plain_rows` are plain decoding's rows for the target-alone tokens."""
-    result = PromptJudgement(checked=len(spec_rows), first_divergence=first_divergence(list(speculative), list(alone)))
+    result = PromptJudgement(checked=len(spec_rows), first_divergence=first_divergence(list(speculative), list(alone)),
+                             margins=[row.margin for row in spec_rows])
     for i, row in enumerate(spec_rows):
         if row.margin > tolerance:
             result.findings.append(Finding(MISMATCH, i, int(speculative[i]), row.argmax, round(row.margin, 6),

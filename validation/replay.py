@@ -12,6 +12,15 @@ the same positions in batches of the same width, the rejected drafts' cache entr
 each step as the server removes them. Row r of a step is then exactly what the target computed for
 the token after it, without the drafter; `validation/lossless.py` compares it with what the run
 emitted.
+
+Recurrent and hybrid targets (Gated DeltaNet, short conv, Mamba-2) and sliding-window ones follow
+the server's memory too: the context keeps as many recurrent-state snapshots per sequence as the
+server's (`n_rs_seq`, which llama-server sets to the draft length for DFlash and DSpark), so a
+partial rollback is the same `llama_memory_seq_rm`; the prompt goes in the batches the server
+split it into; and a step the server rolled back through a checkpoint is rolled back the same way:
+the sequence's partial state saved before the step (`llama_state_seq_get_data_ext`,
+LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY), loaded after it, the cache dropped from the checkpoint on,
+then the server's next step, which verifies the tokens the target took.
 """
 
 from __future__ import annotations
@@ -33,6 +42,9 @@ TOP = 8  # logits kept per row: the top few, for the report and the noise measur
 
 # llama-server's own defaults (common/common.h) for what decides the numerics
 _N_BATCH, _N_UBATCH = 2048, 512
+_DRAFT_N_MAX = 3
+# the speculative types for which the server keeps recurrent-state snapshots (need_n_rs_seq)
+_SNAPSHOT_SPEC_TYPES = {"draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark"}
 _CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30,
                 "iq4_nl": 20}
 _FLASH = {"on": 1, "off": 0, "auto": -1, "enabled": 1, "disabled": 0}
@@ -54,6 +66,7 @@ class ServerContext:
     repack: bool = True
     swa_full: bool = False
     kv_unified: bool = True
+    n_rs_seq: int = 0  # recurrent-state snapshots per sequence (llama.cpp clamps it to 0 for other targets)
     reference_kernels: bool = False  # the server ran with EXACT_ENV (--exact)
 
     @classmethod
@@ -65,6 +78,7 @@ class ServerContext:
             return int(value) if value is not None else default
 
         flash = (given.value_of(("-fa", "--flash-attn")) or "auto").lower()
+        spec_types = set((given.value_of(("--spec-type",)) or "").lower().split(","))
         return cls(
             n_ctx=number(("-c", "--ctx-size"), n_ctx),
             n_seq=number(("-np", "--parallel"), 1),
@@ -78,6 +92,7 @@ class ServerContext:
             repack="--no-repack" not in given.passthrough and "-nr" not in given.passthrough,
             swa_full="--swa-full" in given.passthrough,
             kv_unified="-no-kvu" not in given.passthrough and "--no-kv-unified" not in given.passthrough,
+            n_rs_seq=number(("--spec-draft-n-max",), _DRAFT_N_MAX) if spec_types & _SNAPSHOT_SPEC_TYPES else 0,
             reference_kernels=reference_kernels,
         )
 
@@ -146,6 +161,7 @@ class Replay:
         cparams.flash_attn_type = c.flash_attn
         cparams.type_k, cparams.type_v = c.type_k, c.type_v
         cparams.swa_full, cparams.kv_unified = c.swa_full, c.kv_unified
+        cparams.n_rs_seq = c.n_rs_seq
         with _environment(EXACT_ENV if c.reference_kernels else {}):  # read when the CPU backend starts
             self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -189,7 +205,27 @@ class Replay:
 
     def _forget_after(self, position: int) -> None:
         lib = self._lib
-        lib.llama_memory_seq_rm(lib.llama_get_memory(self._ctx), 0, position, -1)
+        if not lib.llama_memory_seq_rm(lib.llama_get_memory(self._ctx), 0, position, -1):
+            raise RuntimeError(f"the replay cannot drop the cache from position {position} on, as the server did "
+                               f"(n_rs_seq = {self.context.n_rs_seq})")
+
+    def _checkpoint(self) -> bytes:
+        """The sequence's partial state (what cannot be rolled back), as the server saves it."""
+        lib, flags = self._lib, self._lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = lib.llama_state_seq_get_size_ext(self._ctx, 0, flags)
+        buffer = (ctypes.c_uint8 * size)()
+        if lib.llama_state_seq_get_data_ext(self._ctx, buffer, size, 0, flags) != size:
+            raise RuntimeError("the replay could not save the checkpoint")
+        return bytes(buffer)
+
+    def _restore(self, checkpoint: bytes, position: int) -> None:
+        """The server's restore: the saved partial state back, the cache from `position` on dropped."""
+        lib = self._lib
+        buffer = (ctypes.c_uint8 * len(checkpoint)).from_buffer_copy(checkpoint)
+        flags = lib.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        if lib.llama_state_seq_set_data_ext(self._ctx, buffer, len(checkpoint), 0, flags) != len(checkpoint):
+            raise RuntimeError("the replay could not restore the checkpoint")
+        self._forget_after(position)
 
     @staticmethod
     def _row(logits: np.ndarray, position: int, width: int, emitted: int) -> Row:
@@ -201,24 +237,36 @@ class Replay:
         return Row(position, width, best, top.astype(np.int64), logits[top].astype(np.float32),
                    float(logits[int(emitted)]))
 
-    def run(self, prompt: Sequence[int], emitted: Sequence[int], steps: Sequence[Step]) -> list[Row]:
+    def _prompt_batches(self, n_prompt: int, starts: Sequence[int]) -> list[int]:
+        """Where each of the prompt's batches begins: the server's, when its log said, else every
+        n_batch tokens as it queues a prompt without checkpoints."""
+        starts = sorted({0, *(s for s in starts if 0 < s < n_prompt)})
+        if len(starts) == 1:
+            starts = list(range(0, n_prompt, self.context.n_batch))
+        return starts
+
+    def run(self, prompt: Sequence[int], emitted: Sequence[int], steps: Sequence[Step],
+            prompt_batches: Sequence[int] = (), logged: Sequence[int] = ()) -> list[Row]:
         """The row that produced each emitted token (the first: the prompt's last row; then each
-        step's), evaluated in the server's batches. Fewer rows than tokens when the steps stop
-        short (a log that does not cover the run); the caller counts what was checked."""
+        step's), evaluated in the server's batches, its rollbacks and restores followed. Fewer
+        rows than tokens when the steps stop short (a log that does not cover the run); the
+        caller counts what was checked. A batch's drafts that the log does not give (a step that
+        verifies again what a restore took back) are the tokens the server `logged` as emitted,
+        where it logged them all, else the `emitted` ones."""
         prompt, emitted = [int(t) for t in prompt], [int(t) for t in emitted]
+        source = [int(t) for t in logged] if len(logged) == len(emitted) else emitted
         lib = self._lib
         lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
         if not emitted:
             return []
         rows: list[Row] = []
-        # the prompt, in n_batch chunks as the server queues it (llama_decode splits the ubatches)
-        chunks = [prompt[i:i + self.context.n_batch] for i in range(0, len(prompt), self.context.n_batch)]
-        for n, chunk in enumerate(chunks):
-            start = n * self.context.n_batch
-            last = [len(chunk) - 1] if n == len(chunks) - 1 else []
-            out = self._decode(chunk, start, last)
-        rows.append(self._row(out[0], len(prompt) - 1, len(chunks[-1]), emitted[0]))
+        starts = self._prompt_batches(len(prompt), prompt_batches)
+        for start, end in zip(starts, starts[1:] + [len(prompt)]):
+            # llama_decode splits each batch into ubatches as the server's call does
+            out = self._decode(prompt[start:end], start, [end - start - 1] if end == len(prompt) else [])
+        rows.append(self._row(out[0], len(prompt) - 1, len(prompt) - starts[-1], emitted[0]))
         done = 1
+        checkpoint = b""
         for step in steps:
             remaining = len(emitted) - done
             if remaining <= 0:
@@ -228,16 +276,21 @@ class Replay:
             n_emit = step.emitted(remaining)
             drafts = list(step.drafts) if len(step.drafts) == step.width - 1 else []
             if not drafts:  # not logged: the emitted tokens stand in (rejected rows come after every checked row)
-                drafts = (emitted[done:done + step.width - 1] + [emitted[done + n_emit - 1]] * step.width)[:step.width - 1]
+                drafts = (source[done:done + step.width - 1] + [source[done + n_emit - 1]] * step.width)[:step.width - 1]
             tokens = [step.last] + drafts  # the server's batch, even where a response says otherwise
+            if step.restored_from is not None and not step.replay:
+                checkpoint = self._checkpoint()  # saved before the verify batch; a replay step reuses it
             logits = self._decode(tokens, step.position, list(range(step.width)))
+            if step.restored_from is not None:
+                self._restore(checkpoint, step.restored_from)
+                continue
             for r in range(n_emit):
                 rows.append(self._row(logits[r], step.position + r, step.width, emitted[done + r]))
             done += n_emit
             self._forget_after(step.position + n_emit)
         return rows
 
-    def plain(self, prompt: Sequence[int], emitted: Sequence[int]) -> list[Row]:
+    def plain(self, prompt: Sequence[int], emitted: Sequence[int], prompt_batches: Sequence[int] = ()) -> list[Row]:
         """The rows of plain decoding: one token per batch."""
         steps = [Step(len(prompt) + i - 1, 1, int(t)) for i, t in enumerate(emitted[:-1], start=1)]
-        return self.run(prompt, emitted, steps)
+        return self.run(prompt, emitted, steps, prompt_batches)

@@ -7,6 +7,18 @@ the target's own are emitted. llama-server logs each of these at debug verbosity
 (tools/server/server-context.cpp: `generate_draft`, `slot decode token`, `accepted N/M draft
 tokens`), and patch 0003 the drafts themselves (`dflash draft:`), so the validator can evaluate the
 very same batches again without the drafter (validation/replay.py).
+
+Two more things decide what the target computed on recurrent, hybrid and sliding-window targets,
+and the log has both:
+- the prompt's batches: for such targets the server ends a prompt batch a few tokens before the
+  prompt's end, to checkpoint there (server-context.cpp, `checkpoint_offsets`); each prompt batch
+  logs `main/do_checkpoint = ..., pos_max = P` before it is decoded, P being the last position
+  already in the cache;
+- rollbacks through a checkpoint: where the target's memory cannot drop a step's rejected rows
+  (no recurrent-state snapshots for them), the server saves the sequence's partial state before
+  the verify batch, and when drafts are rejected it logs `restoring speculative checkpoint`, loads
+  that state, drops the cache from `pos_max + 1` on and emits nothing; the next step verifies the
+  tokens the target took (its `accepted` then counts one fewer than it took: `spec_is_replay`).
 """
 
 from __future__ import annotations
@@ -23,8 +35,9 @@ _DRAFT_STEP = re.compile(_SLOT + r"generate_draft: id=(?P<last>-?\d+), #tokens=\
 _PLAIN_STEP = re.compile(_SLOT + r"slot decode token, id=(?P<last>-?\d+), n_ctx = \d+, n_tokens = (?P<pos>\d+)")
 _ACCEPTED = re.compile(_SLOT + r"accepted (?P<a>\d+)/(?P<n>\d+) draft tokens, new n_tokens")
 _DRAFTS = re.compile(r"dflash draft: seq_id=(?P<seq>\d+) pos=(?P<pos>\d+) id_last=-?\d+ n=\d+ ids=\[(?P<ids>[0-9,]*)\]")
-_TOKEN = re.compile(_SLOT + r"n_gen = \d+, n_remaining = -?\d+, next token:")  # every request emits one
-_RESTORE = re.compile(_SLOT + r"restoring speculative checkpoint")
+_TOKEN = re.compile(_SLOT + r"n_gen = \d+, n_remaining = -?\d+, next token:\s*(?P<id>-?\d+)")  # every request emits one
+_RESTORE = re.compile(_SLOT + r"restoring speculative checkpoint \(pos_min = -?\d+, pos_max = (?P<pos>-?\d+)")
+_PROMPT_BATCH = re.compile(_SLOT + r"main/do_checkpoint = \w+, pos_min = -?\d+, pos_max = (?P<pos>-?\d+)")
 
 
 @dataclass
@@ -35,25 +48,38 @@ class Step:
     width: int
     last: int
     drafts: list[int] = field(default_factory=list)  # as drafted (patch 0003), trimmed to width - 1
+    proposed: list[int] = field(default_factory=list)  # the drafter's whole block (patch 0003), untrimmed
     accepted: int | None = None  # drafts accepted; None for a plain step, or a request's last step
     #                              when the request ended inside it (the server logs no count then)
+    restored_from: int | None = None  # rolled back through the checkpoint: the cache from here on dropped
+    replay: bool = False  # verifies again what the target took before a restore (its drafts: those tokens)
 
     def emitted(self, remaining: int) -> int:
         """Tokens of the request this step emitted, `remaining` being those not yet accounted for."""
+        if self.restored_from is not None:
+            return 0
         if self.width == 1:
             return min(1, remaining)
-        return min(self.accepted + 1, remaining) if self.accepted is not None else min(self.width, remaining)
+        if self.accepted is None:
+            return min(self.width, remaining)
+        # a replay step's count leaves out the one token it re-verified that the target chose itself
+        return min(self.accepted + 1 + self.replay, remaining)
 
 
 @dataclass
 class TaskSteps:
-    """Every generation step of one request (task), in order; `restored` when the server rolled a
-    step back through a checkpoint (recurrent or SWA targets), which a replay does not follow."""
+    """Every generation step of one request (task), in order, and where its prompt batches began
+    (empty when the log does not say)."""
 
     task: int
     slot: int
     steps: list[Step] = field(default_factory=list)
-    restored: bool = False
+    prompt_batches: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # what the server emitted, by its own log
+
+    @property
+    def restores(self) -> int:
+        return sum(step.restored_from is not None for step in self.steps)
 
 
 def read_steps(log: Path) -> list[TaskSteps]:
@@ -76,20 +102,29 @@ def read_steps(log: Path) -> list[TaskSteps]:
                     n = int(m["n"])
                     drafted = pending_drafts.pop(slot, None)
                     drafts = drafted[1][:n] if drafted is not None and drafted[0] == pos else []
-                    step = Step(pos, n + 1, int(m["last"]), drafts if len(drafts) == n else [])
+                    previous = entry.steps[-1] if entry.steps else None
+                    replay = previous is not None and previous.restored_from is not None
+                    step = Step(pos, n + 1, int(m["last"]), drafts if len(drafts) == n else [],
+                                drafted[1] if drafted is not None and drafted[0] == pos else [], replay=replay)
                     open_step[task] = step
                 else:
                     step = Step(pos, 1, int(m["last"]))
                 entry.steps.append(step)
                 continue
             if (m := _TOKEN.search(line)) is not None:
-                tasks.setdefault(int(m["task"]), TaskSteps(int(m["task"]), int(m["slot"])))
+                tasks.setdefault(int(m["task"]), TaskSteps(int(m["task"]), int(m["slot"]))).tokens.append(int(m["id"]))
                 continue
             if (m := _ACCEPTED.search(line)) is not None:
                 step = open_step.pop(int(m["task"]), None)
                 if step is not None:
                     step.accepted = int(m["a"])
                 continue
-            if (m := _RESTORE.search(line)) is not None and int(m["task"]) in tasks:
-                tasks[int(m["task"])].restored = True
+            if (m := _PROMPT_BATCH.search(line)) is not None:
+                entry = tasks.setdefault(int(m["task"]), TaskSteps(int(m["task"]), int(m["slot"])))
+                entry.prompt_batches.append(int(m["pos"]) + 1)
+                continue
+            if (m := _RESTORE.search(line)) is not None:
+                step = open_step.pop(int(m["task"]), None)
+                if step is not None:
+                    step.restored_from = int(m["pos"]) + 1
     return [t for t in tasks.values() if t.task >= 0]

@@ -6,8 +6,10 @@ arguments; validate adds a context size when none is given and the debug verbosi
 server's steps, and its report says so. Every token the speculative run emitted is then proven
 against the batch that produced it: the target alone, in-process on the same patched libllama
 with the server's context, evaluates the run's own batches again (validation/replay.py, from the
-steps in the server's log, validation/server_steps.py), and each emitted token must be its
-argmax there (validation/lossless.py). Whether the output is also identical to the target-alone
+steps in the server's log, validation/server_steps.py; on recurrent, hybrid and sliding-window
+targets its prompt batches, snapshots and checkpoint restores too), and each emitted token must be
+its argmax there (validation/lossless.py): `proven_by_replay` counts those that are, and each one
+that is not is named with why. Whether the output is also identical to the target-alone
 run is reported apart, with the first difference explained. Acceptance comes from the server's
 per-request `timings`; speed from a sequential pass of each server on the same build and prompts.
 """
@@ -36,7 +38,7 @@ from ..runner.prompts import Prompt, size_bound, tokenize_prompts
 from . import compare
 from .lossless import MISMATCH, NUMERICAL, judge, noise_by_width
 from .replay import Replay, ServerContext
-from .server_steps import DEBUG_ARGS, read_steps
+from .server_steps import DEBUG_ARGS, TaskSteps, read_steps
 
 log = logging.getLogger(__name__)
 
@@ -58,18 +60,24 @@ class ValidationSettings:
         return (["-t", str(self.threads)] if self.threads else []) + [str(a) for a in self.server_args]
 
 
-def _reference_parity(settings: ValidationSettings, prompt_ids: list[list[int]], progress: Progress) -> dict | None:
+def _reference_parity(settings: ValidationSettings, prompt_ids: list[list[int]], spec: ServerRun,
+                      spec_tasks: list[TaskSteps], progress: Progress) -> dict | None:
     if settings.reference_draft is None:
         return None
+    from .draft_parity import draft_parity
     from .reference import run_reference
 
     progress("reference: running the z-lab PyTorch drafter on the same token ids")
     runs = run_reference(settings.reference_draft, settings.reference_target, prompt_ids, settings.n_predict)
     steps = sum(len(r.acceptance_lengths) for r in runs)
     tau = sum(sum(r.acceptance_lengths) for r in runs) / steps if steps else 0.0
+    progress("reference: drafting every block llama.cpp drafted, at the same context, in float32 and float16")
+    parity = draft_parity(settings.reference_draft, settings.reference_target, prompt_ids,
+                          [c.tokens for c in spec.sequential], [task.steps for task in spec_tasks])
     return {"mean_acceptance_length": round(tau, 4), "draft": str(settings.reference_draft),
             "target": str(settings.reference_target),
-            "prompts": [{"tokens": len(r.tokens), "mean_acceptance_length": round(r.tau, 4)} for r in runs]}
+            "prompts": [{"tokens": len(r.tokens), "mean_acceptance_length": round(r.tau, 4)} for r in runs],
+            "draft_parity": parity}
 
 
 def run_server(launch: Launch, prompts: list[list[int]] | Sequence[Prompt], settings: ValidationSettings,
@@ -98,28 +106,40 @@ def run_server(launch: Launch, prompts: list[list[int]] | Sequence[Prompt], sett
     return ServerRun(completions, sequential), prompts, command
 
 
-def _check_tokens(spec: ServerRun, alone: ServerRun, prompt_ids: list[list[int]], steps_log: Path, command: list[str],
-                  model: Path, bin_dir: Path, n_ctx: int, reference_kernels: bool,
+def _replayed(model: Path, contexts: list[ServerContext], bin_dir: Path, jobs: list) -> list[list]:
+    """Each job list run on a Replay of `model` with its context (one load where the contexts agree)."""
+    results: list[list] = [[] for _ in contexts]
+    for context in dict.fromkeys(contexts):
+        with Replay(model, context, bin_dir=bin_dir) as replay:
+            for n, c in enumerate(contexts):
+                if c == context:
+                    results[n] = [job(replay) for job in jobs[n]]
+    return results
+
+
+def _check_tokens(spec: ServerRun, alone: ServerRun, prompt_ids: list[list[int]], tasks: dict[str, list[TaskSteps]],
+                  commands: dict[str, list[str]], model: Path, bin_dir: Path, n_ctx: int, reference_kernels: bool,
                   progress: Progress) -> tuple[list, dict]:
     """Replay the one-at-a-time speculative pass batch by batch on `model` alone, and plain decoding
-    of the target-alone pass; judge every token. The judgements per prompt, and what the replay was."""
-    tasks = read_steps(steps_log)[-len(prompt_ids):]  # the last requests are the one-at-a-time pass
-    context = ServerContext.from_args(command[1:], n_ctx, reference_kernels)
+    of the target-alone pass, each with its server's context and prompt batches; judge every token.
+    The judgements per prompt, and what the replay was."""
+    contexts = [ServerContext.from_args(commands[run][1:], n_ctx, reference_kernels) for run in ("speculative", "alone")]
+    progress(f"replaying every verify batch of the speculative run on {model.name} alone")
+    spec_jobs = [lambda r, ids=ids, c=c, task=task: r.run(ids, c.tokens, task.steps, task.prompt_batches, task.tokens)
+                 for ids, c, task in zip(prompt_ids, spec.sequential, tasks["speculative"])]
+    plain_jobs = [lambda r, ids=ids, c=c, task=task: r.plain(ids, c.tokens, task.prompt_batches)
+                  for ids, c, task in zip(prompt_ids, alone.sequential, tasks["alone"])]
+    spec_rows, plain_rows = _replayed(model, contexts, bin_dir, [spec_jobs, plain_jobs])
     noise: dict[int, float] = {}
-    runs = []
-    with Replay(model, context, bin_dir=bin_dir) as replay:
-        progress(f"replaying every verify batch of the speculative run on {model.name} alone")
-        for ids, s, t, task in zip(prompt_ids, spec.sequential, alone.sequential, tasks):
-            plain = replay.plain(ids, t.tokens)
-            rows = replay.run(ids, s.tokens, task.steps) if not task.restored else []
-            agree = compare.first_divergence(s.tokens, t.tokens)
-            noise_by_width(rows, plain, len(rows) if agree is None else agree, noise)
-            runs.append((s, t, rows, plain))
-    reproduced = sum(sum(r.margin == 0 for r in plain) for *_, plain in runs)
-    alone_tokens = sum(len(t.tokens) for _, t, _, _ in runs)
+    for s, t, rows, plain in zip(spec.sequential, alone.sequential, spec_rows, plain_rows):
+        agree = compare.first_divergence(s.tokens, t.tokens)
+        noise_by_width(rows, plain, len(rows) if agree is None else agree, noise)
+    reproduced = sum(sum(r.margin == 0 for r in plain) for plain in plain_rows)
+    alone_tokens = sum(len(t.tokens) for t in alone.sequential)
     exact = reproduced == alone_tokens
     tolerance = 0.0 if exact else max(noise.values(), default=0.0)
-    judgements = [judge(s.tokens, t.tokens, rows, plain, tolerance) for s, t, rows, plain in runs]
+    judgements = [judge(s.tokens, t.tokens, rows, plain, tolerance)
+                  for s, t, rows, plain in zip(spec.sequential, alone.sequential, spec_rows, plain_rows)]
     replay_info = {
         "exact": exact, "alone_tokens": alone_tokens, "alone_tokens_reproduced": reproduced,
         "tolerance": round(tolerance, 6),
@@ -127,7 +147,8 @@ def _check_tokens(spec: ServerRun, alone: ServerRun, prompt_ids: list[list[int]]
         "the replay did not reproduce the target-alone run; margins up to the largest batching noise "
         "measured in this run (noise_by_width) count as numerical",
         "noise_by_width": {str(w): round(v, 6) for w, v in sorted(noise.items())},
-        "context": dataclasses.asdict(context), "model": str(model),
+        "restores": sum(task.restores for task in tasks["speculative"]),
+        "context": dataclasses.asdict(contexts[0]), "model": str(model),
     }
     return judgements, replay_info
 
@@ -146,28 +167,33 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], s
                               prompts, settings.n_predict).adding(*DEBUG_ARGS)
     bin_dir = find_bin_dir(settings.backend, settings.llama_bin)
     n_ctx = max(size_bound(p) for p in prompts) + settings.n_predict + 64
-    with tempfile.TemporaryDirectory(prefix="dflash-validate-") as logs:
-        steps_log = Path(logs) / "speculative.log"
+    with tempfile.TemporaryDirectory(prefix="dflash-validate-") as folder:
+        logs = {run: Path(folder) / f"{run}.log" for run in ("speculative", "alone")}
         spec, prompt_ids, spec_command = run_server(launch, list(prompts), settings, bin_dir, "speculative",
-                                                    progress, log_path=steps_log)
+                                                    progress, log_path=logs["speculative"])
         alone, _, alone_command = run_server(launch.alone(baseline), prompt_ids, settings, bin_dir, "target alone",
-                                              progress)
-        judgements, replay_info = _check_tokens(spec, alone, prompt_ids, steps_log, spec_command, baseline, bin_dir,
-                                                n_ctx * launch.parallel, launch.exact, progress)
+                                              progress, log_path=logs["alone"])
+        # the last requests of each log are its one-at-a-time pass
+        tasks = {run: read_steps(logs[run])[-len(prompt_ids):] for run in logs}
+        judgements, replay_info = _check_tokens(spec, alone, prompt_ids, tasks,
+                                                {"speculative": spec_command, "alone": alone_command}, baseline,
+                                                bin_dir, n_ctx * launch.parallel, launch.exact, progress)
 
     results, divergences = [], []
     for text, s, seq, t, j in zip(prompts, spec.completions, spec.sequential, alone.completions, judgements):
         # in flight together (-np > 1), a prompt's tokens are proven when they are the one-at-a-time pass's
         checked = j.checked if s.tokens == seq.tokens else min(j.checked, compare.first_divergence(s.tokens, seq.tokens))
+        not_proven = j.not_proven(s.tokens, checked)
         results.append({"prompt": str(text), "exact": s.tokens == t.tokens, "lossless": not j.mismatches,
                         "tokens": len(t.tokens), "produced": s.n_predicted, "positions_checked": checked,
+                        "proven_by_replay": len(s.tokens) - len(not_proven), "not_proven": not_proven,
                         "first_divergence": compare.first_divergence(s.tokens, t.tokens),
                         "numerical": j.numerical, "mismatches": j.mismatches,
                         "draft_n": s.draft_n, "draft_n_accepted": s.draft_n_accepted})
         divergences += [{"prompt": str(text), **f.to_dict()} for f in j.findings]
 
     totals = spec.totals()
-    reference = _reference_parity(settings, prompt_ids, progress)
+    reference = _reference_parity(settings, prompt_ids, spec, tasks["speculative"], progress)
     tps_target, tps_spec = alone.tokens_per_second(), spec.tokens_per_second()
     return {
         "exact": all(r["exact"] for r in results),
@@ -177,6 +203,7 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], s
             totals["produced"], totals["accepted"], len(prompt_ids)), 4),
         "acceptance_rate": round(acceptance_rate(totals["drafted"], totals["accepted"]), 4),
         "drafted": totals["drafted"], "accepted": totals["accepted"], "produced": totals["produced"],
+        "proven_by_replay": sum(r["proven_by_replay"] for r in results),
         "positions_checked": sum(r["positions_checked"] for r in results),
         "tokens_per_second": {"target": round(tps_target, 2), "speculative": round(tps_spec, 2)},
         "speedup": round(tps_spec / tps_target, 3) if tps_target else None,

@@ -87,6 +87,14 @@ def _print_table(report: dict) -> None:
         click.echo(f"  what it means         {text}")
     click.echo(f"tokens checked          {report['positions_checked']} of {report['produced']} produced, each against "
                "a replay of its own verify batch")
+    click.echo(f"proven by replay        {report['proven_by_replay']} of {report['produced']} tokens are the target's "
+               "argmax in the replay of their own verify batch"
+               + (f" ({replay['restores']} checkpoint restores followed)" if replay.get("restores") else ""))
+    for i, r in enumerate(report["prompts"], 1):
+        for miss in r["not_proven"][:3]:
+            click.echo(f"  prompt {i}, new token {miss['position']} ({miss['token']}): {miss['why']}")
+        if len(r["not_proven"]) > 3:
+            click.echo(f"  prompt {i}: {len(r['not_proven']) - 3} more not proven (see the JSON report)")
     if replay["exact"]:
         click.echo(f"replay                  exact: reproduced all {replay['alone_tokens']} tokens of the target-alone run")
     else:
@@ -97,6 +105,17 @@ def _print_table(report: dict) -> None:
     click.echo(f"mean acceptance length  {report['mean_acceptance_length']:.3f} tokens per target step (tau)")
     if report.get("reference"):
         click.echo(f"  reference (PyTorch)   {report['reference']['mean_acceptance_length']:.3f}")
+        parity = report["reference"]["draft_parity"]
+        if parity["steps"]:
+            click.echo(f"draft parity            first token {parity['first_position_equal']:.1%}, whole block "
+                       f"{parity['block_equal']:.1%} of {parity['steps']} steps equal the reference's; "
+                       f"{parity['systematic']} of {parity['differing_steps']} differing steps beyond the "
+                       f"F16-vs-F32 noise ({parity['noise_f16_vs_f32']:.4f})")
+            if (d := parity["first_differing_step"]) is not None:
+                click.echo(f"  first difference      prompt {d['prompt'] + 1}, position {d['position']}, draft token "
+                           f"{d['first_difference']}: llama.cpp {d['llama'][d['first_difference']]}, reference "
+                           f"{d['reference'][d['first_difference']]} (reference margin {d['reference_margin']:.4f}, "
+                           f"{d['verdict']})")
     click.echo(f"acceptance rate         {report['acceptance_rate']:.3f} ({report['accepted']} / {report['drafted']})")
     click.echo(f"tokens/s target alone   {tps['target']:.1f}")
     click.echo(f"tokens/s speculative    {tps['speculative']:.1f}")
@@ -156,7 +175,8 @@ def _print_distribution(report: dict) -> None:
 @rpc_option
 @click.option("--reference-draft", type=ModelParam(file_ok=False, hub_gguf_ok=False),
               help="The drafter's HF checkpoint (a folder, or on the Hub owner/name[@revision]): also run the "
-                   "z-lab PyTorch reference and report its tau.")
+                   "z-lab PyTorch reference, report its tau, and compare every block llama.cpp drafted with the "
+                   "reference's at the same context (draft parity).")
 @click.option("--reference-target", type=ModelParam(file_ok=False, hub_gguf_ok=False),
               help="The target's HF folder with weights (or on the Hub owner/name[@revision]), for "
                    "--reference-draft.")
