@@ -52,6 +52,9 @@ class Family:
     # run depends on; doctor names a target that lacks one
     target_keys: tuple[str, ...] = ()
     convert_args: tuple[str, ...] = ()  # extra arguments the pinned upstream converter needs
+    # config.json keys transformers writes that the family's published checkpoints lack, and that
+    # would make the pinned converter pick another architecture
+    unsaved_keys: tuple[str, ...] = ()
     limitation: str | None = None       # why the zoo cannot build or serve it (the exact error)
     notes: str = ""
 
@@ -148,7 +151,7 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
     ),
     Family(
         arch="minimax-m2", hf_architecture="MiniMaxM2ForCausalLM", config_class="MiniMaxM2Config",
-        toy=_attention(num_hidden_layers=4, intermediate_size=TOY_EXPERT_FFN, num_local_experts=TOY_EXPERTS,
+        toy=_attention(num_hidden_layers=6, intermediate_size=TOY_EXPERT_FFN, num_local_experts=TOY_EXPERTS,
                        num_experts_per_tok=TOY_EXPERTS_USED, tie_word_embeddings=False,
                        rotary_dim=TOY_HEAD_DIM // 2,  # MiniMax-M2: 64 of 128 head dims rotate
                        rope_parameters={"rope_theta": 5_000_000.0, "rope_type": "default",
@@ -184,6 +187,11 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
                        ssm_state_size=16, mamba_num_heads=4, mamba_head_dim=16, n_groups=2, conv_kernel=4,
                        expand=1, chunk_size=16, tie_word_embeddings=False),
         published=("Nemotron DFlash",), recurrent=True,
+        # transformers writes num_experts_per_tok for every Nemotron-H; the pinned converter then
+        # writes a `nemotron_h_moe` target, an architecture whose graph records no layer inputs
+        unsaved_keys=("num_experts_per_tok",),
+        notes="a Nemotron-H config.json saved by transformers >= 5 converts as nemotron_h_moe "
+              "(the converter keys on num_experts_per_tok), which records no layer inputs",
     ),
     Family(
         arch="qwen3moe", hf_architecture="Qwen3MoeForCausalLM", config_class="Qwen3MoeConfig",
