@@ -4,8 +4,10 @@ A row holds what the project knows about a family: the transformers classes a ti
 from, its geometry at toy width (layer types and their pattern, windows, recurrent heads, experts,
 partial rotary and rope sections, embedding scale, soft-capping), the GGUF keys its targets must
 carry for a drafter to run as published, which target layers published drafters tap, and what
-keeps a family from being built or served here. The zoo (tests/fixtures/families.py), the
-converter's target checks and `doctor` read this table; nothing else spells these facts.
+keeps a family from being built or served here; which architectures' graphs record the layer inputs
+a drafter reads, and the families that cannot serve DFlash with the reason. The zoo
+(tests/fixtures/families.py), the converter's target checks and `doctor` read this table; nothing
+else spells these facts.
 """
 
 from __future__ import annotations
@@ -210,6 +212,27 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
         dflash=DrafterGeometry(block_size=10, num_layers=2),
     ),
 )}
+
+
+# Target architectures whose graph records layer inputs for a drafter (`res->t_layer_inp[il]` in the
+# pinned tree's src/models/*.cpp, mapped to their general.architecture names through llama-model.cpp
+# and llama-arch.cpp). Another target runs, but a DFlash drafter gets nothing to read.
+RECORDING_ARCHS = frozenset({
+    "bailingmoe3", "deepseek4", "gemma3n", "gemma4", "gpt-oss", "hunyuan_vl", "lfm2", "llama", "mimo2",
+    "minimax-01", "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "qwen3", "qwen35", "qwen35moe",
+    "qwen3moe", "qwen3next", "qwen4exp",
+})
+
+# Families with published drafters (or users asking for them) whose targets cannot serve DFlash in
+# the pinned tree: their graphs record no layer inputs.
+UNSERVED: dict[str, str] = {
+    "deepseek2": "Kimi K2.x and DeepSeek-V2/V3 targets: Kimi K2.5-K2.7 DFlash drafters exist, the graph records no layer inputs",
+    "glm-dsa": "GLM 5.x targets: GLM-5.1/5.3 DFlash drafters exist, the graph records no layer inputs",
+    "glm4moe": "GLM 4.5-4.7 targets: the graph records no layer inputs",
+    "gemma3": "Gemma 3 (not 3n) targets: the graph records no layer inputs",
+    "nemotron_h_moe": "Nemotron-H MoE targets (and a dense Nemotron-H whose config.json carries "
+                      "num_experts_per_tok): the graph records no layer inputs",
+}
 
 
 def family(arch: str) -> Family:
