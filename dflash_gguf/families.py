@@ -203,6 +203,20 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
         published=("z-lab/Qwen3-Coder-30B-A3B-DFlash",),
     ),
     Family(
+        # DeepSeek-V4: compressed and heavily compressed attention with an indexer, a sliding
+        # window, hash-routed then learned-routed experts, partial rotary; published drafters are DSpark
+        arch="deepseek4", hf_architecture="DeepseekV4ForCausalLM", config_class="DeepseekV4Config",
+        toy=_attention(num_hidden_layers=6, num_key_value_heads=1, head_dim=32, q_lora_rank=32,
+                       moe_intermediate_size=TOY_EXPERT_FFN, n_routed_experts=TOY_EXPERTS,
+                       num_experts_per_tok=TOY_EXPERTS_USED, n_shared_experts=1, o_groups=2, o_lora_rank=32,
+                       index_n_heads=2, index_head_dim=16, index_topk=8, qk_rope_head_dim=8,
+                       sliding_window=TOY_WINDOW, num_nextn_predict_layers=0, tie_word_embeddings=False),
+        published=("DeepSeek-V4 DSpark",), sliding=True,
+        limitation="transformers saves DeepseekV4Config as layer_types / mlp_layer_types, while the pinned "
+                   "converter reads the original checkpoint's num_hash_layers and compress_ratios: "
+                   "KeyError: 'num_hash_layers'",
+    ),
+    Family(
         arch="llama", hf_architecture="LlamaForCausalLM", config_class="LlamaConfig",
         toy=_attention(num_hidden_layers=6, tie_word_embeddings=False,
                        rope_parameters={"rope_type": "llama3", "rope_theta": 500_000.0, "factor": 8.0,
