@@ -6,7 +6,8 @@ greedy, N_PREDICT tokens, llama-server -t 1:
 
     converts          the pinned upstream converter made the target, dflash-gguf convert the drafter
     loads patched     `validate` ran the pair in the patched llama-server
-    loads stock       the same in stock llama.cpp (PyPI xllamacpp, tests/xllamacpp_server.py)
+    loads stock       stock llama.cpp (PyPI xllamacpp, tests/xllamacpp_server.py) loads and drafts, its
+                      output equals its target alone's, drafted / accepted beside the patched build's
     lossless          no emitted token differs from the target's argmax in its verify batch
     proven / produced tokens replayed bit-exactly against tokens emitted (validate's JSON:
                       `proven_by_replay` where the report has it, else `positions_checked`)
@@ -68,6 +69,33 @@ def stock_bin(work: Path) -> Path | str:
     return shim_folder(work / "stock-bin")
 
 
+def stock_cell(folder: Path, variant: str, work: Path, stock: Path | str) -> str:
+    """Stock llama.cpp on the pair (validate needs the patched build's draft log, so the launch
+    recipe's server directly): loads, drafts, lossless against stock's target alone, and the
+    drafted / accepted counts beside the patched build's on the same prompts."""
+    from dflash_gguf.errors import DflashError
+    from dflash_gguf.runner import build
+    from tests.xllamacpp_server import run_prompts
+
+    if not isinstance(stock, Path):
+        return f"not run: {stock}"
+    prompts = (folder / "prompts.txt").read_text().splitlines()[:PROMPTS]
+    target = folder / "target-F16.gguf"
+    try:
+        alone = run_prompts(stock, target, None, prompts, N_PREDICT, work / "stock-alone.log")
+        spec = run_prompts(stock, target, folder / f"{variant}.gguf", prompts, N_PREDICT, work / "stock.log")
+    except DflashError as exc:
+        return f"no: {str(exc).splitlines()[0]}"
+    cell = f"{_yes(spec.tokens == alone.tokens, 'not lossless')}, drafted {spec.drafted}, accepted {spec.accepted}"
+    patched_bin = build.find_build("cpu")
+    if patched_bin is not None:
+        patched = run_prompts(patched_bin, target, folder / f"{variant}.gguf", prompts, N_PREDICT,
+                              work / "patched.log")
+        same = (patched.drafted, patched.accepted) == (spec.drafted, spec.accepted)
+        cell += " (as patched)" if same else f" (patched: {patched.drafted} / {patched.accepted})"
+    return cell
+
+
 def _yes(ok: bool, why: str = "") -> str:
     return "yes" if ok else (f"no: {why}" if why else "no")
 
@@ -92,13 +120,7 @@ def row(arch: str, variant: str, folder: Path, stock: Path | str) -> dict:
         cells["tau"] = f"{report['mean_acceptance_length']:.2f}"
         cells["acceptance"] = f"{report['acceptance_rate']:.2f}"
         cells["tokens/s"] = f"{report['tokens_per_second']['speculative']:.0f}"
-    if isinstance(stock, Path):
-        stock_report, why = validate(folder, variant, work, "--llama-bin", str(stock))
-        cells["loads stock"] = _yes(stock_report is not None, why)
-        if stock_report is not None and report is not None:
-            cells["loads stock"] += f" (tau {stock_report['mean_acceptance_length']:.2f})"
-    else:
-        cells["loads stock"] = f"not run: {stock}"
+    cells["loads stock"] = stock_cell(folder, variant, work, stock)
     exact, why = validate(folder, variant, work, "--backend", "cpu", "--exact")
     cells["identical under --exact"] = _yes(exact is not None and exact["exact"], why)
     cells["draft parity"] = "not measured"
