@@ -54,9 +54,6 @@ class Family:
     # run depends on; doctor names a target that lacks one
     target_keys: tuple[str, ...] = ()
     convert_args: tuple[str, ...] = ()  # extra arguments the pinned upstream converter needs
-    # config.json keys transformers writes that the family's published checkpoints lack, and that
-    # would make the pinned converter pick another architecture
-    unsaved_keys: tuple[str, ...] = ()
     limitation: str | None = None       # why the zoo cannot build or serve it (the exact error)
     notes: str = ""
 
@@ -189,11 +186,9 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
                        ssm_state_size=16, mamba_num_heads=4, mamba_head_dim=16, n_groups=2, conv_kernel=4,
                        expand=1, chunk_size=16, tie_word_embeddings=False),
         published=("Nemotron DFlash",), recurrent=True,
-        # transformers writes num_experts_per_tok for every Nemotron-H; the pinned converter then
-        # writes a `nemotron_h_moe` target, an architecture whose graph records no layer inputs
-        unsaved_keys=("num_experts_per_tok",),
-        notes="a Nemotron-H config.json saved by transformers >= 5 converts as nemotron_h_moe "
-              "(the converter keys on num_experts_per_tok), which records no layer inputs",
+        limitation="the pinned converter writes every Nemotron-H as nemotron_h_moe when transformers >= 5 "
+                   "reads its config (AutoConfig adds num_experts_per_tok, the converter's MoE test), and "
+                   "nemotron_h_moe's graph records no layer inputs",
     ),
     Family(
         arch="qwen3moe", hf_architecture="Qwen3MoeForCausalLM", config_class="Qwen3MoeConfig",
