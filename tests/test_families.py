@@ -33,6 +33,17 @@ def test_target_carries_its_family_geometry(arch, family):
     assert not missing, f"{arch} target lacks {missing}"
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("arch", ARCHS)
+def test_target_quantizes_to_q4_k_m(arch, family, llama_bin):
+    folder = family(arch)
+    status = json.loads((folder / "status.json").read_text())
+    assert status["Q4_K_M"] == "quantized", status["Q4_K_M"]
+    with GGUFFile(folder / "target-Q4_K_M.gguf") as target:
+        assert target.architecture == arch
+        assert target.get("general.file_type") == 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+
+
 @pytest.mark.upstream
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("arch", ARCHS)
