@@ -38,8 +38,8 @@ from tests.fixtures.family_drafters import VARIANTS
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "families.md"
 WORK = REPO / "build" / "families"
-N_PREDICT = 32
-PROMPTS = 3
+N_PREDICT = 24
+PROMPTS = 2
 THREADS = 1
 LABELS = {"dflash": "DFlash", "dflash2": "DFlash 2"}
 
@@ -175,13 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     archs = args.archs or list(FAMILIES)
     WORK.mkdir(parents=True, exist_ok=True)
     stock = stock_bin(WORK)
+    command = "make families" + (f" ({' '.join(args.archs)})" if args.archs else "")
     rows = []
-    for arch in archs:
+    for i, arch in enumerate(archs):
         folder = family_folder(arch, OUT)
         for variant in VARIANTS:
             rows.append(row(arch, variant, folder, stock))
             print(json.dumps(rows[-1]), flush=True)
-    write_doc(rows, time.time() - started, "make families" + (f" ({' '.join(args.archs)})" if args.archs else ""))
+        # the page after every family, so that an interrupted run still says what it measured
+        done = "" if i + 1 == len(archs) else f"; interrupted after {i + 1} of {len(archs)} families"
+        write_doc(rows, time.time() - started, command + done)
     print(DOC)
     return 0
 
