@@ -5,9 +5,10 @@ that `make fixtures` lays out (tests/fixtures/families.py), F16 target, the zoo'
 greedy, N_PREDICT tokens, llama-server -t 1:
 
     converts          the pinned upstream converter made the target, dflash-gguf convert the drafter
-    loads patched     `validate` ran the pair in the patched llama-server
-    loads stock       stock llama.cpp (PyPI xllamacpp, tests/xllamacpp_server.py) loads and drafts, its
-                      output equals its target alone's, drafted / accepted beside the patched build's
+    loads patched     the patched llama-server (the launch recipe) loads the pair and drafts; whether its
+                      output equals the target alone's; drafted / accepted
+    loads stock       the same in stock llama.cpp (PyPI xllamacpp, tests/xllamacpp_server.py), its
+                      drafted / accepted beside the patched build's
     lossless          no emitted token differs from the target's argmax in its verify batch
     proven / produced tokens replayed bit-exactly against tokens emitted (validate's JSON:
                       `proven_by_replay` where the report has it, else `positions_checked`)
@@ -31,9 +32,12 @@ import time
 from pathlib import Path
 
 from benchmarks.bench import machine_info
+from dflash_gguf.errors import DflashError
 from dflash_gguf.families import FAMILIES
+from dflash_gguf.runner import build
 from tests.fixtures.families import OUT, STATUS, family_folder, last_error_line
 from tests.fixtures.family_drafters import VARIANTS
+from tests.xllamacpp_server import Run, run_prompts
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "families.md"
@@ -69,31 +73,34 @@ def stock_bin(work: Path) -> Path | str:
     return shim_folder(work / "stock-bin")
 
 
-def stock_cell(folder: Path, variant: str, work: Path, stock: Path | str) -> str:
-    """Stock llama.cpp on the pair (validate needs the patched build's draft log, so the launch
-    recipe's server directly): loads, drafts, lossless against stock's target alone, and the
-    drafted / accepted counts beside the patched build's on the same prompts."""
-    from dflash_gguf.errors import DflashError
-    from dflash_gguf.runner import build
-    from tests.xllamacpp_server import run_prompts
+_ALONE: dict[tuple[Path, Path], Run] = {}
 
-    if not isinstance(stock, Path):
-        return f"not run: {stock}"
+
+def _runs(bin_dir: Path, folder: Path, variant: str, work: Path, label: str) -> tuple[Run, Run]:
+    """(target alone, with the drafter) on `bin_dir`'s llama-server: the launch recipe, greedy, the
+    family's first prompts (the target alone once per build and family)."""
     prompts = (folder / "prompts.txt").read_text().splitlines()[:PROMPTS]
     target = folder / "target-F16.gguf"
+    if (bin_dir, target) not in _ALONE:
+        _ALONE[bin_dir, target] = run_prompts(bin_dir, target, None, prompts, N_PREDICT, work / f"{label}-alone.log")
+    spec = run_prompts(bin_dir, target, folder / f"{variant}.gguf", prompts, N_PREDICT, work / f"{label}-{variant}.log")
+    return _ALONE[bin_dir, target], spec
+
+
+def server_cell(bin_dir: Path, folder: Path, variant: str, work: Path, label: str,
+                compare: Run | None = None) -> tuple[str, Run | None]:
+    """Whether the build loads the pair and drafts, its output against its own target alone, and the
+    drafted / accepted counts (beside `compare`'s, another build's run, when given)."""
     try:
-        alone = run_prompts(stock, target, None, prompts, N_PREDICT, work / "stock-alone.log")
-        spec = run_prompts(stock, target, folder / f"{variant}.gguf", prompts, N_PREDICT, work / "stock.log")
+        alone, spec = _runs(bin_dir, folder, variant, work, label)
     except DflashError as exc:
-        return f"no: {str(exc).splitlines()[0]}"
-    cell = f"{_yes(spec.tokens == alone.tokens, 'not lossless')}, drafted {spec.drafted}, accepted {spec.accepted}"
-    patched_bin = build.find_build("cpu")
-    if patched_bin is not None:
-        patched = run_prompts(patched_bin, target, folder / f"{variant}.gguf", prompts, N_PREDICT,
-                              work / "patched.log")
-        same = (patched.drafted, patched.accepted) == (spec.drafted, spec.accepted)
-        cell += " (as patched)" if same else f" (patched: {patched.drafted} / {patched.accepted})"
-    return cell
+        return f"no: {str(exc).splitlines()[0]}", None
+    cell = (f"yes, {'output = target alone' if spec.tokens == alone.tokens else 'output differs from target alone'}"
+            f", drafted {spec.drafted}, accepted {spec.accepted}")
+    if compare is not None:
+        same = (compare.drafted, compare.accepted) == (spec.drafted, spec.accepted)
+        cell += " (as patched)" if same else f" (patched: {compare.drafted} / {compare.accepted})"
+    return cell, spec
 
 
 def _yes(ok: bool, why: str = "") -> str:
@@ -110,9 +117,15 @@ def row(arch: str, variant: str, folder: Path, stock: Path | str) -> dict:
                              else status.get("F16") or status.get("hf"))
     if not converted:
         return cells
+    cells["loads patched"], patched = server_cell(build.find_bin_dir("cpu"), folder, variant, work, "patched")
+    if isinstance(stock, Path):
+        cells["loads stock"], _ = server_cell(stock, folder, variant, work, "stock", patched)
+    else:
+        cells["loads stock"] = f"not run: {stock}"
     report, why = validate(folder, variant, work, "--backend", "cpu")
-    cells["loads patched"] = _yes(report is not None, why)
-    if report is not None:
+    if report is None:
+        cells["lossless"] = f"no report: {why}"
+    else:
         mismatches = sum(d["kind"] == "mismatch" for d in report["divergences"])
         cells["lossless"] = _yes(report["lossless"], f"{mismatches} mismatches")
         proven = report.get("proven_by_replay", report.get("positions_checked"))
@@ -120,7 +133,6 @@ def row(arch: str, variant: str, folder: Path, stock: Path | str) -> dict:
         cells["tau"] = f"{report['mean_acceptance_length']:.2f}"
         cells["acceptance"] = f"{report['acceptance_rate']:.2f}"
         cells["tokens/s"] = f"{report['tokens_per_second']['speculative']:.0f}"
-    cells["loads stock"] = stock_cell(folder, variant, work, stock)
     exact, why = validate(folder, variant, work, "--backend", "cpu", "--exact")
     cells["identical under --exact"] = _yes(exact is not None and exact["exact"], why)
     cells["draft parity"] = "not measured"
@@ -136,8 +148,6 @@ def _cell(text: str) -> str:
 
 
 def write_doc(rows: list[dict], seconds: float, command: str) -> None:
-    from dflash_gguf.runner import build
-
     machine = machine_info()
     bin_dir = build.find_build("cpu")
     lines = [
