@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import subprocess
 import sys
 import time
@@ -161,7 +162,8 @@ def write_doc(rows: list[dict], seconds: float, command: str) -> None:
         f"- command: `{command}` ({seconds / 60:.1f} min)",
         f"- build: {build.build_info(bin_dir, 'cpu')['build'] if bin_dir else 'none'} (patched, CPU)",
         f"- machine: {machine.get('cpu', 'unknown')}, {machine['nproc']} cores, "
-        f"{machine.get('os', '')}, {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"{machine.get('os', '')}, load average {os.getloadavg()[0]:.1f} (other jobs share it), "
+        f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "|" + "---|" * len(COLUMNS),
