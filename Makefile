@@ -105,6 +105,12 @@ train-smollm2: llama
 bench: llama fixtures
 	$(PY) -m benchmarks.bench $(if $(LLAMA_BACKEND),--backend $(LLAMA_BACKEND))
 
+# docs/families.md: every target family of the zoo x DFlash / DFlash 2 through convert, the patched and
+# the stock llama-server, validate (default and --exact); at most 20 minutes on 2 cores (benchmarks/families.py).
+.PHONY: families
+families: llama fixtures
+	$(PY) -m benchmarks.families
+
 # Section (g) of docs/benchmarks.md alone: SmolLM2-135M-Instruct with its drafters (benchmarks/real_target.py).
 bench-real: llama fixtures
 	$(PY) -m benchmarks.real_target $(if $(LLAMA_BACKEND),--backend $(LLAMA_BACKEND))

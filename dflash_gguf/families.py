@@ -4,8 +4,10 @@ A row holds what the project knows about a family: the transformers classes a ti
 from, its geometry at toy width (layer types and their pattern, windows, recurrent heads, experts,
 partial rotary and rope sections, embedding scale, soft-capping), the GGUF keys its targets must
 carry for a drafter to run as published, which target layers published drafters tap, and what
-keeps a family from being built or served here. The zoo (tests/fixtures/families.py), the
-converter's target checks and `doctor` read this table; nothing else spells these facts.
+keeps a family from being built or served here; which architectures' graphs record the layer inputs
+a drafter reads, and the families that cannot serve DFlash with the reason. The zoo
+(tests/fixtures/families.py), the converter's target checks and `doctor` read this table; nothing
+else spells these facts.
 """
 
 from __future__ import annotations
@@ -148,7 +150,7 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
     ),
     Family(
         arch="minimax-m2", hf_architecture="MiniMaxM2ForCausalLM", config_class="MiniMaxM2Config",
-        toy=_attention(num_hidden_layers=4, intermediate_size=TOY_EXPERT_FFN, num_local_experts=TOY_EXPERTS,
+        toy=_attention(num_hidden_layers=6, intermediate_size=TOY_EXPERT_FFN, num_local_experts=TOY_EXPERTS,
                        num_experts_per_tok=TOY_EXPERTS_USED, tie_word_embeddings=False,
                        rotary_dim=TOY_HEAD_DIM // 2,  # MiniMax-M2: 64 of 128 head dims rotate
                        rope_parameters={"rope_theta": 5_000_000.0, "rope_type": "default",
@@ -184,6 +186,9 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
                        ssm_state_size=16, mamba_num_heads=4, mamba_head_dim=16, n_groups=2, conv_kernel=4,
                        expand=1, chunk_size=16, tie_word_embeddings=False),
         published=("Nemotron DFlash",), recurrent=True,
+        limitation="the pinned converter writes every Nemotron-H as nemotron_h_moe when transformers >= 5 "
+                   "reads its config (AutoConfig adds num_experts_per_tok, the converter's MoE test), and "
+                   "nemotron_h_moe's graph records no layer inputs",
     ),
     Family(
         arch="qwen3moe", hf_architecture="Qwen3MoeForCausalLM", config_class="Qwen3MoeConfig",
@@ -191,6 +196,20 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
                        moe_intermediate_size=TOY_EXPERT_FFN, tie_word_embeddings=False,
                        rope_parameters={"rope_theta": 10_000_000.0, "rope_type": "default"}),
         published=("z-lab/Qwen3-Coder-30B-A3B-DFlash",),
+    ),
+    Family(
+        # DeepSeek-V4: compressed and heavily compressed attention with an indexer, a sliding
+        # window, hash-routed then learned-routed experts, partial rotary; published drafters are DSpark
+        arch="deepseek4", hf_architecture="DeepseekV4ForCausalLM", config_class="DeepseekV4Config",
+        toy=_attention(num_hidden_layers=6, num_key_value_heads=1, head_dim=32, q_lora_rank=32,
+                       moe_intermediate_size=TOY_EXPERT_FFN, n_routed_experts=TOY_EXPERTS,
+                       num_experts_per_tok=TOY_EXPERTS_USED, n_shared_experts=1, o_groups=2, o_lora_rank=32,
+                       index_n_heads=2, index_head_dim=16, index_topk=8, qk_rope_head_dim=8,
+                       sliding_window=TOY_WINDOW, num_nextn_predict_layers=0, tie_word_embeddings=False),
+        published=("DeepSeek-V4 DSpark",), sliding=True,
+        limitation="transformers saves DeepseekV4Config as layer_types / mlp_layer_types, while the pinned "
+                   "converter reads the original checkpoint's num_hash_layers and compress_ratios: "
+                   "KeyError: 'num_hash_layers'",
     ),
     Family(
         arch="llama", hf_architecture="LlamaForCausalLM", config_class="LlamaConfig",
@@ -202,6 +221,27 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
         dflash=DrafterGeometry(block_size=10, num_layers=2),
     ),
 )}
+
+
+# Target architectures whose graph records layer inputs for a drafter (`res->t_layer_inp[il]` in the
+# pinned tree's src/models/*.cpp, mapped to their general.architecture names through llama-model.cpp
+# and llama-arch.cpp). Another target runs, but a DFlash drafter gets nothing to read.
+RECORDING_ARCHS = frozenset({
+    "bailingmoe3", "deepseek4", "gemma3n", "gemma4", "gpt-oss", "hunyuan_vl", "lfm2", "llama", "mimo2",
+    "minimax-01", "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "qwen3", "qwen35", "qwen35moe",
+    "qwen3moe", "qwen3next", "qwen4exp",
+})
+
+# Families with published drafters (or users asking for them) whose targets cannot serve DFlash in
+# the pinned tree: their graphs record no layer inputs.
+UNSERVED: dict[str, str] = {
+    "deepseek2": "Kimi K2.x and DeepSeek-V2/V3 targets: Kimi K2.5-K2.7 DFlash drafters exist, the graph records no layer inputs",
+    "glm-dsa": "GLM 5.x targets: GLM-5.1/5.3 DFlash drafters exist, the graph records no layer inputs",
+    "glm4moe": "GLM 4.5-4.7 targets: the graph records no layer inputs",
+    "gemma3": "Gemma 3 (not 3n) targets: the graph records no layer inputs",
+    "nemotron_h_moe": "Nemotron-H MoE targets (and a dense Nemotron-H whose config.json carries "
+                      "num_experts_per_tok): the graph records no layer inputs",
+}
 
 
 def family(arch: str) -> Family:

@@ -11,7 +11,6 @@ Without the extra the tests skip, saying what to install.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,11 +18,11 @@ import pytest
 from dflash_gguf.convert.describe import describe
 from dflash_gguf.convert.llama_support import FEATURES, STOCK_MEASURED, VARIANT_SUPPORT, support_of
 from dflash_gguf.errors import ServerStartError
-from dflash_gguf.runner.launch import launch_recipe
 from tests.conftest import dflash_gguf
 from tests.refusal import assert_refused
 from tests.fixtures.published_drafters import cached_published
 from tests.test_patches import misfit_drafters  # noqa: F401  (a fixture)
+from tests.xllamacpp_server import Run, run_prompts
 
 # family -> (where its GGUF comes from, the table's feature it exercises or None for the plain variant)
 FAMILIES = {
@@ -38,10 +37,6 @@ FAMILIES = {
 TRAINED_PROMPTS, TRAINED_TOKENS = 3, 48  # the trained pair drafts and accepts: counts worth comparing
 TINY_PROMPTS = ["The capital of France is"]
 TINY_TOKENS = 8
-# The same for both builds, and no part of what is compared: no memory-fitting pass (it loads every
-# model once more: most of a start-up here), no gdb backtrace after an abort.
-TEST_ARGS = ("-c", "1024", "-t", "1", "-fit", "off")
-TEST_ENV = {"GGML_NO_BACKTRACE": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -72,24 +67,6 @@ def family_models(trained_pair, target_gguf, tmp_path_factory) -> dict[str, tupl
     return out
 
 
-@dataclass
-class Run:
-    tokens: list[list[int]]
-    drafted: int
-    accepted: int
-
-
-def _run(bin_dir: Path, target: Path, draft: Path | None, prompts: list[str], n: int, log: Path) -> Run:
-    """The launch recipe on `bin_dir`'s llama-server, without the converter's pair check (slow on the
-    tiny target's 152k-token vocabulary, and the misfit case is the point of one test)."""
-    import os
-
-    launch = launch_recipe(target, draft, check=False).adding(*TEST_ARGS)
-    with launch.server(bin_dir=bin_dir, log_path=log, env={**os.environ, **TEST_ENV}) as server:
-        answers = [server.client.complete(p, n, ignore_eos=True) for p in prompts]
-    return Run([a.tokens for a in answers], sum(a.draft_n for a in answers), sum(a.draft_n_accepted for a in answers))
-
-
 _ALONE: dict[tuple, Run] = {}
 
 
@@ -97,7 +74,7 @@ def _alone(llama_bin: Path, target: Path, prompts: list[str], n: int, tmp_path: 
     """The target alone in the patched build: what lossless means (one run per target and prompts)."""
     key = (target, tuple(prompts), n)
     if key not in _ALONE:
-        _ALONE[key] = _run(llama_bin, target, None, prompts, n, tmp_path / "alone.log")
+        _ALONE[key] = run_prompts(llama_bin, target, None, prompts, n, tmp_path / "alone.log")
     return _ALONE[key]
 
 
@@ -111,19 +88,19 @@ def test_stock_llama_cpp_runs_what_the_table_says(family, stock_bin, family_mode
     assert ([f.key for f in runs_on.features] == [feature]) if feature else runs_on.features == ()
 
     alone = _alone(llama_bin, target, prompts, n, tmp_path)
-    patched = _run(llama_bin, target, draft, prompts, n, tmp_path / "patched.log")
+    patched = run_prompts(llama_bin, target, draft, prompts, n, tmp_path / "patched.log")
     assert patched.tokens == alone.tokens and patched.drafted > 0  # the patched build runs every family
 
     if runs_on.stock:
         assert runs_on.text == f"stock llama.cpp with {VARIANT_SUPPORT[desc.variant]} support"
-        stock = _run(stock_bin, target, draft, prompts, n, tmp_path / "stock.log")
+        stock = run_prompts(stock_bin, target, draft, prompts, n, tmp_path / "stock.log")
         assert stock.tokens == alone.tokens  # lossless
         assert (stock.drafted, stock.accepted) == (patched.drafted, patched.accepted)
         if FAMILIES[family][0] == "trained":
             assert stock.accepted > 0
     else:
         with pytest.raises(ServerStartError) as refused:
-            _run(stock_bin, target, draft, prompts, n, tmp_path / "stock.log")
+            run_prompts(stock_bin, target, draft, prompts, n, tmp_path / "stock.log")
         for f in runs_on.patches:
             assert f.stock_refusal in str(refused.value)
             assert f.patch_label in runs_on.text
@@ -144,11 +121,11 @@ def test_a_misfit_drafter_aborts_stock_and_is_refused_by_the_patched_build(stock
     its own the abort is observed; the patched build (0001) refuses it with one line."""
     draft = misfit_drafters["wide-128"]
     with pytest.raises(ServerStartError) as stock:
-        _run(stock_bin, target_gguf, draft, TINY_PROMPTS, 4, tmp_path / "stock.log")
+        run_prompts(stock_bin, target_gguf, draft, TINY_PROMPTS, 4, tmp_path / "stock.log")
     assert stock.value.returncode in (-6, 134), stock.value
     assert "GGML_ASSERT" in str(stock.value)
     with pytest.raises(ServerStartError) as patched:
-        _run(llama_bin, target_gguf, draft, TINY_PROMPTS, 4, tmp_path / "patched.log")
+        run_prompts(llama_bin, target_gguf, draft, TINY_PROMPTS, 4, tmp_path / "patched.log")
     assert "dflash: draft embedding length 128 != target 64" in str(patched.value)
 
 

@@ -19,6 +19,7 @@ import signal
 import stat
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,6 +33,31 @@ def shim_folder(folder: Path) -> Path:
                    "from tests.xllamacpp_server import main\nsys.exit(main(sys.argv[1:]))\n")
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     return folder
+
+
+@dataclass
+class Run:
+    tokens: list[list[int]]
+    drafted: int
+    accepted: int
+
+
+# The same for both builds, and no part of what is compared: no memory-fitting pass (it loads every
+# model once more: most of a start-up here), no gdb backtrace after an abort.
+RUN_ARGS = ("-c", "1024", "-t", "1", "-fit", "off")
+RUN_ENV = {"GGML_NO_BACKTRACE": "1"}
+
+
+def run_prompts(bin_dir: Path, target: Path, draft: Path | None, prompts: list[str], n: int, log: Path) -> Run:
+    """The launch recipe on `bin_dir`'s llama-server (stock or patched), greedy, `n` tokens per prompt,
+    without the converter's pair check (slow on a 152k-token vocabulary; a misfit pair is what some
+    callers test)."""
+    from dflash_gguf.runner.launch import launch_recipe
+
+    launch = launch_recipe(target, draft, check=False).adding(*RUN_ARGS)
+    with launch.server(bin_dir=bin_dir, log_path=log, env={**os.environ, **RUN_ENV}) as server:
+        answers = [server.client.complete(p, n, ignore_eos=True) for p in prompts]
+    return Run([a.tokens for a in answers], sum(a.draft_n for a in answers), sum(a.draft_n_accepted for a in answers))
 
 
 def _parser() -> argparse.ArgumentParser:

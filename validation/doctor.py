@@ -7,7 +7,8 @@ Each check looks for one known cause and says, in one line, how to fix it:
   sliding-window layers, given with --checkpoint); anything else `inspect` finds wrong; a
   tokenizer embedded in the drafter that is not the target's; target layer taps the target does
   not record (its architecture records no layer inputs in the pinned llama.cpp, or the taps lie
-  beyond its depth);
+  beyond its depth); a target of a known family (dflash_gguf/families.py) without the keys of its
+  family (sliding window, rope sections);
 - the server arguments: a quantized draft KV cache (acceptance collapses, llama.cpp #25725),
   `--split-mode tensor` with a DFlash 2 or DSpark drafter (aborts, #27819),
   `--spec-draft-p-min` above 0 (drafts cut short), many parallel slots (llama.cpp #27117);
@@ -31,20 +32,13 @@ from ..convert.gguf_file import GGUFFile
 from ..convert.keys import DFlash, Tokenizer
 from ..convert.target import load_target
 from ..errors import DflashError, ServerArgsError, TargetError
+from ..families import FAMILIES, RECORDING_ARCHS, UNSERVED
 from ..runner.launch import check_pair, dflash_server, split_mode_problem
 from ..runner.measure import acceptance_rate, mean_acceptance_length
 from ..runner.prompts import Prompt, tokenize_prompts
 
 log = logging.getLogger(__name__)
 
-# Target architectures whose graph records layer inputs for a drafter (`res->t_layer_inp[il]` in the
-# pinned tree's src/models/*.cpp, mapped to their general.architecture names through llama-model.cpp
-# and llama-arch.cpp). Another target runs, but a DFlash drafter gets nothing to read.
-RECORDING_ARCHS = frozenset({
-    "bailingmoe3", "deepseek4", "gemma3n", "gemma4", "gpt-oss", "hunyuan_vl", "lfm2", "llama", "mimo2",
-    "minimax-01", "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "qwen3", "qwen35", "qwen35moe",
-    "qwen3moe", "qwen3next", "qwen4exp",
-})
 FULL_PRECISION_CACHE = frozenset({"f32", "f16", "bf16"})
 MANY_SLOTS = 4
 CARD_TAU_SHORTFALL = 0.8  # a measured tau under this share of the card's is a finding
@@ -112,6 +106,7 @@ def check_files(target: Path, draft: Path, checkpoint: Path | None = None) -> li
     target_info = load_target(target)
     with GGUFFile(target) as t:
         target_arch = t.architecture
+        target_keys = set(t.kv)
     with GGUFFile(draft) as d:
         has = set(d.kv)
     if target_info.uses_mrope and DFlash.ROPE_DIMENSION_SECTIONS not in has:
@@ -134,9 +129,11 @@ def check_files(target: Path, draft: Path, checkpoint: Path | None = None) -> li
                                 f"({len(draft_tokens)} vs {len(target_tokens)} tokens, first difference at id {differ}); "
                                 "re-convert the drafter with --target set to this target"))
     if target_arch not in RECORDING_ARCHS:
+        family = f" ({UNSERVED[target_arch]})" if target_arch in UNSERVED else ""
         findings.append(Finding("target-taps", f"{target.name} is a {target_arch!r} model, whose llama.cpp graph "
-                                "records no layer inputs for a drafter to read; use a target of the architecture "
-                                "the drafter was trained for"))
+                                f"records no layer inputs for a drafter to read{family}; use a target of the "
+                                "architecture the drafter was trained for"))
+    findings += check_target_family(target, target_arch, target_keys)
     try:
         check_pair(target, desc)
     except TargetError as err:
@@ -144,6 +141,19 @@ def check_files(target: Path, draft: Path, checkpoint: Path | None = None) -> li
     except DflashError as err:
         findings.append(Finding("pair", str(err)))
     return findings
+
+
+def check_target_family(target: Path, arch: str | None, keys: set[str]) -> list[Finding]:
+    """A target of a known family without the keys its drafters' runs depend on (dflash_gguf/families.py):
+    written by an older converter, its window or rope sections are llama.cpp's defaults, not the model's."""
+    if arch not in FAMILIES:
+        return []
+    missing = [f"{arch}.{key}" for key in FAMILIES[arch].target_keys if f"{arch}.{key}" not in keys]
+    if not missing:
+        return []
+    return [Finding("target-metadata", f"{target.name} is a {arch} target without {', '.join(missing)}, so "
+                    "llama.cpp runs it with defaults, not the model's own; re-convert the target with a "
+                    "current convert_hf_to_gguf.py")]
 
 
 def card_tau(draft: Path) -> float | None:

@@ -35,7 +35,8 @@ def doctor_command(target, draft, checkpoint, prompts_file, n_predict, no_run, b
     Checks the drafter file (legacy dflash-draft layout; metadata older than its family needs:
     M-RoPE sections, and with --checkpoint the sliding-window keys; whatever `inspect` finds),
     the pair (the drafter's embedded tokenizer against the target's; target layer taps the target
-    does not record), the llama-server arguments after `--` (a quantized draft KV cache, llama.cpp
+    does not record; a target of a known family without its family's sliding-window or rope-section
+    keys), the llama-server arguments after `--` (a quantized draft KV cache, llama.cpp
     #25725; --spec-draft-p-min; many parallel slots, #27117), then measures a short greedy run
     launched as `serve` launches it with those arguments: tau and the acceptance at each draft
     position, against the tau of the release card (README.md) beside the drafter when there is one.
