@@ -23,7 +23,9 @@ The rules, the same for every command:
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -229,4 +231,44 @@ def write_text(out: Path | str, text: str) -> None:
         raise named_for(err, out) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
+
+
+def _move_into_place(tmp: Path, out_dir: Path) -> None:
+    """Put the finished folder at out_dir; a previous out_dir is removed only once the new one is in place."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.old")
+        os.replace(out_dir, old)
+    try:
+        os.replace(tmp, out_dir)
+    except BaseException:
+        if old is not None:
+            os.replace(old, out_dir)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def built_beside(out_dir: Path) -> Iterator[Path]:
+    """A temporary folder beside `out_dir` to build the release in: renamed onto `out_dir` when the
+    block completes, removed when it raises (an OSError about the temporary folder names `out_dir`)."""
+    tmp = partial_name(out_dir)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+    except OSError as err:
+        raise named_for(err, out_dir) from None
+    try:
+        yield tmp
+        guard(out_dir, "-o", folder=True)
+        _move_into_place(tmp, out_dir)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if err.filename is None or str(err.filename).startswith(str(tmp)):
+            raise named_for(err, out_dir) from None
+        raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -31,7 +31,7 @@ from ..convert.describe import DrafterDescription, describe
 from ..convert.llama_support import support_of
 from ..convert.target import TargetInfo
 from ..errors import ReleaseError
-from ..outputs import Input, Output, check_outputs
+from ..outputs import Input, Output, built_beside, check_outputs
 from ..secrets import refuse_secrets
 from ..quantize.quantize import (DEFAULT_RECIPE, FLOAT_TYPES, Recipe, find_llama_quantize, get_recipe, parse_type,
                                  quantize)
@@ -39,7 +39,7 @@ from ..runner.launch import parse_server_args, speculative_args
 from ..hashing import sha256_file
 from . import licenses as lic
 from .card import NOT_VALIDATED, ReleaseResult, VariantResult, example_variant, render_card
-from .folder import built_beside, check_destination
+from .folder import check_destination
 from .license_files import LicensePlan, plan_license_files, write_license_files
 from .names import drafter_repo, resolve_target, safe_name, target_facts, variant_file
 
