@@ -45,7 +45,8 @@ class _StepBar:
         rate = done * self.tokens_per_step / max(seconds, 1e-9)
         eta = seconds / done * (steps - step - 1)
         line = (f"train: step {step + 1}/{steps}  loss {running.get('ce', 0):.3f}  "
-                f"accepted/block {running.get('accept', 0):.2f}  {rate:,.0f} tokens/s  ETA {int(eta) // 60}:{int(eta) % 60:02d}")
+                f"accepted/block {running.get('accept', 0):.2f}  {rate:,.0f} tokens/s  "
+                f"ETA {int(eta) // 60}:{int(eta) % 60:02d}")
         click.echo(f"\r{line}\033[K" if self.tty else line, err=True, nl=not self.tty or step + 1 == steps)
 
 
@@ -67,7 +68,8 @@ class _StepBar:
               help="The target layers the drafter reads (HF numbering, comma-separated). Default: z-lab's spacing.")
 @click.option("--init", "init", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Start from this drafter checkpoint (z-lab layout) instead of scratch; its shape is kept.")
-@click.option("--minutes", type=click.FloatRange(0.1), help="Training time (the teacher's comes before it). Default 10.")
+@click.option("--minutes", type=click.FloatRange(0.1),
+              help="Training time (the teacher's comes before it). Default 10.")
 @click.option("--steps", type=click.IntRange(1), help="Training steps instead of --minutes (reproducible).")
 @click.option("--answer-tokens", type=click.IntRange(8, 4096), default=128, show_default=True,
               help="The target's greedy answer per prompt, at most this long.")
@@ -78,12 +80,14 @@ class _StepBar:
 @click.option("--no-validate", "no_validate", is_flag=True, help="Skip the held-out llama.cpp measurement.")
 @click.option("--threads", type=click.IntRange(1), help="llama.cpp and torch threads.")
 @click.option("--seed", type=click.IntRange(0), default=None, help="Seed of the initialisation and the batches.")
+@click.option("--checkpoint-minutes", type=click.FloatRange(0.0), default=3.0, show_default=True,
+              help="How often training saves its state (0: after every step).")
 @build_options
 @force_option
 @json_option
 def train_command(target, prompts_file, out, variant, layers, block_size, target_layers, init, minutes, steps,
-                  answer_tokens, holdout, eval_prompts, no_validate, threads, seed, backend, llama_bin, force,
-                  as_json) -> None:
+                  answer_tokens, holdout, eval_prompts, no_validate, threads, seed, checkpoint_minutes, backend,
+                  llama_bin, force, as_json) -> None:
     """Train a DFlash drafter for the GGUF you run, with llama.cpp as the teacher.
 
     The patched llama.cpp answers the prompts greedily with the target (rendered by its chat
@@ -115,7 +119,8 @@ def train_command(target, prompts_file, out, variant, layers, block_size, target
     options = TrainOptions(variant=variant, layers=layers, block_size=block_size, target_layer_ids=target_layers,
                            init=init, minutes=minutes if minutes or steps else 10.0, steps=steps,
                            answer_tokens=answer_tokens, holdout=holdout, eval_prompts=eval_prompts,
-                           threads=threads, seed=SEED if seed is None else seed, validate=not no_validate,
+                           threads=threads, seed=SEED if seed is None else seed,
+                           checkpoint_minutes=checkpoint_minutes, validate=not no_validate,
                            llama_bin=llama_bin, backend=backend)
     from .settings import VARIANTS
 
@@ -131,8 +136,8 @@ def train_command(target, prompts_file, out, variant, layers, block_size, target
                f"taps {summary.target_layer_ids})")
     click.echo(f"teacher        {summary.prompts_trained} prompts, {summary.teacher_seconds:.0f} s, "
                f"{summary.teacher_store_bytes / 2**20:.0f} MiB of states on disk")
-    click.echo(f"training       {summary.steps} steps in {summary.train_seconds:.0f} s from {summary.initialised_from}; "
-               f"peak memory {summary.peak_rss_bytes / 2**20:.0f} MiB")
+    click.echo(f"training       {summary.steps} steps in {summary.train_seconds:.0f} s from "
+               f"{summary.initialised_from}; peak memory {summary.peak_rss_bytes / 2**20:.0f} MiB")
     if held:
         click.echo(f"held-out tau   {held['tau']:.3f} on {held['prompts']} prompts x {held['n_predict']} tokens "
                    f"(llama.cpp {held['llama']}); lossless: {'yes' if held['lossless'] else 'NO'}")

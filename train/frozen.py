@@ -82,8 +82,9 @@ class GGUFWeights:
             head_dim=int(self.field(key("attention.key_length"), n_embd // n_head)),
             n_ff=int(self._need(key("feed_forward_length"))),
             n_vocab=len(self._need("tokenizer.ggml.tokens")),
-            rope_theta=float(self.field(key("rope.freq_base"), 10000.0)),
-            rms_eps=float(self.field(key("attention.layer_norm_rms_epsilon"), 1e-6)),
+            # stored as float32: their shortest decimals (9.9999997e-06 -> 1e-05), as config.json had them
+            rope_theta=float(str(np.float32(self.field(key("rope.freq_base"), 10000.0)))),
+            rms_eps=float(str(np.float32(self.field(key("attention.layer_norm_rms_epsilon"), 1e-6)))),
             n_ctx_train=int(self.field(key("context_length"), 4096)),
             eos_token_id=self.field("tokenizer.ggml.eos_token_id"))
 

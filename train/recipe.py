@@ -307,7 +307,8 @@ def dspark_loss(drafter, target, data: DistillSet, seq, anchors, spec):
     loss = (ce * weights).sum() / weights.sum().clamp_min(1e-6)
     hit = (logits.argmax(-1) == labels).float().detach()
     confidence = drafter.confidence_logit(hidden.detach(), previous)
-    conf_loss = (F.binary_cross_entropy_with_logits(confidence, hit, reduction="none") * ok).sum() / ok.sum().clamp_min(1)
+    conf_loss = ((F.binary_cross_entropy_with_logits(confidence, hit, reduction="none") * ok).sum()
+                 / ok.sum().clamp_min(1))
     with torch.no_grad():
         stats = {"ce": loss.item(), "acc": ((hit * ok).sum() / ok.sum().clamp_min(1)).item(),
                  "accept": ((hit * ok).cumprod(1)).sum(1).mean().item(), "conf": conf_loss.item()}

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import random
 import resource
 import tempfile
@@ -30,9 +29,10 @@ from typing import Callable, Sequence
 from ..errors import CheckpointError, InputError, OutputError
 from ..outputs import built_beside
 from ..paths import cache_dir
-from ..runner.prompts import ChatPrompt, Prompt, read_prompts, tokenize_prompts
+from ..runner.prompts import Prompt, read_prompts, tokenize_prompts
 from . import settings as st
 from .frozen import COPYABLE, FrozenTarget, GGUFWeights
+from .teacher import Teacher
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,8 @@ def check_output(out: Path, force: bool) -> None:
             raise OutputError(f"-o {out}: exists and is not a folder; give a new folder name")
         if any(out.iterdir()):
             if not is_trained_drafter(out):
-                raise OutputError(f"-o {out}: holds files `dflash-gguf train` did not write; give a new or empty folder")
+                raise OutputError(f"-o {out}: holds files `dflash-gguf train` did not write; "
+                                  "give a new or empty folder")
             if not force:
                 raise OutputError(f"-o {out}: already holds a trained drafter; pass --force to replace it")
     elif not out.parent.is_dir():
@@ -159,7 +160,6 @@ def teacher_store(target: Path, prompt_ids: list[list[int]], plan: st.DrafterPla
                   progress: Progress) -> tuple[Path, float]:
     """The store of the teacher's answers (made, or found made), and the seconds spent making it."""
     from . import store
-    from .teacher import Teacher
 
     key = _sha("teacher-v1", _file_key(target), prompt_ids, plan.llama_taps, options.answer_tokens, st.TEACHER_TOP_K)
     folder = cache_dir() / "train" / key
@@ -225,7 +225,8 @@ def _plan_from_init(weights: GGUFWeights, options: TrainOptions) -> tuple[st.Dra
     where, shape = f"--init {options.init}", weights.shape
     variant = st.ARCHITECTURES.get(ckpt.architecture)
     if variant is None:
-        raise CheckpointError(f"{where}: a {ckpt.architecture}; train continues {' or '.join(st.ARCHITECTURES)} drafters")
+        raise CheckpointError(f"{where}: a {ckpt.architecture}; train continues "
+                              f"{' or '.join(st.ARCHITECTURES)} drafters")
     if ckpt.hidden_size != shape.n_embd:
         raise CheckpointError(f"{where}: config.json hidden_size is {ckpt.hidden_size}, the target's width is "
                               f"{shape.n_embd}; give a drafter made for this target's family")
@@ -317,6 +318,9 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
         raise InputError(f"{prompts_file}: no prompt is left to train on once the held-out ones are set aside")
     weights = GGUFWeights(target)
     plan, init_config = plan_drafter(weights, options)
+    with Teacher(target, plan.llama_taps, n_ctx=64, n_seq=1, top_k=st.TEACHER_TOP_K, threads=options.threads,
+                 bin_dir=_bin_dir(options)):
+        pass  # refuses a target whose graph does not record the layer inputs the drafter reads
     if options.threads:
         torch.set_num_threads(options.threads)
 
@@ -345,7 +349,8 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
         else:
             started_from = "scratch (random initialisation)"
     spec = plan.spec()
-    checkpoint = folder / f"ckpt-{_sha(out.resolve(), asdict(plan), options.steps, options.minutes, options.seed, options.init)}.pt"
+    run_key = _sha(out.resolve(), asdict(plan), options.steps, options.minutes, options.seed, options.init)
+    checkpoint = folder / f"ckpt-{run_key}.pt"
     started = time.time()
     drafter = recipe.train_drafter(
         drafter, frozen, data, spec, options.steps, options.seed + 1, plan.variant, checkpoint=checkpoint,

@@ -81,15 +81,11 @@ def info(folder: Path) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
-def distill_set(folder: Path, mask_token_id: int, rows: Sequence[int] | None = None) -> DistillSet:
+def distill_set(folder: Path, mask_token_id: int) -> DistillSet:
     """The store as the recipe reads it, memory-mapped (copy-on-write: nothing is written back)."""
     meta = info(folder)
     arrays = {name: torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode="c")) for name in ARRAYS}
     lengths, prompt_lengths = torch.tensor(meta["lengths"]), torch.tensor(meta["prompt_lengths"])
-    if rows is not None:
-        keep = torch.tensor(list(rows), dtype=torch.long)
-        arrays = {name: array[keep] for name, array in arrays.items()}
-        lengths, prompt_lengths = lengths[keep], prompt_lengths[keep]
     return DistillSet(ids=arrays["ids"].long(), feats=arrays["taps"], valid_end=lengths,
                       first_anchor=prompt_lengths - 1, mask_token_id=mask_token_id,
                       teacher_ids=arrays["top_ids"], teacher_logp=arrays["top_logp"])

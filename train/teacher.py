@@ -79,7 +79,8 @@ class Teacher:
             cparams.n_threads = cparams.n_threads_batch = self.threads
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
-            raise TargetError(f"{self.target}: llama.cpp could not make a context of {self.n_ctx} x {self.n_seq} tokens")
+            raise TargetError(f"{self.target}: llama.cpp could not make a context of "
+                              f"{self.n_ctx} x {self.n_seq} tokens")
         for lid in self.taps:
             if lid > self.n_layer or not self._so.llama_has_embeddings_layer_inp(self._ctx, lid):
                 raise TargetError(f"{self.target}: the graph of its architecture in this llama.cpp build does not "
