@@ -33,15 +33,28 @@ class Answer:
     top_logp: np.ndarray       # [len(ids) - 1, k] float16: their log-probabilities over the whole vocabulary
 
 
-def _bind(lib) -> None:
+# llama-ext.h declares them in C++ (no extern "C"): Itanium-mangled names (GCC, Clang: Linux, macOS)
+_SYMBOLS = {
+    "set": ("_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
+            [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool], None),
+    "has": ("_Z30llama_has_embeddings_layer_inpP13llama_contextj", [ctypes.c_void_p, ctypes.c_uint32], ctypes.c_bool),
+    "get": ("_Z30llama_get_embeddings_layer_inpP13llama_contextj", [ctypes.c_void_p, ctypes.c_uint32],
+            ctypes.POINTER(ctypes.c_float)),
+}
+
+
+def _bind(lib) -> dict:
     """The layer-input functions of src/llama-ext.h, on the library the bindings loaded."""
-    so = lib.llama_cpp._lib
-    so.llama_set_embeddings_layer_inp.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool]
-    so.llama_set_embeddings_layer_inp.restype = None
-    so.llama_has_embeddings_layer_inp.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
-    so.llama_has_embeddings_layer_inp.restype = ctypes.c_bool
-    so.llama_get_embeddings_layer_inp.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
-    so.llama_get_embeddings_layer_inp.restype = ctypes.POINTER(ctypes.c_float)
+    so, functions = lib.llama_cpp._lib, {}
+    for key, (symbol, argtypes, restype) in _SYMBOLS.items():
+        try:
+            function = so[symbol]
+        except AttributeError:
+            raise TargetError(f"{so._name}: this libllama has no {symbol}; it is not the pinned llama.cpp "
+                              "(`dflash-gguf llama build` makes it)") from None
+        function.argtypes, function.restype = argtypes, restype
+        functions[key] = function
+    return functions
 
 
 class Teacher:
@@ -53,13 +66,12 @@ class Teacher:
                  threads: int | None = None, bin_dir: Path | None = None):
         self.target, self.taps, self.top_k = Path(target), list(taps), top_k
         self.n_ctx, self.n_seq, self.threads, self.bin_dir = n_ctx, n_seq, threads, bin_dir
-        self._lib = self._so = self._model = self._ctx = None
+        self._lib = self._model = self._ctx = None
 
     def __enter__(self) -> "Teacher":
         engine.use_patched_library(bin_dir=self.bin_dir)
         lib = self._lib = engine.bindings()
-        _bind(lib)
-        self._so = lib.llama_cpp._lib
+        self._layer_inp = _bind(lib)
         self._quiet = lib.llama_log_callback(lambda level, text, user: None)  # kept alive: llama.cpp calls it
         lib.llama_log_set(self._quiet, ctypes.c_void_p(0))
         lib.llama_backend_init()
@@ -82,12 +94,12 @@ class Teacher:
             raise TargetError(f"{self.target}: llama.cpp could not make a context of "
                               f"{self.n_ctx} x {self.n_seq} tokens")
         for lid in self.taps:
-            if lid > self.n_layer or not self._so.llama_has_embeddings_layer_inp(self._ctx, lid):
+            if lid > self.n_layer or not self._layer_inp["has"](self._ctx, lid):
                 raise TargetError(f"{self.target}: the graph of its architecture in this llama.cpp build does not "
                                   f"record the input of layer {lid} (of {self.n_layer}), which a DFlash drafter "
                                   "reads; only targets whose graph records layer inputs can have one "
                                   "(`dflash-gguf doctor` lists them)")
-            self._so.llama_set_embeddings_layer_inp(self._ctx, lid, True)
+            self._layer_inp["set"](self._ctx, lid, True)
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -114,7 +126,7 @@ class Teacher:
             if status != 0:
                 raise TargetError(f"{self.target}: llama_decode returned {status} while answering the prompts")
             taps = np.concatenate([
-                np.ctypeslib.as_array(self._so.llama_get_embeddings_layer_inp(self._ctx, lid),
+                np.ctypeslib.as_array(self._layer_inp["get"](self._ctx, lid),
                                       shape=(len(tokens), self.n_embd)).astype(np.float16)
                 for lid in self.taps], axis=1)
             logits = {i: np.ctypeslib.as_array(lib.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,)).copy()
