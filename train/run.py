@@ -55,7 +55,7 @@ class TrainOptions:
     holdout: float = 0.1
     eval_prompts: Path | None = None
     eval_tokens: int = 64
-    parallel: int = 8                 # conversations the teacher answers at once
+    parallel: int = 16                # conversations the teacher answers at once (one llama_decode)
     threads: int | None = None        # llama.cpp and torch threads
     checkpoint_minutes: float = 3.0
     seed: int = SEED
@@ -262,6 +262,15 @@ def _copy_sources(plan: st.DrafterPlan, shape) -> range:
     return range(0)
 
 
+def bf16_pays() -> bool:
+    """Whether the CPU computes bf16 natively (AVX-512 BF16, AMX), where the recipe's bf16 autocast is
+    the fast path. Without it bf16 is emulated: on this project's AVX2 machine a 1600x256x768 linear,
+    forward and backward, took 1.50 s under bf16 autocast against 0.10 s in float32 (one thread)."""
+    import torch
+
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
 # --- card -------------------------------------------------------------------------------------
 
 def card(summary: Summary, target: Path) -> str:
@@ -335,7 +344,8 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
     data = store.distill_set(folder, plan.mask_token_id)
 
     copy = _copy_sources(plan, weights.shape) if init_config is None else range(0)
-    frozen = FrozenTarget(weights, copy)
+    bf16 = bf16_pays()
+    frozen = FrozenTarget(weights, copy, dtype=torch.bfloat16 if bf16 else torch.float32)
     config = drafter_config(plan, weights.shape, init_config)
     if init_config is not None:
         drafter = recipe.load_drafter(options.init).float()
@@ -354,7 +364,7 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
     started = time.time()
     drafter = recipe.train_drafter(
         drafter, frozen, data, spec, options.steps, options.seed + 1, plan.variant, checkpoint=checkpoint,
-        bf16=True, budget_seconds=options.minutes * 60 if options.steps is None else None,
+        bf16=bf16, budget_seconds=options.minutes * 60 if options.steps is None else None,
         checkpoint_seconds=options.checkpoint_minutes * 60, progress=step_progress)
     train_seconds = time.time() - started
 
