@@ -96,8 +96,11 @@ def test_a_killed_run_resumes_to_the_same_drafter(trained_pair, tmp_path):
 # --- refusals ---------------------------------------------------------------------------------
 
 def test_a_target_that_records_no_layer_inputs(trained_pair, tmp_path):
+    # Qwen2's graph records no layer inputs in the pinned tree; the same weights load as Qwen2 once
+    # the q/k norms Qwen2 lacks are left out
     qwen2 = edited_copy(trained_pair["target"], tmp_path / "target-qwen2.gguf", rename_prefix=("qwen3.", "qwen2."),
-                        set_kv=(KV("general.architecture", GGUFValueType.STRING, "qwen2"),))
+                        set_kv=(KV("general.architecture", GGUFValueType.STRING, "qwen2"),),
+                        drop_tensors=("attn_q_norm.weight", "attn_k_norm.weight"))
     proc = train("--target", qwen2, "--prompts", trained_pair["prompts"], "-o", tmp_path / "out", *FAST)
     assert_refused(proc, "target-qwen2.gguf", "does not record the input of layer")
     assert not (tmp_path / "out").exists() and nothing_beside(tmp_path, ".out") == []

@@ -77,6 +77,8 @@ class _StepBar:
               help="Share of the prompts held out to measure tau on (without --eval-prompts).")
 @click.option("--eval-prompts", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Measure tau on these prompts instead (same formats); they are never trained on.")
+@click.option("--eval-tokens", type=click.IntRange(1, 4096), default=64, show_default=True,
+              help="New tokens per held-out prompt in the measurement.")
 @click.option("--no-validate", "no_validate", is_flag=True, help="Skip the held-out llama.cpp measurement.")
 @click.option("--threads", type=click.IntRange(1), help="llama.cpp and torch threads.")
 @click.option("--seed", type=click.IntRange(0), default=None, help="Seed of the initialisation and the batches.")
@@ -86,7 +88,7 @@ class _StepBar:
 @force_option
 @json_option
 def train_command(target, prompts_file, out, variant, layers, block_size, target_layers, init, minutes, steps,
-                  answer_tokens, holdout, eval_prompts, no_validate, threads, seed, checkpoint_minutes, backend,
+                  answer_tokens, holdout, eval_prompts, eval_tokens, no_validate, threads, seed, checkpoint_minutes, backend,
                   llama_bin, force, as_json) -> None:
     """Train a DFlash drafter for the GGUF you run, with llama.cpp as the teacher.
 
@@ -118,7 +120,7 @@ def train_command(target, prompts_file, out, variant, layers, block_size, target
         target = hub.fetch_gguf(target)
     options = TrainOptions(variant=variant, layers=layers, block_size=block_size, target_layer_ids=target_layers,
                            init=init, minutes=minutes if minutes or steps else 10.0, steps=steps,
-                           answer_tokens=answer_tokens, holdout=holdout, eval_prompts=eval_prompts,
+                           answer_tokens=answer_tokens, holdout=holdout, eval_prompts=eval_prompts, eval_tokens=eval_tokens,
                            threads=threads, seed=SEED if seed is None else seed,
                            checkpoint_minutes=checkpoint_minutes, validate=not no_validate,
                            llama_bin=llama_bin, backend=backend)
