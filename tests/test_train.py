@@ -72,7 +72,7 @@ def _checkpoints(since: float) -> list[Path]:
 
 
 def test_a_killed_run_resumes_to_the_same_drafter(trained_pair, tmp_path):
-    args = ["--target", trained_pair["target"], "--prompts", trained_pair["prompts"], "--steps", "24",
+    args = ["--target", trained_pair["target"], "--prompts", trained_pair["prompts"], "--steps", "12",
             "--no-validate", "--checkpoint-minutes", "0", *FAST]
     whole = train(*args, "-o", tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr
