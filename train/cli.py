@@ -36,17 +36,17 @@ class _StepBar:
         self.tokens_per_step = (block_size - 1) * blocks_per_step
         self.tty, self.last = sys.stderr.isatty(), 0.0
 
-    def __call__(self, step: int, steps: int, running: dict, seconds: float, first: int) -> None:
+    def __call__(self, step: int, steps: int | None, running: dict, seconds: float, first: int) -> None:
         done = step + 1 - first
         now = time.time()
         if not (self.tty or now - self.last >= 60 or step + 1 == steps):
             return
         self.last = now
         rate = done * self.tokens_per_step / max(seconds, 1e-9)
-        eta = seconds / done * (steps - step - 1)
-        line = (f"train: step {step + 1}/{steps}  loss {running.get('ce', 0):.3f}  "
-                f"accepted/block {running.get('accept', 0):.2f}  {rate:,.0f} tokens/s  "
-                f"ETA {int(eta) // 60}:{int(eta) % 60:02d}")
+        left = int(seconds / done * (steps - step - 1)) if steps else 0
+        eta = f"{left // 60}:{left % 60:02d}" if steps else "sizing the run from the first steps"
+        line = (f"train: step {step + 1}/{steps or '?'}  loss {running.get('ce', 0):.3f}  "
+                f"accepted/block {running.get('accept', 0):.2f}  {rate:,.0f} tokens/s  ETA {eta}")
         click.echo(f"\r{line}\033[K" if self.tty else line, err=True, nl=not self.tty or step + 1 == steps)
 
 
@@ -88,8 +88,8 @@ class _StepBar:
 @force_option
 @json_option
 def train_command(target, prompts_file, out, variant, layers, block_size, target_layers, init, minutes, steps,
-                  answer_tokens, holdout, eval_prompts, eval_tokens, no_validate, threads, seed, checkpoint_minutes, backend,
-                  llama_bin, force, as_json) -> None:
+                  answer_tokens, holdout, eval_prompts, eval_tokens, no_validate, threads, seed, checkpoint_minutes,
+                  backend, llama_bin, force, as_json) -> None:
     """Train a DFlash drafter for the GGUF you run, with llama.cpp as the teacher.
 
     The patched llama.cpp answers the prompts greedily with the target (rendered by its chat
@@ -120,7 +120,8 @@ def train_command(target, prompts_file, out, variant, layers, block_size, target
         target = hub.fetch_gguf(target)
     options = TrainOptions(variant=variant, layers=layers, block_size=block_size, target_layer_ids=target_layers,
                            init=init, minutes=minutes if minutes or steps else 10.0, steps=steps,
-                           answer_tokens=answer_tokens, holdout=holdout, eval_prompts=eval_prompts, eval_tokens=eval_tokens,
+                           answer_tokens=answer_tokens, holdout=holdout, eval_prompts=eval_prompts,
+                           eval_tokens=eval_tokens,
                            threads=threads, seed=SEED if seed is None else seed,
                            checkpoint_minutes=checkpoint_minutes, validate=not no_validate,
                            llama_bin=llama_bin, backend=backend)

@@ -413,8 +413,8 @@ def drafter_loss(drafter, target, data: DistillSet, seq, anchors, spec, generato
 
 def _log_progress(name: str):
     """The recipes' progress: a line every 25 steps."""
-    def report(step: int, steps: int, running: dict, seconds: float, first: int) -> None:
-        if step % 25 == 0 or step == steps - 1:
+    def report(step: int, steps: int | None, running: dict, seconds: float, first: int) -> None:
+        if steps is not None and (step % 25 == 0 or step == steps - 1):
             shown = " ".join(f"{k} {v:.3f}" for k, v in running.items())
             eta = seconds / (step + 1 - first) * (steps - step - 1)
             log(f"{name} step {step}/{steps} {shown} ({seconds:.0f} s, ~{eta / 60:.0f} min left)")
@@ -434,7 +434,7 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
     done are in `drafter.trained_steps`. `budget_seconds` instead of `steps`: the step count is set
     from the speed of the warm-up steps (which do not depend on it) so that the run takes about that
     long, and is kept in the checkpoint. `progress(step, steps, running, seconds, first)` is called
-    after every step (default: a log line every 25)."""
+    after every step (default: a log line every 25); `steps` is None until a budget has sized it."""
     warmup = 50
     drafter.train()
     progress = progress or _log_progress(name)
@@ -488,7 +488,7 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
             running[key] = 0.9 * running.get(key, value) + 0.1 * value
         step += 1
         done_steps = step
-        progress(step - 1, steps or step + 1, running, time.time() - started, first)
+        progress(step - 1, steps, running, time.time() - started, first)  # steps None: not sized yet
         if checkpoint is not None and steps is not None:
             due = (time.time() - last_save >= checkpoint_seconds if checkpoint_seconds is not None
                    else step % checkpoint_every == 0)
