@@ -649,6 +649,23 @@ def resolve_source(ref: HubRef) -> HubSource:
     return HubSource(ref.repo, info.sha, name)
 
 
+def fetch_gguf(ref: HubRef) -> Path:
+    """The whole GGUF `ref` names, in the Hub cache (fetched when it is not there): what llama.cpp loads."""
+    from huggingface_hub import hf_hub_download
+
+    if not ref.is_gguf:
+        raise HubError(f"{ref}: names a repository; name the GGUF as owner/name:QUANT or owner/name/file.gguf")
+    if _offline():
+        cached = _open_cached(ref)
+        if cached is None:
+            raise _offline_error(ref)
+        cached.gguf.close()
+        return cached.local_path
+    source = resolve_source(ref)
+    with hub_errors(ref), _quiet_progress():
+        return Path(hf_hub_download(ref.repo, source.file, revision=source.revision))
+
+
 def open_gguf(ref: HubRef) -> HubGGUF:
     """The GGUF `ref` names: from the cache if it is there, else its header and metadata only, read by
     range requests. Its provenance is the exact commit read."""

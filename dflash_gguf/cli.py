@@ -101,6 +101,7 @@ def main(verbose: bool) -> None:
       dflash-gguf llama build
       dflash-gguf tune --target TARGET.gguf --draft drafter.gguf    # optional
       dflash-gguf serve --target TARGET.gguf --draft drafter.gguf
+      dflash-gguf train --target TARGET.gguf --prompts chats.jsonl -o DRAFTER_DIR   # a drafter of your own
     """
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -118,8 +119,9 @@ def _register() -> None:
     from .runner.serve_cli import commands as serve_commands
     from .runner.tune_cli import commands as tune_commands
     from .validation.validate_cli import commands as validate_commands
+    from .train.cli import commands as train_commands
     groups = (convert_commands, llama_commands, serve_commands, tune_commands, validate_commands, doctor_commands,
-              bench_commands, quantize_commands, release_commands)
+              bench_commands, quantize_commands, release_commands, train_commands)
     for command in [c for group in groups for c in group]:
         main.add_command(command)
 

@@ -28,9 +28,10 @@ def scaled_copy(src: Path, dst: Path, tensor: str, factor: float) -> Path:
 
 
 def edited_copy(src: Path, dst: Path, *, set_kv: tuple[KV, ...] = (), drop: tuple[str, ...] = (),
-                rename_prefix: tuple[str, str] | None = None) -> Path:
+                rename_prefix: tuple[str, str] | None = None, drop_tensors: tuple[str, ...] = ()) -> Path:
     """`src` with metadata changed: entries set (added or replaced), dropped, or a key prefix renamed
-    (e.g. ("qwen3.", "qwen2.") with general.architecture set to qwen2); tensors copied as they are."""
+    (e.g. ("qwen3.", "qwen2.") with general.architecture set to qwen2); tensors copied as they are,
+    but for those whose name ends with one of `drop_tensors`."""
     with GGUFFile(src) as f:
         plan = GGUFPlan()
         for key, kv in f.kv.items():
@@ -41,6 +42,8 @@ def edited_copy(src: Path, dst: Path, *, set_kv: tuple[KV, ...] = (), drop: tupl
             plan.add_kv([kv])
         plan.add_kv(list(set_kv))
         for name, info in f.tensors.items():
+            if name.endswith(drop_tensors) and drop_tensors:
+                continue
             data = bytes(f.tensor_bytes(name))
             plan.tensors.append(PlannedTensor(TensorInfo(name, info.shape, info.type), lambda data=data: [data]))
         write_gguf(plan, dst)

@@ -1,4 +1,4 @@
-"""Layers import one way (issue 22): dflash_gguf <- convert <- quantize/runner <- release.
+"""Layers import one way (issue 22): dflash_gguf <- convert <- quantize/runner <- validation <- release, train.
 
 Every module of the package is parsed (ast, nothing is imported) and each import it makes, at the
 top or inside a function, is resolved to the layer it reaches; an import of a higher layer fails
@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "dflash_gguf"
 # rank of each layer: a module may import its own layer and those of lower rank
-LAYERS = {"base": 0, "convert": 1, "runner": 2, "quantize": 3, "validation": 3, "release": 4, "ggml_patches": 0,
+LAYERS = {"base": 0, "convert": 1, "runner": 2, "quantize": 3, "validation": 3, "release": 4, "train": 4, "ggml_patches": 0,
           "entry": 9}
 ENTRY = {"dflash_gguf/cli.py"}
 

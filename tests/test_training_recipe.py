@@ -1,4 +1,4 @@
-"""The SmolLM2 drafters' training recipe (training/dflash_recipe.py) on a small random llama target:
+"""The SmolLM2 drafters' training recipe (train/recipe.py) on a small random llama target:
 a drafter seeded from the target sees exactly the context keys and values of the target layer it
 was copied from, and the soft-label and feature terms add to the greedy-token loss only when asked.
 Nothing here trains or needs the training cache."""
@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("dflash.model")
 
-from training import dflash_recipe as recipe  # noqa: E402
+from dflash_gguf.train import recipe  # noqa: E402
 
 TAPS = (0, 1)  # the drafter's 2 layers start as target layers 2 and 3
 

@@ -39,9 +39,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from training import dflash_recipe as recipe
-from training.dflash_recipe import DistillSet, DrafterShape, log, lr_at
-from training.dflash_recipe import write_json as _write_json
+from dflash_gguf.train import recipe
+from dflash_gguf.train.recipe import DistillSet, DrafterShape, log, lr_at
+from dflash_gguf.train.recipe import write_json as _write_json
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "tests" / "fixtures" / "trained"
@@ -340,7 +340,7 @@ def stage_distill() -> None:
         f"({eos_rate:.0%} reach <|endoftext|>)")
 
 
-# --- stages: dflash, dflash2, dspark (training/dflash_recipe.py) ---------------------------
+# --- stages: dflash, dflash2, dspark (train/recipe.py) ---------------------------
 
 def drafter_config_dict(name: str) -> dict:
     return recipe.drafter_config_dict(DRAFTERS[name], SHAPE)

@@ -9,7 +9,7 @@ Stages (training/README.md has the recipe, the data and the measured times):
                rendered with the target's chat template and tokenized
     distill    the target's own greedy answers (the HF target derived from the GGUF, bf16,
                batched, KV cache) with its hidden states at TARGET_LAYER_IDS for every token
-    dflash     DFlashDraftModel trained by training/dflash_recipe.py (checkpointed every 50 steps)
+    dflash     DFlashDraftModel trained by train/recipe.py (checkpointed every 50 steps)
     dflash2    DFlash2DraftModel, the same (every stage at once runs the two side by side, one
                process and one thread each)
     eval       tau of each drafter by the reference `dflash_generate`'s acceptance rule (greedy,
@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 
 from tests.fixtures import smollm2 as fixture
-from training import dflash_recipe as recipe
-from training.dflash_recipe import DistillSet, DrafterShape, log, write_json
+from dflash_gguf.train import recipe
+from dflash_gguf.train.recipe import DistillSet, DrafterShape, log, write_json
 from training.smollm2_prompts import build_prompts, prompt_counts
 
 SEED = 20261201
@@ -354,7 +354,7 @@ def eval_prompt_ids() -> list[list[int]]:
 @torch.inference_mode()
 def stage_eval(only: str | None = None) -> dict:
     """tau on the held-out prompts: the target's greedy answers (bf16, batched, as `distill` makes
-    them) and dflash_generate's acceptance rule replayed on them (dflash_recipe.replay_acceptance,
+    them) and dflash_generate's acceptance rule replayed on them (recipe.replay_acceptance,
     drafter under bf16 autocast): on this shared machine the reference loop itself, one target
     verification per step, did not fit in the time left."""
     prompts = eval_prompt_ids()
@@ -425,7 +425,7 @@ def write_reference_tau(prompts: list[list[int]], results: dict) -> None:
         drafters = previous.get("drafters", {}) if previous.get("prompt_ids") == prompts else {}
         write_json(path, {
             "about": "z-lab dflash==0.1.0's drafter classes with dflash_generate's greedy acceptance "
-                     "rule replayed on the target's greedy answers (training/dflash_recipe.py "
+                     "rule replayed on the target's greedy answers (train/recipe.py "
                      "replay_acceptance; target = the HF folder derived from the shipped Q4_1 GGUF, "
                      "bf16; drafter under bf16 autocast), stop at <|im_end|>; prompts = "
                      "eval_prompts.jsonl rendered with the target's chat template (prompt_ids); "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +60,7 @@ class DrafterShape:
 
 
 def log(*parts) -> None:
-    print(time.strftime("%H:%M:%S"), *parts, flush=True)
+    print(time.strftime("%H:%M:%S"), *parts, file=sys.stderr, flush=True)
 
 
 def write_json(path: Path, data) -> None:
@@ -143,7 +144,8 @@ def init_from_target(drafter, target, feats: torch.Tensor) -> None:
     drafter's output as it reads the target's last layers'. What the copy cannot carry over: the
     drafter's Qwen3 attention normalises q and k per head (the target's llama attention does not),
     so their gains start at the typical q/k RMS the target layer has on `feats` (a sample of tapped
-    states), which keeps the attention scores near the target's for tokens of typical size.
+    states), which keeps the attention scores near the target's for tokens of typical size (a Qwen3
+    target's own q/k norms are copied instead).
     """
     taps = list(drafter.target_layer_ids)
     hidden = drafter.config.hidden_size
@@ -161,8 +163,11 @@ def init_from_target(drafter, target, feats: torch.Tensor) -> None:
         mine.post_attention_layernorm.weight.copy_(theirs.post_attention_layernorm.weight)
         x = theirs.input_layernorm(deepest.to(theirs.input_layernorm.weight.dtype))
         head_dim = mine.self_attn.head_dim
-        for proj, norm in ((theirs.self_attn.q_proj, mine.self_attn.q_norm),
-                           (theirs.self_attn.k_proj, mine.self_attn.k_norm)):
+        for proj, norm, source in ((theirs.self_attn.q_proj, mine.self_attn.q_norm, "q_norm"),
+                                   (theirs.self_attn.k_proj, mine.self_attn.k_norm, "k_norm")):
+            if hasattr(theirs.self_attn, source):  # a Qwen3 target: the very norms
+                norm.weight.copy_(getattr(theirs.self_attn, source).weight)
+                continue
             rms = proj(x.to(proj.weight.dtype)).float().view(len(x), -1, head_dim).pow(2).mean(-1).sqrt()
             norm.weight.fill_(float(rms.mean()))
         for conv in (mine.attention_conv, mine.mlp_conv):
@@ -302,7 +307,8 @@ def dspark_loss(drafter, target, data: DistillSet, seq, anchors, spec):
     loss = (ce * weights).sum() / weights.sum().clamp_min(1e-6)
     hit = (logits.argmax(-1) == labels).float().detach()
     confidence = drafter.confidence_logit(hidden.detach(), previous)
-    conf_loss = (F.binary_cross_entropy_with_logits(confidence, hit, reduction="none") * ok).sum() / ok.sum().clamp_min(1)
+    conf_loss = ((F.binary_cross_entropy_with_logits(confidence, hit, reduction="none") * ok).sum()
+                 / ok.sum().clamp_min(1))
     with torch.no_grad():
         stats = {"ce": loss.item(), "acc": ((hit * ok).sum() / ok.sum().clamp_min(1)).item(),
                  "accept": ((hit * ok).cumprod(1)).sum(1).mean().item(), "conf": conf_loss.item()}
@@ -405,19 +411,33 @@ def drafter_loss(drafter, target, data: DistillSet, seq, anchors, spec, generato
 
 
 
-def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int, seed: int, name: str,
+def _log_progress(name: str):
+    """The recipes' progress: a line every 25 steps."""
+    def report(step: int, steps: int | None, running: dict, seconds: float, first: int) -> None:
+        if steps is not None and (step % 25 == 0 or step == steps - 1):
+            shown = " ".join(f"{k} {v:.3f}" for k, v in running.items())
+            eta = seconds / (step + 1 - first) * (steps - step - 1)
+            log(f"{name} step {step}/{steps} {shown} ({seconds:.0f} s, ~{eta / 60:.0f} min left)")
+    return report
+
+
+def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | None, seed: int, name: str,
                   checkpoint: Path | None = None, checkpoint_every: int = 50, bf16: bool = False,
-                  deadline: float | None = None):
+                  deadline: float | None = None, budget_seconds: float | None = None,
+                  checkpoint_seconds: float | None = None, progress=None):
     """AdamW on the drafter alone (the target's embeddings and head stay frozen), lr warm-up then
-    cosine to 10 %, clip 1.0; progress every 25 steps. With `checkpoint`, the drafter, optimizer,
-    batch generator and running statistics are saved every `checkpoint_every` steps and a rerun
-    continues from the last one. `bf16` runs the forward under CPU bf16 autocast (weights,
-    optimizer and loss reductions stay float32). `deadline` (time.time() seconds) stops the loop
-    early, after a checkpoint; the steps done are in `drafter.trained_steps`."""
+    cosine to 10 %, clip 1.0. With `checkpoint`, the drafter, optimizer, batch generator and
+    running statistics are saved every `checkpoint_every` steps (or `checkpoint_seconds`) and a
+    rerun continues from the last one, with the same result as a run that was never stopped.
+    `bf16` runs the forward under CPU bf16 autocast (weights, optimizer and loss reductions stay
+    float32). `deadline` (time.time() seconds) stops the loop early, after a checkpoint; the steps
+    done are in `drafter.trained_steps`. `budget_seconds` instead of `steps`: the step count is set
+    from the speed of the warm-up steps (which do not depend on it) so that the run takes about that
+    long, and is kept in the checkpoint. `progress(step, steps, running, seconds, first)` is called
+    after every step (default: a log line every 25); `steps` is None until a budget has sized it."""
+    warmup = 50
     drafter.train()
-    params = sum(p.numel() for p in drafter.parameters())
-    log(f"{name}: {params / 1e6:.2f} M parameters, {steps} steps, "
-        f"{spec['seqs_per_step']}x{spec['anchors_per_seq']} blocks of {spec['block_size']}")
+    progress = progress or _log_progress(name)
     decay = [p for n, p in drafter.named_parameters() if p.ndim >= 2 and "base_kernel" not in n]
     no_decay = [p for n, p in drafter.named_parameters() if p.ndim < 2 or "base_kernel" in n]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
@@ -428,21 +448,36 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int, see
     first = 0
     if checkpoint is not None and checkpoint.is_file():
         state = torch.load(checkpoint, weights_only=False)
-        if state["steps"] == steps:
+        if state["steps"] == steps or (steps is None and state.get("budget") == budget_seconds):
+            steps = state["steps"]
             drafter.load_state_dict(state["drafter"])
             optimizer.load_state_dict(state["optimizer"])
             generator.set_state(state["generator"])
             running, first = state["running"], state["step"]
             log(f"{name}: resuming at step {first}/{steps} from {checkpoint}")
-    started = time.time()
-    done_steps = first
-    for step in range(first, steps):
+    params = sum(p.numel() for p in drafter.parameters())
+    log(f"{name}: {params / 1e6:.2f} M parameters, {steps or 'timed'} steps, "
+        f"{spec['seqs_per_step']}x{spec['anchors_per_seq']} blocks of {spec['block_size']}")
+    started = last_save = time.time()
+    done_steps, step = first, first
+
+    def save(step_done: int) -> None:
+        tmp = checkpoint.with_suffix(".partial")
+        torch.save({"steps": steps, "budget": budget_seconds, "step": step_done, "drafter": drafter.state_dict(),
+                    "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
+                    "running": running}, tmp)
+        tmp.replace(checkpoint)
+
+    while steps is None or step < steps:
         if deadline is not None and time.time() > deadline:
             log(f"{name}: deadline reached after {step} of {steps} steps")
             break
+        if steps is None and step + 1 >= min(warmup, 20):  # sized by the warm-up's speed
+            per_step = (time.time() - started) / step
+            steps = max(step + 1, int(budget_seconds / per_step))
         seq, anchors = anchor_batch(data, spec["seqs_per_step"], spec["anchors_per_seq"], generator)
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, steps, spec["lr"], 50)
+            group["lr"] = lr_at(step, steps or 10 ** 9, spec["lr"], warmup)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss, stats = drafter_loss(drafter, target, data, seq, anchors, spec, generator)
         optimizer.zero_grad(set_to_none=True)
@@ -451,18 +486,15 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int, see
         optimizer.step()
         for key, value in stats.items():
             running[key] = 0.9 * running.get(key, value) + 0.1 * value
-        if step % 25 == 0 or step == steps - 1:
-            shown = " ".join(f"{k} {v:.3f}" for k, v in running.items())
-            done = step + 1 - first
-            eta = (time.time() - started) / done * (steps - step - 1)
-            log(f"{name} step {step}/{steps} {shown} ({time.time() - started:.0f} s, ~{eta / 60:.0f} min left)")
-        done_steps = step + 1
-        if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step == steps - 1):
-            tmp = checkpoint.with_suffix(".partial")
-            torch.save({"steps": steps, "step": step + 1, "drafter": drafter.state_dict(),
-                        "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
-                        "running": running}, tmp)
-            tmp.replace(checkpoint)
+        step += 1
+        done_steps = step
+        progress(step - 1, steps, running, time.time() - started, first)  # steps None: not sized yet
+        if checkpoint is not None and steps is not None:
+            due = (time.time() - last_save >= checkpoint_seconds if checkpoint_seconds is not None
+                   else step % checkpoint_every == 0)
+            if due or step == steps:
+                save(step)
+                last_save = time.time()
     log(f"{name}: trained in {time.time() - started:.0f} s")
     drafter.trained_steps = done_steps
     return drafter.eval()

@@ -1,0 +1,149 @@
+"""`dflash-gguf train`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+
+from ..convert.model_param import ModelParam
+from ..errors import OptionError
+from ..extras import require
+from ..options import build_options, force_option, json_option, target_option
+from ..outputs import Input, Output, check_outputs
+
+
+def _layer_list(_ctx, _param, value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        ids = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give layer ids separated by commas, e.g. 1,14,27") from None
+    if len(set(ids)) != len(ids) or sorted(ids) != list(ids):
+        raise click.BadParameter(f"{value!r}: give each layer once, in increasing order")
+    return ids
+
+
+class _StepBar:
+    """The training progress on stderr: rewritten in place on a terminal, a line a minute otherwise."""
+
+    def __init__(self, block_size: int, blocks_per_step: int):
+        self.tokens_per_step = (block_size - 1) * blocks_per_step
+        self.tty, self.last = sys.stderr.isatty(), 0.0
+
+    def __call__(self, step: int, steps: int | None, running: dict, seconds: float, first: int) -> None:
+        done = step + 1 - first
+        now = time.time()
+        if not (self.tty or now - self.last >= 60 or step + 1 == steps):
+            return
+        self.last = now
+        rate = done * self.tokens_per_step / max(seconds, 1e-9)
+        left = int(seconds / done * (steps - step - 1)) if steps else 0
+        eta = f"{left // 60}:{left % 60:02d}" if steps else "sizing the run from the first steps"
+        line = (f"train: step {step + 1}/{steps or '?'}  loss {running.get('ce', 0):.3f}  "
+                f"accepted/block {running.get('accept', 0):.2f}  {rate:,.0f} tokens/s  ETA {eta}")
+        click.echo(f"\r{line}\033[K" if self.tty else line, err=True, nl=not self.tty or step + 1 == steps)
+
+
+@click.command("train")
+@target_option(kind=ModelParam(folder_ok=False),
+               help="The target GGUF the drafter is for (any quantization), or a Hub repo id as for convert "
+                    "(owner/name:QUANT, owner/name/file.gguf).")
+@click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help=r"The prompts to distil the target's answers from: one per line (\n for a newline), or JSONL "
+                   '({"messages": [...]} rendered by the target\'s chat template as llama-server renders it, '
+                   'or {"prompt": "..."}).')
+@click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path),
+              help="The drafter folder to write (z-lab layout: config.json, model.safetensors, README.md).")
+@click.option("--variant", type=click.Choice(("dflash", "dflash2")), default="dflash", show_default=True)
+@click.option("--layers", type=click.IntRange(1, 16), help="Drafter layers. Default: as published drafters of a "
+              "target that size (5 for billion-parameter targets, 2 below).")
+@click.option("--block-size", type=click.IntRange(2, 64), help="Draft block. Default: 16 (DFlash), 8 (DFlash 2).")
+@click.option("--target-layers", callback=_layer_list, metavar="IDS",
+              help="The target layers the drafter reads (HF numbering, comma-separated). Default: z-lab's spacing.")
+@click.option("--init", "init", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Start from this drafter checkpoint (z-lab layout) instead of scratch; its shape is kept.")
+@click.option("--minutes", type=click.FloatRange(0.1),
+              help="Training time (the teacher's comes before it). Default 10.")
+@click.option("--steps", type=click.IntRange(1), help="Training steps instead of --minutes (reproducible).")
+@click.option("--answer-tokens", type=click.IntRange(8, 4096), default=128, show_default=True,
+              help="The target's greedy answer per prompt, at most this long.")
+@click.option("--holdout", type=click.FloatRange(0.01, 0.5), default=0.1, show_default=True,
+              help="Share of the prompts held out to measure tau on (without --eval-prompts).")
+@click.option("--eval-prompts", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Measure tau on these prompts instead (same formats); they are never trained on.")
+@click.option("--eval-tokens", type=click.IntRange(1, 4096), default=64, show_default=True,
+              help="New tokens per held-out prompt in the measurement.")
+@click.option("--no-validate", "no_validate", is_flag=True, help="Skip the held-out llama.cpp measurement.")
+@click.option("--threads", type=click.IntRange(1), help="llama.cpp and torch threads.")
+@click.option("--seed", type=click.IntRange(0), default=None, help="Seed of the initialisation and the batches.")
+@click.option("--checkpoint-minutes", type=click.FloatRange(0.0), default=3.0, show_default=True,
+              help="How often training saves its state (0: after every step).")
+@build_options
+@force_option
+@json_option
+def train_command(target, prompts_file, out, variant, layers, block_size, target_layers, init, minutes, steps,
+                  answer_tokens, holdout, eval_prompts, eval_tokens, no_validate, threads, seed, checkpoint_minutes,
+                  backend, llama_bin, force, as_json) -> None:
+    """Train a DFlash drafter for the GGUF you run, with llama.cpp as the teacher.
+
+    The patched llama.cpp answers the prompts greedily with the target (rendered by its chat
+    template) and records its layer inputs at the drafter's taps and its 32 most likely next
+    tokens, streamed to a disk cache; torch then trains the drafter alone, the target's embedding
+    and head frozen from the GGUF (no Hugging Face checkpoint, no transformers model). Training
+    checkpoints every few minutes: rerun the same command after a kill or Ctrl-C and it continues.
+    -o is written whole when training ends, then held-out tau is measured by llama.cpp itself
+    (a greedy `validate` pass on prompts not trained on) and written to the drafter's card.
+
+    \b
+      dflash-gguf train -t SmolLM2-135M-Instruct-Q4_K_M.gguf --prompts chats.jsonl -o my-drafter --minutes 30
+      dflash-gguf convert my-drafter --target SmolLM2-135M-Instruct-Q4_K_M.gguf -o dflash-SmolLM2.gguf
+    """
+    require("reference", "dflash-gguf train (the z-lab drafter classes, trained with torch)")
+    if init is not None and (layers or block_size or target_layers or variant != "dflash"):
+        raise OptionError("--init: the drafter's shape comes from its config.json; leave out --variant, --layers, "
+                          "--block-size and --target-layers")
+    if minutes is not None and steps is not None:
+        raise OptionError("--minutes and --steps: give one")
+    from ..convert import hub
+    from .run import SEED, TrainOptions, train
+
+    check_outputs([], [Input(target, "--target"), Input(prompts_file, "--prompts"), Input(init, "--init"),
+                       Input(eval_prompts, "--eval-prompts")])
+    check_outputs([Output(out, "-o", folder=True)], [Input(target, "--target"), Input(init, "--init")])
+    if isinstance(target, hub.HubRef):
+        target = hub.fetch_gguf(target)
+    options = TrainOptions(variant=variant, layers=layers, block_size=block_size, target_layer_ids=target_layers,
+                           init=init, minutes=minutes if minutes or steps else 10.0, steps=steps,
+                           answer_tokens=answer_tokens, holdout=holdout, eval_prompts=eval_prompts,
+                           eval_tokens=eval_tokens,
+                           threads=threads, seed=SEED if seed is None else seed,
+                           checkpoint_minutes=checkpoint_minutes, validate=not no_validate,
+                           llama_bin=llama_bin, backend=backend)
+    from .settings import VARIANTS
+
+    spec = VARIANTS[variant]
+    bar = _StepBar(block_size or spec["block_size"], spec["seqs_per_step"] * spec["anchors_per_seq"])
+    summary = train(target, prompts_file, out, options, force=force, progress=lambda m: click.echo(m, err=True),
+                    step_progress=bar)
+    if as_json:
+        click.echo(json.dumps({"out": str(out), **asdict(summary)}, indent=2))
+        return
+    held = summary.held_out
+    click.echo(f"drafter        {out} ({summary.variant}, {summary.layers} layers, block {summary.block_size}, "
+               f"taps {summary.target_layer_ids})")
+    click.echo(f"teacher        {summary.prompts_trained} prompts, {summary.teacher_seconds:.0f} s, "
+               f"{summary.teacher_store_bytes / 2**20:.0f} MiB of states on disk")
+    click.echo(f"training       {summary.steps} steps in {summary.train_seconds:.0f} s from "
+               f"{summary.initialised_from}; peak memory {summary.peak_rss_bytes / 2**20:.0f} MiB")
+    if held:
+        click.echo(f"held-out tau   {held['tau']:.3f} on {held['prompts']} prompts x {held['n_predict']} tokens "
+                   f"(llama.cpp {held['llama']}); lossless: {'yes' if held['lossless'] else 'NO'}")
+
+
+commands = [train_command]
