@@ -81,7 +81,13 @@ def test_the_scan_sees_function_level_imports():
     assert "dflash_gguf.validation.dspark_reference" in NEEDS_TORCH and "dflash_gguf.convert.converter" not in NEEDS_TORCH
 
 
-@pytest.mark.parametrize("module", [pytest.param(m, marks=[pytest.mark.torch] if m in NEEDS_TORCH else [])
+def _needs_torch(module: str) -> bool:
+    """Importing `module`, or a submodule some file imports from it by name, pulls in PyTorch."""
+    return module in NEEDS_TORCH or any(f"{module}.{name}" in NEEDS_TORCH
+                                        for _, names in BY_MODULE[module] for name in names)
+
+
+@pytest.mark.parametrize("module", [pytest.param(m, marks=[pytest.mark.torch] if _needs_torch(m) else [])
                                     for m in sorted(BY_MODULE)])
 def test_imports_resolve(module):
     """Every name any file imports from `module` is there (one case per module imported)."""

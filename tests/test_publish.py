@@ -233,7 +233,7 @@ def test_a_hub_that_would_ignore_a_release_file_gets_no_commit(hub, tmp_path, ig
     folder = _folder(tmp_path / "rel")
     hub.ignored = ignored
     proc = _publish(folder, "--repo", "me/tiny", env=_env(hub, tmp_path))
-    _refused(proc, "me/tiny", "ignore", sorted(ignored)[0], ".gitignore", "nothing was committed")
+    assert_refused(proc, "me/tiny", "ignore", sorted(ignored)[0], ".gitignore", "nothing was committed")
     assert ("POST", "/api/models/me/tiny/preupload/main") in [(c["method"], c["path"]) for c in hub.calls]
     assert not hub.commits.get("me/tiny")
 
@@ -247,5 +247,5 @@ def test_a_token_file_that_is_a_fifo_is_refused_not_waited_on(hub, tmp_path):
     os.mkfifo(tmp_path / "hf-home" / "token")
     proc = subprocess.run([sys.executable, "-m", "dflash_gguf.cli", "publish", str(folder), "--repo", "me/tiny"],
                           capture_output=True, text=True, env=env, timeout=60)
-    _refused(proc, str(tmp_path / "hf-home" / "token"), "not a regular file", "HF_TOKEN")
+    assert_refused(proc, str(tmp_path / "hf-home" / "token"), "not a regular file", "HF_TOKEN")
     assert not hub.calls
