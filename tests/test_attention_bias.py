@@ -19,7 +19,7 @@ from dflash_gguf.convert.gguf_file import GGUFFile
 from tests.conftest import dflash_gguf
 from tests.fixtures.published_drafters import cached_published
 from tests.gguf_compare import differences
-from tests.test_convert_refusals import assert_refused
+from tests.refusal import assert_refused
 
 BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias")
 
@@ -74,7 +74,7 @@ def test_inconsistent_biases_are_refused(case, published, target_gguf, tmp_path)
     change, needles = BROKEN[case]
     change(folder)
     out = tmp_path / "out.gguf"
-    assert_refused(dflash_gguf("convert", folder, "--target", target_gguf, "-o", out), out, *needles)
+    assert_refused(dflash_gguf("convert", folder, "--target", target_gguf, "-o", out), *needles, out=out)
 
 
 @pytest.fixture(scope="session")

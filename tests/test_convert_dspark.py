@@ -22,7 +22,7 @@ from dflash_gguf.convert.gguf_file import GGUFFile
 from tests.conftest import dflash_gguf
 from tests.fixtures.published_drafters import cached_published
 from tests.gguf_compare import differences
-from tests.test_convert_refusals import assert_refused
+from tests.refusal import assert_refused
 
 FAMILIES = ["dspark-lineage", "dspark-eagle3"]
 ARCHITECTURES = ["Qwen3DSparkModel", "DSparkDraftModel", "DSparkSpeculator", "Lfm2DSparkDraftModel", "LingDSparkModel"]
@@ -136,7 +136,7 @@ def test_broken_dspark_is_refused(case, published, target_gguf, tmp_path):
     family, config, tensors, needles = BROKEN[case]
     folder = _edit(shutil.copytree(published / family, tmp_path / "drafter"), config, tensors)
     out = tmp_path / "out.gguf"
-    assert_refused(dflash_gguf("convert", folder, "--target", target_gguf, "-o", out), out, *needles)
+    assert_refused(dflash_gguf("convert", folder, "--target", target_gguf, "-o", out), *needles, out=out)
 
 
 def test_release_names_dspark_files(published, target_gguf, tmp_path):

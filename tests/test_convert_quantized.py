@@ -24,7 +24,7 @@ from dflash_gguf.convert.gguf_file import GGUFFile
 from tests.conftest import dflash_gguf
 from tests.fixtures.published_drafters import PUBLISHED, cached_published
 from tests.gguf_compare import differences
-from tests.test_convert_refusals import assert_refused
+from tests.refusal import assert_refused
 
 FP8_FAMILIES = [name for name in PUBLISHED if name.startswith("fp8-")]
 
@@ -198,8 +198,7 @@ def test_other_quantized_exports_are_refused(case, drafter_copy, target_gguf, tm
     out = tmp_path / "out.gguf"
     proc = dflash_gguf("convert", folder, "--target", target_gguf, "-o", out)
     method = REFUSED[case]["quant_method"]
-    assert_refused(proc, out, "config.json", f"quantization_config.quant_method = {method!r}",
-                   "unquantized")
+    assert_refused(proc, "config.json", f"quantization_config.quant_method = {method!r}", "unquantized", out=out)
 
 
 def _edit_safetensors(folder: Path, change) -> Path:
@@ -227,7 +226,7 @@ def test_broken_fp8_exports_are_refused(case, published, target_gguf, tmp_path):
     change, needles = BROKEN_FP8[case]
     change(folder)
     out = tmp_path / "out.gguf"
-    assert_refused(dflash_gguf("convert", folder, "--target", target_gguf, "-o", out), out, *needles)
+    assert_refused(dflash_gguf("convert", folder, "--target", target_gguf, "-o", out), *needles, out=out)
 
 
 # --- FP8: loads and drafts what the reference drafts ----------------------------------------------

@@ -22,7 +22,7 @@ from dflash_gguf.convert.gguf_file import GGUFFile
 from tests.conftest import dflash_gguf
 from tests.fixtures.published_drafters import cached_published
 from tests.gguf_compare import differences
-from tests.test_convert_refusals import assert_refused
+from tests.refusal import assert_refused
 
 MASK_FAMILIES = ["mask-embedding", "mimo"]
 
@@ -147,7 +147,7 @@ def test_broken_mask_embedding_is_refused(case, published, fixtures, tmp_path):
     change, needles = BROKEN[case]
     target = change(folder, target)
     out = tmp_path / "out.gguf"
-    assert_refused(dflash_gguf("convert", folder, "--target", target, "-o", out), out, *needles)
+    assert_refused(dflash_gguf("convert", folder, "--target", target, "-o", out), *needles, out=out)
 
 
 # --- loads and drafts ---------------------------------------------------------------------------------
