@@ -156,6 +156,9 @@ def kv_from_writer(writer: GGUFWriter) -> list[KV]:
 
 
 FIRST_READ = 256 << 10  # first range read of a file object; each later read doubles what is held
+# the most of a file object held before its tensor data: a 262k-token vocabulary is some 10 MiB, and a
+# server that keeps sending keys (a header claiming 2^39 of them in a 1 TiB file) is stopped here
+STREAM_HEADER_LIMIT = 256 << 20
 
 
 _U64 = struct.Struct("<Q")
@@ -215,7 +218,10 @@ class GGUFFile:
         have = len(self._map)
         if self._stream is None or end <= have:
             return
-        want = min(self.size, max(end, FIRST_READ, 2 * have))
+        if end > STREAM_HEADER_LIMIT:
+            raise GGUFFormatError(f"{self.path}: its header and metadata run past {STREAM_HEADER_LIMIT >> 20} MiB "
+                                  "before the tensor data: corrupt, or not a model GGUF")
+        want = min(self.size, STREAM_HEADER_LIMIT, max(end, FIRST_READ, 2 * have))
         self._stream.seek(have)
         parts = [self._map]
         while have < want:
