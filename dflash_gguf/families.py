@@ -154,7 +154,11 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
                        num_experts_per_tok=TOY_EXPERTS_USED, tie_word_embeddings=False,
                        rotary_dim=TOY_HEAD_DIM // 2,  # MiniMax-M2: 64 of 128 head dims rotate
                        rope_parameters={"rope_theta": 5_000_000.0, "rope_type": "default",
-                                        "partial_rotary_factor": 0.5}),
+                                        "partial_rotary_factor": 0.5},
+                       # transformers' config class drops it, but the real config.json has it and the
+                       # pinned converter reads it: without it the target has no expert gating function
+                       # and llama-server aborts on load (llama-graph.cpp, build_moe_ffn)
+                       scoring_func="sigmoid", use_routing_bias=True),
         published=("MiniMax M2.5 / M2.7 DFlash",),
     ),
     Family(
