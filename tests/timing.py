@@ -72,8 +72,6 @@ def subprocess_kind(args, *_, **__) -> str:
         rest = [a for a in argv[argv.index("dflash_gguf.cli") + 1:] if not a.startswith("-")]
         return f"CLI subprocess: {' '.join(rest[:2]) if rest[:1] == ['llama'] else (rest[:1] or ['--'])[0]}"
     names = [Path(a).name for a in argv[:2]]
-    if "convert_hf_to_gguf.py" in names:
-        return "conversion: pinned upstream converter"
     for tool in ("llama-quantize", "llama-server", "llama-cli", "llama-bench", "cmake", "git", "pip"):
         if tool in names or any(n.startswith(tool) for n in names):
             return f"subprocess: {tool}"
@@ -88,6 +86,7 @@ _PRODUCT = {
     "dflash_gguf.validation.reference": [("speculative_runs", "PyTorch reference")],
     "dflash_gguf.convert.converter": [("convert", "conversion: ours, in-process")],
     "tests.reference_drafts": [("reference_draft", "PyTorch reference")],
+    "tests.upstream": [("_convert", "conversion: pinned upstream converter")],
 }
 
 
@@ -117,9 +116,11 @@ def pytest_runtest_setup(item) -> None:
 def pytest_runtest_logreport(report) -> None:
     # in the controller (xdist replays its workers' reports there) or in a run without workers
     _file_seconds[report.nodeid.split("::")[0]] += report.duration
+    _test_seconds[report.nodeid] += report.duration
 
 
 _file_seconds: dict[str, float] = defaultdict(float)
+_test_seconds: dict[str, float] = defaultdict(float)  # setup + call + teardown
 _kind_totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
 
 
@@ -165,7 +166,8 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
     marker = config.getoption("-m") or "(all)"
     record = {"marker": marker, "total_test_seconds": round(total, 1),
               "files": {k: round(v, 1) for k, v in files},
-              "kinds": {k: {"seconds": round(s, 1), "count": n} for k, (s, n) in kinds}}
+              "kinds": {k: {"seconds": round(s, 1), "count": n} for k, (s, n) in kinds},
+              "tests": {k: round(v, 1) for k, v in sorted(_test_seconds.items(), key=lambda kv: -kv[1])}}
     TIMINGS_FILE.parent.mkdir(parents=True, exist_ok=True)
     target = TIMINGS_FILE.with_name(f"{TIMINGS_FILE.stem}-{_slug(marker)}{TIMINGS_FILE.suffix}")
     target.write_text(json.dumps(record, indent=1) + "\n")

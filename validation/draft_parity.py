@@ -3,15 +3,18 @@
 Every draft the speculative run made is in the server's log (patch 0003's `dflash draft:` line: the
 position of the block's first token, `id_last`, the drafted ids), and the context it drafted from is
 the prompt and the tokens emitted before that position. The z-lab PyTorch reference drafts the same
-block from the same context (`block_logits`: the HF target's features of the context at the
-drafter's `target_layer_ids`, then one block `[id_last, mask...]`), in float32. Per step: is the
-first drafted token the reference's, and the whole block?
+block from the same context (the HF target's features of the context at the drafter's
+`target_layer_ids`, then one block `[id_last, mask...]`), in float32, and decodes it as the drafter
+does (`greedy_block`: argmax for DFlash, the candidate selector for DFlash 2, the Markov head for
+DSpark). Per step: is the first drafted token the reference's, and the whole block?
 
 A step that differs is not by itself a bug: where the reference's top two tokens are nearly tied,
 any change of arithmetic can pick the other one. How near counts as a tie is measured on the same
-run: the reference drafts every step again in float16, and the largest logit difference between
-the two (`noise`) is the yardstick. A differing step whose reference margin (top logit minus the
-logit of llama.cpp's token) is within it is a near-tie; one beyond it is systematic.
+run: the reference drafts every step again as llama.cpp's CPU computes with F16 weights (the weights
+rounded to float16, every matmul's input rounded to float16, the rest in float32: wholly float16
+activations overflow in real models, SmolLM2's logits become NaN), and the largest score difference
+between the two (`noise`) is the yardstick. A differing step whose reference margin (the reference's
+score minus that of llama.cpp's token) is within it is a near-tie; one beyond it is systematic.
 """
 
 from __future__ import annotations
@@ -23,27 +26,40 @@ from typing import Sequence
 from .server_steps import Step
 
 
-def block_hidden(draft, target, context_ids: Sequence[int], block, mask_embedding=None):
+def context_features(draft, target, ids: Sequence[int]):
+    """The target's features (1, len(ids), k * hidden) at the drafter's `target_layer_ids`. The target
+    is causal, so the first p rows are the features of `ids[:p]`: one forward serves every step of a
+    prompt."""
+    import torch
+    from dflash.model import extract_context_feature
+
+    with torch.inference_mode():
+        out = target(torch.tensor([list(ids)], dtype=torch.long), output_hidden_states=True)
+        return extract_context_feature(out.hidden_states, draft.target_layer_ids)
+
+
+def block_hidden(draft, target, context_ids: Sequence[int], block, mask_embedding=None, features=None):
     """The reference drafter's output states for `block` (1, n) after `context_ids`, as llama.cpp's
     DFlash speculator lays them out: the context's target features (at the drafter's
-    `target_layer_ids`) injected, the block at the positions after the context. `mask_embedding`
-    stands in for the target's embedding row of the mask token (a drafter's own mask_embedding.pt)."""
+    `target_layer_ids`; the first len(context_ids) rows of `features` where given) injected, the block
+    at the positions after the context. `mask_embedding` stands in for the target's embedding row of
+    the mask token (a drafter's own mask_embedding.pt)."""
     import torch
-    from dflash.model import _draft_value, _raw_input_embeddings, extract_context_feature
+    from dflash.model import _draft_value, _raw_input_embeddings
 
-    context = torch.tensor([list(context_ids)], dtype=torch.long)
+    n = len(context_ids)
+    hidden = (context_features(draft, target, context_ids) if features is None else features)[:, :n]
     with torch.inference_mode():
-        out = target(context, output_hidden_states=True)
-        hidden = extract_context_feature(out.hidden_states, draft.target_layer_ids)
         scale = float(_draft_value(draft.config, "input_embedding_scale", 1.0))
         noise = _raw_input_embeddings(target, block, scale)
         if mask_embedding is not None:
             noise[block == int(draft.mask_token_id)] = mask_embedding.to(noise.dtype) * scale
-        positions = torch.arange(context.shape[1] + block.shape[1])[None]
+        positions = torch.arange(n + block.shape[1])[None]
         return draft(target_hidden=hidden, noise_embedding=noise, position_ids=positions)
 
 
-def block_logits(draft, target, context_ids: Sequence[int], id_last: int, n_draft: int, mask_embedding=None):
+def block_logits(draft, target, context_ids: Sequence[int], id_last: int, n_draft: int, mask_embedding=None,
+                 features=None):
     """The reference DFlash drafter's logits (n_draft, vocab) for the block `[id_last, mask x n_draft]`
     after `context_ids`: row i decides the i-th drafted token."""
     import torch
@@ -51,9 +67,66 @@ def block_logits(draft, target, context_ids: Sequence[int], id_last: int, n_draf
 
     block = torch.full((1, n_draft + 1), int(draft.mask_token_id), dtype=torch.long)
     block[0, 0] = int(id_last)
-    h = block_hidden(draft, target, context_ids, block, mask_embedding)
+    h = block_hidden(draft, target, context_ids, block, mask_embedding, features)
     with torch.inference_mode():
         return draft.compute_logits(h[:, 1:, :], _output_head(target))[0].float()
+
+
+def _anchor_first(draft) -> bool:
+    """DSpark drafts from the anchor's own position (block `[id_last, mask x (n - 1)]`); DFlash and
+    DFlash 2 from the n positions after it."""
+    return hasattr(draft, "markov_head")
+
+
+def drafted_states(draft, target, context_ids: Sequence[int], id_last: int, n_draft: int, features=None):
+    """The drafter's output states (n_draft, hidden) that decide the n_draft drafted tokens."""
+    import torch
+
+    width = n_draft if _anchor_first(draft) else n_draft + 1
+    block = torch.full((1, width), int(draft.mask_token_id), dtype=torch.long)
+    block[0, 0] = int(id_last)
+    return block_hidden(draft, target, context_ids, block, features=features)[0, width - n_draft:]
+
+
+def draft_scores(draft, target, states, predecessors):
+    """Per drafted position, the scores (n, vocab) the drafter's greedy decoding takes the argmax of,
+    given each position's predecessor (the token before it in the block), and the same scores with
+    a token the drafter could not pick lowered by how far it is from being pickable. DFlash: its
+    logits. DSpark: its head's logits plus the Markov head's row. DFlash 2: its logits plus the
+    candidate selector's predecessor-successor term, over its top-k candidates by logit (-inf
+    elsewhere; lowered instead by the logit's distance below the k-th candidate's)."""
+    import torch
+    from dflash.model import _output_head
+
+    with torch.inference_mode():
+        if _anchor_first(draft):
+            scores = (_output_head(target)(states) + draft.markov_head(predecessors)).float()
+            return scores, scores
+        logits = draft.compute_logits(states, _output_head(target)).float()
+        selector = getattr(draft, "candidate_selector", None)
+        if selector is None:
+            return logits, logits
+        pair = selector.predecessor_codebook(predecessors) * selector.hidden_projection(states)
+        scores = (logits + pair @ selector.successor_codebook.weight.T).float()
+        kth = logits.topk(selector.top_k, -1).values[:, -1:]
+        outside = (kth - logits).clamp(min=0)
+        keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, logits.topk(selector.top_k, -1).indices, True)
+        return scores.masked_fill(~keep, float("-inf")), scores - outside
+
+
+def greedy_block(draft, target, states, id_last: int):
+    """The reference's drafted tokens and, row by row, the scores each was the argmax of (masked to
+    what the drafter could pick, and lowered: draft_scores)."""
+    import torch
+
+    tokens, rows, lowered, previous = [], [], [], int(id_last)
+    for k in range(states.shape[0]):
+        row, low = draft_scores(draft, target, states[k:k + 1], torch.tensor([previous]))
+        previous = int(row[0].argmax())
+        tokens.append(previous)
+        rows.append(row[0])
+        lowered.append(low[0])
+    return tokens, torch.stack(rows), torch.stack(lowered)
 
 
 @dataclass
@@ -76,8 +149,29 @@ def draft_steps(prompt_ids: Sequence[Sequence[int]], emitted: Sequence[Sequence[
     return result
 
 
-def _margin(logits, token: int) -> float:
-    return float(logits.max() - logits[token])
+def _margin(scores, token: int) -> float:
+    """How far `token` is below the best score of its row (lowered scores: draft_scores)."""
+    return round(float(scores.max() - scores[token]), 6)
+
+
+def _round_matmul_inputs(model) -> None:
+    """Round every linear layer's input to float16, as llama.cpp's CPU matmul with F16 weights does
+    (ggml converts the activations to the weights' dot type); the rest stays in float32."""
+    import torch
+
+    def to_f16(_module, args):
+        return (args[0].to(torch.float16).float(), *args[1:])
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_pre_hook(to_f16)
+
+
+def _finite_difference(a, b) -> float:
+    import torch
+
+    both = torch.isfinite(a) & torch.isfinite(b)
+    return float((a - b).abs()[both].max()) if both.any() else 0.0
 
 
 def draft_parity(draft_dir: Path, target_dir: Path, prompt_ids: Sequence[Sequence[int]],
@@ -90,31 +184,43 @@ def draft_parity(draft_dir: Path, target_dir: Path, prompt_ids: Sequence[Sequenc
     from .reference import drafter_class
 
     cls = drafter_class(Path(draft_dir))
-    models = {dtype: (cls.from_pretrained(str(draft_dir), dtype=dtype).eval(),
-                      AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype).eval())
+    models = {dtype: (cls.from_pretrained(str(draft_dir), dtype=dtype).eval().float(),
+                      AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype).eval().float())
               for dtype in (torch.float32, torch.float16)}
-    todo = draft_steps(prompt_ids, emitted, steps)
+    for model in models[torch.float16]:
+        _round_matmul_inputs(model)
+    (draft, target), (draft16, target16) = models[torch.float32], models[torch.float16]
+    sequences = [list(p) + list(t) for p, t in zip(prompt_ids, emitted)]
+    features: dict = {}
     compared = []
     noise = 0.0
-    for step, context, id_last in todo:
-        f32 = block_logits(*models[torch.float32], context, id_last, len(step.llama))
-        f16 = block_logits(*models[torch.float16], context, id_last, len(step.llama))
-        noise = max(noise, float((f32 - f16).abs().max()))
-        compared.append((step, f32))
+    for step, context, id_last in draft_steps(prompt_ids, emitted, steps):
+        if step.prompt not in features:
+            features = {step.prompt: (context_features(draft, target, sequences[step.prompt]),
+                                      context_features(draft16, target16, sequences[step.prompt]))}
+        f32, f16 = features[step.prompt]
+        n = len(step.llama)
+        states = drafted_states(draft, target, context, id_last, n, f32)
+        reference, scores, lowered = greedy_block(draft, target, states, id_last)
+        states16 = drafted_states(draft16, target16, context, id_last, n, f16)
+        along_reference = torch.tensor([id_last] + reference[:-1])
+        noise = max(noise, _finite_difference(scores, draft_scores(draft16, target16, states16, along_reference)[0]))
+        along_llama = draft_scores(draft, target, states, torch.tensor([id_last] + step.llama[:-1]))[1]
+        compared.append((step, reference, lowered, along_llama))
     first_equal = block_equal = 0
     differing = []
-    for step, logits in compared:
-        reference = logits.argmax(-1).tolist()
+    for step, reference, lowered, along_llama in compared:
         first_equal += reference[0] == step.llama[0]
         block_equal += reference == step.llama
         if reference != step.llama:
+            # up to i both blocks are one path, so row i of the reference's scores is llama.cpp's too
             i = next(k for k, (a, b) in enumerate(zip(reference, step.llama)) if a != b)
             differing.append({"prompt": step.prompt, "position": step.position, "first_difference": i,
                               "llama": step.llama, "reference": reference,
-                              "reference_margin": round(_margin(logits[i], step.llama[i]), 6),
-                              "llama_margins": [round(_margin(logits[k], t), 6) for k, t in enumerate(step.llama)],
+                              "reference_margin": _margin(lowered[i], step.llama[i]),
+                              "llama_margins": [_margin(along_llama[k], t) for k, t in enumerate(step.llama)],
                               "reference_top2_gaps": [round(float(v[0] - v[1]), 6)
-                                                      for v in logits.topk(2, dim=-1).values]})
+                                                      for v in lowered.topk(2, dim=-1).values]})
     for d in differing:
         d["verdict"] = "near-tie" if d["reference_margin"] <= noise else "systematic"
     n = len(compared)

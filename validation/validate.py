@@ -71,7 +71,7 @@ def _reference_parity(settings: ValidationSettings, prompt_ids: list[list[int]],
     runs = run_reference(settings.reference_draft, settings.reference_target, prompt_ids, settings.n_predict)
     steps = sum(len(r.acceptance_lengths) for r in runs)
     tau = sum(sum(r.acceptance_lengths) for r in runs) / steps if steps else 0.0
-    progress("reference: drafting every block llama.cpp drafted, at the same context, in float32 and float16")
+    progress("reference: drafting every block llama.cpp drafted, at the same context, in float32 and with float16 weights")
     parity = draft_parity(settings.reference_draft, settings.reference_target, prompt_ids,
                           [c.tokens for c in spec.sequential], [task.steps for task in spec_tasks])
     return {"mean_acceptance_length": round(tau, 4), "draft": str(settings.reference_draft),
