@@ -12,6 +12,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# One core per pytest worker (-n auto): a llama-server started without -t takes LLAMA_ARG_THREADS
+# (llama.cpp's own variable; validate's replay reads it too), PyTorch takes OMP_NUM_THREADS. Left to
+# their defaults, each takes every core, and two workers' spinning threads on two cores ran the
+# tiny target's validate 5x slower (62 s against 11.5 s). A test that measures threads passes -t.
+os.environ.setdefault("LLAMA_ARG_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 pytest_plugins = ["tests.timing", "tests.tiers"]
 
 

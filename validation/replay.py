@@ -42,6 +42,12 @@ TOP = 8  # logits kept per row: the top few, for the report and the noise measur
 
 # llama-server's own defaults (common/common.h) for what decides the numerics
 _N_BATCH, _N_UBATCH = 2048, 512
+
+
+def _env_threads() -> int | None:
+    """LLAMA_ARG_THREADS, which llama-server takes for -t when the command line has none."""
+    value = os.environ.get("LLAMA_ARG_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 _DRAFT_N_MAX = 3
 # the speculative types for which the server keeps recurrent-state snapshots (need_n_rs_seq)
 _SNAPSHOT_SPEC_TYPES = {"draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark"}
@@ -82,7 +88,7 @@ class ServerContext:
         return cls(
             n_ctx=number(("-c", "--ctx-size"), n_ctx),
             n_seq=number(("-np", "--parallel"), 1),
-            threads=number(("-t", "--threads"), None),
+            threads=number(("-t", "--threads"), _env_threads()),
             threads_batch=number(("-tb", "--threads-batch"), None),
             n_batch=number(("-b", "--batch-size"), _N_BATCH),
             n_ubatch=number(("-ub", "--ubatch-size"), _N_UBATCH),
