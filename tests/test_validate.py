@@ -151,7 +151,7 @@ def test_validate_runs_the_command_serve_runs(converted, target_gguf, prompts_fi
     context, so validate adds only the server's step log (-lv 5), and -np / --spec-draft-n-max are
     read by the runner."""
     draft = converted["dflash-b16"]
-    user = ["-c", "1024", "-t", "2", "-np", "2", "--spec-draft-n-max", "8"]
+    user = ["-c", "1024", "-t", "1", "-np", "2", "--spec-draft-n-max", "8"]  # -t 2 beside another worker: 122 s
     served = _serve_command(target_gguf, draft, *user)
     out = tmp_path / "report.json"
     proc = run_validate("--target", target_gguf, "--draft", draft, "--prompts", prompts_file, "-n", N,
@@ -160,13 +160,13 @@ def test_validate_runs_the_command_serve_runs(converted, target_gguf, prompts_fi
     report = json.loads(out.read_text())
     launch = report["launch"]
     assert _without(_without_port(launch["speculative_command"]), "-lv", 2) == _without_port(served)
-    assert launch["added"] == ["-lv", "5"] and launch["user_args"] == ["-c", "1024", "-t", "2"]
+    assert launch["added"] == ["-lv", "5"] and launch["user_args"] == ["-c", "1024", "-t", "1"]
     assert served.count("--spec-draft-n-max") == 1 and served[served.index("--spec-draft-n-max") + 1] == "8"
     assert served[served.index("--parallel") + 1] == "2" and report["settings"]["parallel"] == 2
     assert report["settings"]["draft_max"] == 8
     # the target alone runs the same launch without the drafter's -md/--spec-type/--spec-draft-n-max
     assert _without(_without_port(launch["target_command"]), "-lv", 2) == _without(_without_port(served), "-md", 6)
-    assert "your arguments        -c 1024 -t 2" in proc.stdout
+    assert "your arguments        -c 1024 -t 1" in proc.stdout
 
 
 def test_validate_says_what_it_adds_for_measuring(converted, target_gguf, prompts_file, tmp_path):

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from .server_steps import Step
+
+if TYPE_CHECKING:
+    import torch
 
 
 def context_features(draft, target, ids: Sequence[int]):
@@ -88,45 +91,54 @@ def drafted_states(draft, target, context_ids: Sequence[int], id_last: int, n_dr
     return block_hidden(draft, target, context_ids, block, features=features)[0, width - n_draft:]
 
 
-def draft_scores(draft, target, states, predecessors):
-    """Per drafted position, the scores (n, vocab) the drafter's greedy decoding takes the argmax of,
-    given each position's predecessor (the token before it in the block), and the same scores with
-    a token the drafter could not pick lowered by how far it is from being pickable. DFlash: its
-    logits. DSpark: its head's logits plus the Markov head's row. DFlash 2: its logits plus the
-    candidate selector's predecessor-successor term, over its top-k candidates by logit (-inf
-    elsewhere; lowered instead by the logit's distance below the k-th candidate's)."""
+class Scores(NamedTuple):
+    """Per drafted position (n, vocab): what the drafter's greedy decoding takes the argmax of
+    (`picked`: -inf where it cannot pick), the same before that restriction (`full`), and how far each
+    token is from being pickable (`outside`: DFlash 2's logit distance below its k-th candidate)."""
+    picked: "torch.Tensor"
+    full: "torch.Tensor"
+    outside: "torch.Tensor"
+
+    def margin(self, row: int, token: int) -> float:
+        """How far the drafter is from taking `token` at `row`: its score below the choice's, or its
+        distance from the candidates, whichever is larger."""
+        gap = float(self.picked[row].max() - self.full[row, token])
+        return round(max(gap, float(self.outside[row, token])), 6)
+
+
+def draft_scores(draft, target, states, predecessors) -> Scores:
+    """The scores of each drafted position given its predecessor (the token before it in the block).
+    DFlash: its logits. DSpark: its head's logits plus the Markov head's row. DFlash 2: its logits
+    plus the candidate selector's predecessor-successor term, over its top-k candidates by logit."""
     import torch
     from dflash.model import _output_head
 
     with torch.inference_mode():
         if _anchor_first(draft):
             scores = (_output_head(target)(states) + draft.markov_head(predecessors)).float()
-            return scores, scores
+            return Scores(scores, scores, torch.zeros_like(scores))
         logits = draft.compute_logits(states, _output_head(target)).float()
         selector = getattr(draft, "candidate_selector", None)
         if selector is None:
-            return logits, logits
+            return Scores(logits, logits, torch.zeros_like(logits))
         pair = selector.predecessor_codebook(predecessors) * selector.hidden_projection(states)
         scores = (logits + pair @ selector.successor_codebook.weight.T).float()
-        kth = logits.topk(selector.top_k, -1).values[:, -1:]
-        outside = (kth - logits).clamp(min=0)
-        keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, logits.topk(selector.top_k, -1).indices, True)
-        return scores.masked_fill(~keep, float("-inf")), scores - outside
+        top = logits.topk(selector.top_k, -1)
+        keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, top.indices, True)
+        return Scores(scores.masked_fill(~keep, float("-inf")), scores, (top.values[:, -1:] - logits).clamp(min=0))
 
 
-def greedy_block(draft, target, states, id_last: int):
-    """The reference's drafted tokens and, row by row, the scores each was the argmax of (masked to
-    what the drafter could pick, and lowered: draft_scores)."""
+def greedy_block(draft, target, states, id_last: int) -> tuple[list[int], Scores]:
+    """The reference's drafted tokens and the scores of its own path, row by row."""
     import torch
 
-    tokens, rows, lowered, previous = [], [], [], int(id_last)
+    tokens, rows, previous = [], [], int(id_last)
     for k in range(states.shape[0]):
-        row, low = draft_scores(draft, target, states[k:k + 1], torch.tensor([previous]))
-        previous = int(row[0].argmax())
+        row = draft_scores(draft, target, states[k:k + 1], torch.tensor([previous]))
+        previous = int(row.picked[0].argmax())
         tokens.append(previous)
-        rows.append(row[0])
-        lowered.append(low[0])
-    return tokens, torch.stack(rows), torch.stack(lowered)
+        rows.append(row)
+    return tokens, Scores(*(torch.cat(parts) for parts in zip(*rows)))
 
 
 @dataclass
@@ -147,11 +159,6 @@ def draft_steps(prompt_ids: Sequence[Sequence[int]], emitted: Sequence[Sequence[
                 result.append((DraftStep(n, step.position, list(step.proposed)), sequence[:step.position],
                                sequence[step.position]))
     return result
-
-
-def _margin(scores, token: int) -> float:
-    """How far `token` is below the best score of its row (lowered scores: draft_scores)."""
-    return round(float(scores.max() - scores[token]), 6)
 
 
 def _round_matmul_inputs(model) -> None:
@@ -201,15 +208,16 @@ def draft_parity(draft_dir: Path, target_dir: Path, prompt_ids: Sequence[Sequenc
         f32, f16 = features[step.prompt]
         n = len(step.llama)
         states = drafted_states(draft, target, context, id_last, n, f32)
-        reference, scores, lowered = greedy_block(draft, target, states, id_last)
+        reference, scores = greedy_block(draft, target, states, id_last)
         states16 = drafted_states(draft16, target16, context, id_last, n, f16)
         along_reference = torch.tensor([id_last] + reference[:-1])
-        noise = max(noise, _finite_difference(scores, draft_scores(draft16, target16, states16, along_reference)[0]))
-        along_llama = draft_scores(draft, target, states, torch.tensor([id_last] + step.llama[:-1]))[1]
-        compared.append((step, reference, lowered, along_llama))
+        noise = max(noise, _finite_difference(scores.picked,
+                                              draft_scores(draft16, target16, states16, along_reference).picked))
+        along_llama = draft_scores(draft, target, states, torch.tensor([id_last] + step.llama[:-1]))
+        compared.append((step, reference, scores, along_llama))
     first_equal = block_equal = 0
     differing = []
-    for step, reference, lowered, along_llama in compared:
+    for step, reference, scores, along_llama in compared:
         first_equal += reference[0] == step.llama[0]
         block_equal += reference == step.llama
         if reference != step.llama:
@@ -217,10 +225,10 @@ def draft_parity(draft_dir: Path, target_dir: Path, prompt_ids: Sequence[Sequenc
             i = next(k for k, (a, b) in enumerate(zip(reference, step.llama)) if a != b)
             differing.append({"prompt": step.prompt, "position": step.position, "first_difference": i,
                               "llama": step.llama, "reference": reference,
-                              "reference_margin": _margin(lowered[i], step.llama[i]),
-                              "llama_margins": [_margin(along_llama[k], t) for k, t in enumerate(step.llama)],
+                              "reference_margin": scores.margin(i, step.llama[i]),
+                              "llama_margins": [along_llama.margin(k, t) for k, t in enumerate(step.llama)],
                               "reference_top2_gaps": [round(float(v[0] - v[1]), 6)
-                                                      for v in lowered.topk(2, dim=-1).values]})
+                                                      for v in scores.picked.topk(2, dim=-1).values]})
     for d in differing:
         d["verdict"] = "near-tie" if d["reference_margin"] <= noise else "systematic"
     n = len(compared)
