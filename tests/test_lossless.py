@@ -115,3 +115,16 @@ def test_the_replay_keeps_as_many_recurrent_snapshots_as_the_server():
     speculative = ["-m", "t.gguf", "-md", "d.gguf", "--spec-type", "draft-dflash", "--spec-draft-n-max", "7"]
     assert ServerContext.from_args(speculative, 512).n_rs_seq == 7  # llama-server: need_n_rs_seq() = n_max
     assert ServerContext.from_args(["-m", "t.gguf"], 512).n_rs_seq == 0  # the target alone keeps none
+
+
+def test_replay_threads_follow_the_command_line_then_llama_arg_threads(monkeypatch):
+    """The replay runs with the threads the server ran with: -t, else LLAMA_ARG_THREADS (which
+    llama-server reads for -t), else llama.cpp's default."""
+    from dflash_gguf.validation.replay import ServerContext
+
+    monkeypatch.setenv("LLAMA_ARG_THREADS", "3")
+    assert ServerContext.from_args(["-m", "t.gguf"], 512).threads == 3
+    assert ServerContext.from_args(["-m", "t.gguf", "-t", "2"], 512).threads == 2
+    for unusable in ("abc", "0", ""):
+        monkeypatch.setenv("LLAMA_ARG_THREADS", unusable)
+        assert ServerContext.from_args(["-m", "t.gguf"], 512).threads is None

@@ -42,18 +42,18 @@ TOP = 8  # logits kept per row: the top few, for the report and the noise measur
 
 # llama-server's own defaults (common/common.h) for what decides the numerics
 _N_BATCH, _N_UBATCH = 2048, 512
-
-
-def _env_threads() -> int | None:
-    """LLAMA_ARG_THREADS, which llama-server takes for -t when the command line has none."""
-    value = os.environ.get("LLAMA_ARG_THREADS", "")
-    return int(value) if value.isdigit() and int(value) > 0 else None
 _DRAFT_N_MAX = 3
 # the speculative types for which the server keeps recurrent-state snapshots (need_n_rs_seq)
 _SNAPSHOT_SPEC_TYPES = {"draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark"}
 _CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30,
                 "iq4_nl": 20}
 _FLASH = {"on": 1, "off": 0, "auto": -1, "enabled": 1, "disabled": 0}
+
+
+def _env_threads() -> int | None:
+    """LLAMA_ARG_THREADS, which llama-server takes for -t when the command line has none."""
+    value = os.environ.get("LLAMA_ARG_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 @dataclass(frozen=True)
