@@ -77,6 +77,16 @@ def _summary(docstring: str) -> str | None:
     return text if text.endswith((".", "?", "!")) else text + "."
 
 
+def _segment(lines: list[bytes], node: ast.AST) -> str:
+    """ast.get_source_segment(text, node) for lines split once (it splits the whole text per call:
+    34 s of the 35 s the standard library's functions took)."""
+    first, last = node.lineno - 1, node.end_lineno - 1
+    if first == last:
+        return lines[first][node.col_offset:node.end_col_offset].decode()
+    return b"".join([lines[first][node.col_offset:], *lines[first + 1:last],
+                     lines[last][:node.end_col_offset]]).decode()
+
+
 def _functions(path: Path):
     """(module, name, args, docstring, source) for the public top-level functions of a file."""
     try:
@@ -84,12 +94,14 @@ def _functions(path: Path):
         tree = ast.parse(text)
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
         return
+    # as the parser (and ast.get_source_segment) split: at \r\n, \r and \n only
+    lines = [line.encode() for line in re.findall(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$", text)]
     module = path.stem
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
             continue
         doc = ast.get_docstring(node)
-        source = ast.get_source_segment(text, node) or ""
+        source = _segment(lines, node)
         args = ", ".join(a.arg for a in node.args.args)
         yield module, node.name, args, doc, source
 
