@@ -259,11 +259,15 @@ def _exists(repo: str, revision: str = DEFAULT_REVISION) -> bool:
 def _fetch_model_info(repo: str, revision: str) -> hub_client.ModelInfo:
     """`/api/models/O/N/revision/R` (always at a revision: mirrors answer it where the bare form is
     refused), read through the typed reader."""
+    import httpx2
     from huggingface_hub import constants
     from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_backoff
 
     url = f"{constants.ENDPOINT}/api/models/{repo}/revision/{quote(revision, safe='')}"
-    response = http_backoff("GET", url, headers=build_hf_headers())
+    # a connection refused or a name not resolved is not retried, as downloads do not retry it: no
+    # network is one line at once, not after 23 s of backoff
+    retried = (httpx2.TimeoutException, httpx2.ReadError, httpx2.WriteError, httpx2.RemoteProtocolError)
+    response = http_backoff("GET", url, headers=build_hf_headers(), retry_on_exceptions=retried)
     hf_raise_for_status(response)
     return hub_client.read_model_info(response.content, hub_client.shown_url(url))
 
