@@ -114,7 +114,7 @@ def test_lossless_on_held_out_chat_prompts(drafter, qtype, smollm2, held_out, tm
         ref = data["reference"]["mean_acceptance_length"]
         assert data["mean_acceptance_length"] >= 0.95 * ref, (data["mean_acceptance_length"], ref)
         # llama.cpp's drafts are the reference's, step by step: a differing block is a near-tie within
-        # what rounding the weights to F16 alone moves the logits (measured: 0.035 for dflash)
+        # what F16 arithmetic moves the reference's scores (measured: 0.053 dflash, 0.017 dflash2)
         parity = data["reference"]["draft_parity"]
         assert parity["steps"] > 0 and 0 < parity["noise_f16_vs_f32"] < 1, parity
         assert parity["first_position_equal"] >= 0.9 and parity["systematic"] == 0, parity
