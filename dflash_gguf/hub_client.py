@@ -18,7 +18,8 @@ mirror, or something pretending to be one) answers, the client holds to:
 - a listing's next-page link that comes back, or more than MAX_PAGES pages, stops the listing;
 - identifiers huggingface_hub turns into cache paths are checked before it sees them: commit ids
   (X-Repo-Commit, model info `sha`) are 40 hex digits, ETags and file names are plain names, and none
-  holds a token; model info must be what the typed reader (`model_info_fields`) accepts.
+  holds a token; model info must be what the typed reader (`model_info_fields`) accepts;
+- no transfer leaves through hf_xet (its own client, outside this guard): files come over plain HTTP.
 
 Anything else ends in one HubError line naming the URL (never its user:password) and what to do.
 """
@@ -534,6 +535,10 @@ def install() -> None:
 
     from .signals import on_terminate
 
+    # Xet transfers go through hf_xet's own HTTP client (to a storage host a server names, with a token
+    # it hands out) and into a blob store keyed by a hash the server gives: none of it passes the guard.
+    # Plain HTTP download and LFS upload, which every Hub still serves, do.
+    constants.HF_HUB_DISABLE_XET = True
     transport_class = _make_transport(constants.ENDPOINT)
 
     def client() -> httpx2.Client:

@@ -113,6 +113,19 @@ def test_file_headers_that_would_be_paths_are_refused(hub, tmp_path, header, val
     assert not any(TOKEN in str(p) or ".." in p.name for p in (tmp_path / "hf-home").rglob("*"))
 
 
+def test_a_file_announced_in_xet_storage_comes_over_the_guarded_http(hub, tmp_path):
+    """hf_xet would fetch it with its own client from a host the server names: the guard never sees it."""
+    sha = _repo(hub)
+    headers = {"X-Repo-Commit": sha, "ETag": '"' + "e" * 40 + '"', "X-Xet-Hash": "a" * 64,
+               "X-Xet-Refresh-Route": f"{hub.cdn_url}/api/models/z-lab/d/xet-read-token/{sha}"}
+    hub.answer(r"/z-lab/d/resolve/[^/]+/config.json", raw(200, CONFIG.encode(), headers))
+    proc, _ = _convert(hub, tmp_path, HF_TOKEN=TOKEN)
+    got = [c for c in hub.calls if c["path"].endswith("/config.json") and c["method"] == "GET"]
+    assert got, proc.stderr
+    assert not any("xet" in c["path"] for c in hub.calls), [c["path"] for c in hub.calls]
+    assert TOKEN not in proc.stderr + proc.stdout
+
+
 # -- the token goes to the endpoint's origin only -------------------------------------------------------
 
 def test_next_page_link_to_another_host_gets_no_token(hub, tmp_path):
