@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tests import warm
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,12 +30,11 @@ IN_PROCESS = frozenset({"convert", "doctor", "inspect", "quantize"})
 
 def dflash_gguf(*args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None,
                 process: bool = False) -> subprocess.CompletedProcess:
-    """Run the real command line, as a user would: in a new process (`process=True` forces one),
-    or through cli() for the subcommands in IN_PROCESS."""
+    """Run the real command line, as a user would: in a new process (`process=True` forces one;
+    forked from a warm one, tests/warm.py), or through cli() for the subcommands in IN_PROCESS."""
     if not process and env is None and args and str(args[0]) in IN_PROCESS:
         return cli(*args, cwd=cwd)
-    return subprocess.run([sys.executable, "-m", "dflash_gguf.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, env=env)
+    return warm.run_cli(args, cwd=cwd, env=env)
 
 
 def cli(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -544,8 +544,8 @@ def start(tls: tuple[Path, Path] | None = None) -> LocalHub:
         for s in (server, server.cdn):
             s.socket = context.wrap_socket(s.socket, server_side=True)
         server.scheme = "https"
-    for s in (server, server.cdn):
-        threading.Thread(target=s.serve_forever, daemon=True).start()
+    for s in (server, server.cdn):  # shutdown() waits up to one poll interval (0.5 s by default)
+        threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     return server
 
 

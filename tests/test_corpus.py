@@ -36,6 +36,7 @@ from dflash_gguf.cli import main
 from dflash_gguf.runner import build
 from tests.malformed import (deep_json, edit_config, encode, nested_array, rebuild_gguf, rewrite_safetensors_header,
                              sparse_checkpoint, truncate, write_config)
+from tests.warm import run_cli
 
 HANG_LIMIT = 30  # seconds any subprocess case may take; a hang fails the case
 SECRET = b"SECRET-OUTSIDE-BYTES-4242"
@@ -65,8 +66,7 @@ def check(args, codes, inputs=(), outputs=(), env=None, isolated: bool = False) 
     could block (`isolated`: a FIFO among the inputs), as a subprocess that may not outlive HANG_LIMIT."""
     before = _digests(inputs)
     if isolated:
-        proc = subprocess.run([sys.executable, "-m", "dflash_gguf.cli", *map(str, args)], capture_output=True,
-                              text=True, timeout=HANG_LIMIT, env=env)
+        proc = run_cli(args, timeout=HANG_LIMIT, env=env)
         status, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
     else:
         result = CliRunner().invoke(main, [str(a) for a in args], env=env, catch_exceptions=True)
@@ -466,8 +466,7 @@ def test_fifos_are_refused_without_hanging(base, tmp_path, case):
     (b["ckpt_fifo_weights"] / "model.safetensors").unlink()
     os.mkfifo(b["ckpt_fifo_weights"] / "model.safetensors")
     args = FIFO_CASES[case](fifo, b, tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "dflash_gguf.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=HANG_LIMIT)
+    proc = run_cli(args, timeout=HANG_LIMIT)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.local_hub import LocalHub, drip, hang, hub_env, model_info, raw
+from tests.warm import run_cli
 
 TOKEN = "hf_HostileHubToken0123456789abcdef"
 DRAFTER = "z-lab/d"
@@ -32,10 +33,9 @@ def _repo(hub: LocalHub, **files) -> str:
 
 
 def _run(hub: LocalHub, tmp_path: Path, *args, timeout: float = 60, **env) -> tuple[subprocess.CompletedProcess, float]:
-    env = hub_env(hub, tmp_path, **{"DFLASH_GGUF_HUB_TIMEOUT": "2", **env})
+    env = hub_env(hub, tmp_path, **{"DFLASH_GGUF_HUB_TIMEOUT": "1", **env})
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "dflash_gguf.cli", *map(str, args)], capture_output=True,
-                          text=True, env=env, timeout=timeout)
+    proc = run_cli(args, env=env, timeout=timeout)
     return proc, time.monotonic() - start
 
 
@@ -158,7 +158,7 @@ def test_a_server_that_never_finishes_ends_within_the_deadline(hub, tmp_path, an
     _repo(hub)
     hub.answer(r"/z-lab/d/resolve/.*/config\.json", answer)
     proc, took = _convert(hub, tmp_path)
-    _one_line(proc, "no complete answer within 2 s", "DFLASH_GGUF_HUB_TIMEOUT")
+    _one_line(proc, "no complete answer within 1 s", "DFLASH_GGUF_HUB_TIMEOUT")
     assert took < 20, took
 
 
@@ -321,13 +321,13 @@ def test_a_command_s_hub_traffic_has_a_deadline_too(hub, tmp_path):
 
     def slow_page(handler):
         cursor = int(handler._call["query"].get("cursor", ["0"])[0])
-        time.sleep(0.5)
+        time.sleep(0.1)
         raw(200, b"[]", {"Link": f'<{hub.url}/api/models/z-lab/d/tree/main?recursive=true&cursor={cursor + 1}>; '
                                   'rel="next"'})(handler)
 
     hub.answer(r"/api/models/z-lab/d/tree/.*", slow_page)
-    proc, took = _convert(hub, tmp_path, DFLASH_GGUF_HUB_TIMEOUT="1")
-    _one_line(proc, "this command's Hub traffic has taken over 10 times 1 s")
+    proc, took = _convert(hub, tmp_path, DFLASH_GGUF_HUB_TIMEOUT="0.3")
+    _one_line(proc, "this command's Hub traffic has taken over 10 times 0.3 s")
     assert took < 30, took
 
 

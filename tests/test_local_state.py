@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from dflash_gguf.runner import build, tuned
 from dflash_gguf.runner.serve_cli import _tuned
 from dflash_gguf.runner.tune import Setting
 from dflash_gguf.validation.doctor import card_tau
+from tests.warm import run_cli
 
 HOSTILE_FILES = ["fifo", "dev-zero", "sparse-5GiB", "deep-json"]
 
@@ -63,8 +63,7 @@ def _cli(*args: str, hf_home: Path, token: str | None = None) -> subprocess.Comp
     env["HF_HOME"] = str(hf_home)
     if token:
         env["HF_TOKEN"] = token
-    return subprocess.run([sys.executable, "-m", "dflash_gguf.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=60)
+    return run_cli(args, env=env, timeout=60)
 
 
 @pytest.mark.parametrize("kind", HOSTILE_FILES)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from tests.refusal import assert_refused
 
 from dflash_gguf.release.publish import publish
 from tests import local_hub
+from tests.warm import run_cli
 
 TOKEN = "hf_TestSecretToken0123456789abcdefXYZ"
 
@@ -28,8 +28,7 @@ def _env(hub: local_hub.LocalHub, tmp_path: Path, token: str | None = TOKEN) -> 
 
 def _publish(*args, env: dict, verbose: bool = False) -> subprocess.CompletedProcess:
     """The real command line; `verbose` adds -v, so huggingface_hub's and our INFO log goes to stderr."""
-    return subprocess.run([sys.executable, "-m", "dflash_gguf.cli", *(["-v"] if verbose else []), "publish",
-                           *map(str, args)], check=False, capture_output=True, text=True, env=env)
+    return run_cli([*(["-v"] if verbose else []), "publish", *args], env=env)
 
 
 def tiny_gguf(path: Path, n: int, license: str | None = None) -> Path:
@@ -245,7 +244,6 @@ def test_a_token_file_that_is_a_fifo_is_refused_not_waited_on(hub, tmp_path):
     env = _env(hub, tmp_path, token=None)
     (tmp_path / "hf-home").mkdir()
     os.mkfifo(tmp_path / "hf-home" / "token")
-    proc = subprocess.run([sys.executable, "-m", "dflash_gguf.cli", "publish", str(folder), "--repo", "me/tiny"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    proc = run_cli(["publish", folder, "--repo", "me/tiny"], env=env, timeout=60)
     assert_refused(proc, str(tmp_path / "hf-home" / "token"), "not a regular file", "HF_TOKEN")
     assert not hub.calls

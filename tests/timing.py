@@ -87,7 +87,13 @@ _PRODUCT = {
     "dflash_gguf.convert.converter": [("convert", "conversion: ours, in-process")],
     "tests.reference_drafts": [("reference_draft", "PyTorch reference")],
     "tests.upstream": [("_convert", "conversion: pinned upstream converter")],
+    "tests.warm": [("run_cli", lambda args, *_, **__: forked_kind(args))],
 }
+
+
+def forked_kind(args) -> str:
+    """What a run_cli (tests/warm.py: a child forked from a warm process) is."""
+    return subprocess_kind(["-m", "dflash_gguf.cli", *args]).replace("CLI subprocess", "CLI forked")
 
 
 def _patch_loaded() -> None:
@@ -104,7 +110,8 @@ def _patch_loaded() -> None:
 
 def pytest_configure(config) -> None:
     subprocess.run = timed(subprocess_kind)(subprocess.run)
-    for name in ("dflash_gguf.runner.server", "dflash_gguf.runner.build", "dflash_gguf.convert.converter"):
+    for name in ("dflash_gguf.runner.server", "dflash_gguf.runner.build", "dflash_gguf.convert.converter",
+                 "tests.warm"):
         importlib.import_module(name)  # torch-free, cheap; imported now so test modules bind the timed ones
     _patch_loaded()
 

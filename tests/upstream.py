@@ -9,14 +9,11 @@ process per test worker that has imported torch, transformers and the converter'
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
-import threading
 from importlib import metadata
 from pathlib import Path
 
@@ -24,62 +21,31 @@ from dflash_gguf.hashing import hash_files, sha256_file
 from dflash_gguf.paths import cache_dir
 from dflash_gguf.runner.sdist import upstream_converter
 from tests.fixtures.tiny_models import cached_fixtures
+from tests.warm import WarmProcess
 
 CACHE_FORMAT = 1  # bump when what a cached output depends on changes
 
-# The warm process: imports what every conversion imports, then forks one child per request (a line
-# of JSON: argv, log path) and answers with the child's exit code. Forking before torch has run
-# anything is safe: its thread pools start on first use, in the child.
-_WARM = r"""
-import json, os, runpy, sys, traceback
-script, gguf_py = sys.argv[1], sys.argv[2]
+# The warm process (tests/warm.py) has imported what every conversion imports; each conversion is a
+# child forked from it. Forking before torch has run anything is safe: its thread pools start on first
+# use, in the child.
+_PREAMBLE = """
+import os, runpy, sys
+script, gguf_py = {script!r}, {gguf_py!r}
 sys.path[:0] = [gguf_py, os.path.dirname(script)]
-os.chdir(os.path.dirname(script))
 import torch, transformers, gguf, conversion  # noqa: F401
-print("ready", flush=True)
-for line in sys.stdin:
-    argv, log = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 1); os.dup2(fd, 2)
-        sys.argv = [script, *argv]
-        code = 0
-        try:
-            runpy.run_path(script, run_name="__main__")
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        sys.stdout.flush(); sys.stderr.flush()
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    print(os.waitstatus_to_exitcode(status), flush=True)
+def run():
+    runpy.run_path(script, run_name="__main__")
 """
-
-_warm: subprocess.Popen | None = None
-_lock = threading.Lock()
-
-
-def _warm_process() -> subprocess.Popen:
-    global _warm
-    if _warm is None or _warm.poll() is not None:
-        script, gguf_py = upstream_converter()
-        _warm = subprocess.Popen([sys.executable, "-c", _WARM, str(script), str(gguf_py)], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(gguf_py)})
-        atexit.register(_warm.kill)
-        if _warm.stdout.readline().strip() != "ready":
-            raise RuntimeError("the warm upstream converter process did not start")
-    return _warm
+_warm: WarmProcess | None = None
 
 
 def _convert(argv: list[str], log: Path) -> int:
-    with _lock:
-        warm = _warm_process()
-        warm.stdin.write(json.dumps([argv, str(log)]) + "\n")
-        warm.stdin.flush()
-        return int(warm.stdout.readline())
+    global _warm
+    script, gguf_py = upstream_converter()
+    if _warm is None:
+        _warm = WarmProcess(_PREAMBLE.format(script=str(script), gguf_py=str(gguf_py)))
+    env = {**os.environ, "PYTHONPATH": str(gguf_py)}
+    return _warm.run([str(script), *argv], env=env, cwd=script.parent, stdout=log, stderr=log).returncode
 
 
 def _key(script: Path, src: Path, target_dir: Path | None, outtype: str, extra: tuple[str, ...]) -> str:
