@@ -159,7 +159,7 @@ def _print_report(r: dict, list_tensors: bool) -> None:
         say("  problems        none found")
 
 
-@click.command()
+@click.command(short_help="Describe a drafter GGUF: variant, draft length, taps, which llama.cpp runs it, its problems.")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @json_option
 @click.option("--tensors", "list_tensors", is_flag=True, help="List every tensor with its type, shape and size.")
@@ -173,6 +173,11 @@ def inspect(file: Path, as_json: bool, list_tensors: bool) -> None:
 
     Exit status 0 when no problem is found, 1 when problems are listed, 2 when the file is not a
     readable GGUF.
+
+    \b
+    Examples:
+      dflash-gguf inspect dflash-Qwen3-8B-F16.gguf
+      dflash-gguf inspect dflash-Qwen3-8B-F16.gguf --json --tensors
     """
     report = describe(file).to_dict()
     if as_json:

@@ -93,7 +93,13 @@ def build_command(backend: str | None, source_dir: Path | None, jobs: int | None
 @_source_option
 def path_command(backend: str | None, source_dir: Path | None) -> None:
     """Print the bin folder of the build for the current key (exit status 2, one line, when it
-    is not built)."""
+    is not built).
+
+    \b
+    Examples:
+      dflash-gguf llama path
+      "$(dflash-gguf llama path --backend cuda)/llama-server" --version
+    """
     found = _build.find_build(backend, source_dir)
     if found is None:
         key = _build.key_for(backend, source_dir)
@@ -121,6 +127,11 @@ def rpc_server_command(backend: str | None, llama_bin: Path | None, host: str, p
     The head then spreads the target's layers over the hosts that run this:
       dflash-gguf serve -t T.gguf -d D.gguf --rpc 10.0.0.2:50052,10.0.0.3:50052 -- -ngl 99
     One rpc-server serves one llama-server at a time. Prints HOST:PORT once it listens.
+
+    \b
+    Examples (on each host that lends its device):
+      dflash-gguf llama rpc-server --host 0.0.0.0 --port 50052
+      dflash-gguf llama rpc-server --host 0.0.0.0 --backend cuda
     """
     from .rpc import RpcServer
     from .server import stop_on_signals

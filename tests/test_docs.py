@@ -150,13 +150,6 @@ def walk_through_commands(text: str) -> list[str]:
     return commands
 
 
-def table_commands(text: str) -> list[str]:
-    """The `dflash-gguf ...` synopses in the README's tables (a `\\|` there is a literal `|`)."""
-    rows = [line for line in text.splitlines() if line.startswith("| `dflash-gguf")]
-    return [span.replace("\\|", "|") for row in rows for span in CODE_SPAN.findall(row)
-            if span.startswith("dflash-gguf")]
-
-
 def make_targets_shown(text: str) -> set[str]:
     """The make targets named in the page's code: `make X` opening a code span, a line of a code block or a
     command after `;`/`&&` (a message quoted in code that says "make stock" is not a target)."""
@@ -193,10 +186,22 @@ def test_the_walk_through_runs_the_five_commands_with_options_that_exist():
     assert [p for c in commands for p in unknown_options(c)] == []
 
 
-def test_every_synopsis_in_the_command_table_exists():
-    synopses = table_commands(README.read_text(encoding="utf-8"))
-    assert len(synopses) >= 10
-    assert [p for s in synopses for p in unknown_options(s)] == []
+def test_the_command_reference_and_the_readme_table_are_current():
+    """docs/cli.md and the README's table are generated from click (dflash_gguf/cli_docs.py)."""
+    from dflash_gguf import cli_docs
+
+    stale = "is stale: run `python -m dflash_gguf.cli_docs` and commit the result"
+    assert (REPO / "docs" / "cli.md").read_text(encoding="utf-8") == cli_docs.reference(), f"docs/cli.md {stale}"
+    readme = README.read_text(encoding="utf-8")
+    assert cli_docs.readme_with_table(readme) == readme, f"README.md's command table {stale}"
+
+
+def test_every_command_s_help_has_examples():
+    from dflash_gguf import cli_docs
+
+    missing = [ctx.command_path for ctx, command in cli_docs.commands()
+               if not re.search(rf"^\s+\S*{re.escape(ctx.command_path)}\b", command.help or "", re.M)]
+    assert missing == [], f"no example (an indented `dflash-gguf ...` line) in the --help of {missing}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
@@ -235,13 +240,11 @@ def test_an_option_or_command_the_cli_lacks_is_found():
     assert unknown_options("dflash-gguf llama frobnicate") == ["`dflash-gguf llama frobnicate`: no such command"]
 
 
-def test_the_walk_through_and_table_are_read_as_a_user_reads_them():
+def test_the_walk_through_is_read_as_a_user_reads_it():
     text = ("## Five commands on a real model\n\n```sh\nT=t.gguf  # a comment\n"
             "dflash-gguf convert src --target $T \\\n    -o d.gguf  # --not-an-option\n"
-            "dflash-gguf serve -t $T -d d.gguf -- -c 8192\n```\n\n## Next\n\n"
-            "| `dflash-gguf inspect FILE [--json\\|--tensors]` | x |\n")
+            "dflash-gguf serve -t $T -d d.gguf -- -c 8192\n```\n\n## Next\n\n")
     assert walk_through_commands(text) == ["dflash-gguf convert src --target $T -o d.gguf",
                                            "dflash-gguf serve -t $T -d d.gguf -- -c 8192"]
-    assert table_commands(text) == ["dflash-gguf inspect FILE [--json|--tensors]"]
     assert make_targets_shown("`make demo`, `make no-such-target` and\n```sh\nmake test  # x\n```\n") == {
         "demo", "no-such-target", "test"}

@@ -4,7 +4,7 @@ Every module of the package is parsed (ast, nothing is imported) and each import
 top or inside a function, is resolved to the layer it reaches; an import of a higher layer fails
 this test, naming the file, the line and the layer. The base (dflash_gguf/: errors, inputs, the
 confined and typed readers, the secret filter, licenses, hashing, options) imports nothing above
-it; only the command line's entry point (dflash_gguf/cli.py), which gathers every command, sits on
+it; only the command line (dflash_gguf/cli.py, which gathers every command, and cli_docs.py, which documents them) sits on
 top. quantize/ may use runner/ (the llama-quantize binary comes from the build), not the reverse.
 """
 
@@ -21,7 +21,7 @@ PACKAGE = "dflash_gguf"
 # rank of each layer: a module may import its own layer and those of lower rank
 LAYERS = {"base": 0, "convert": 1, "runner": 2, "quantize": 3, "validation": 3, "release": 4, "train": 4, "ggml_patches": 0,
           "entry": 9}
-ENTRY = {"dflash_gguf/cli.py"}
+ENTRY = {"dflash_gguf/cli.py", "dflash_gguf/cli_docs.py"}
 
 
 def _package_dirs() -> dict[str, Path]:

@@ -43,6 +43,12 @@ def doctor_command(target, draft, checkpoint, prompts_file, n_predict, no_run, b
     Each finding is one line with its fix.
 
     Exit status: 0 when nothing is wrong, 1 when something is, 2 on bad input.
+
+    \b
+    Examples:
+      dflash-gguf doctor -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf
+      dflash-gguf doctor -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf --checkpoint Qwen3-8B-DFlash-b16/
+      dflash-gguf doctor -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf --json -- -ctkd q8_0 -np 8
     """
     prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
     server_args = with_rpc(rpc, server_args)

@@ -231,6 +231,13 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
     the chance of any false alarm at or below --alpha. The report's `distribution` gives the
     test, samples, positions, the smallest corrected p-value and the verdict, "same" or
     "different", with the positions that differ. Exit 1 on "different".
+
+    \b
+    Examples:
+      dflash-gguf validate -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf
+      dflash-gguf validate -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf --prompts mine.txt -n 256 --json
+      dflash-gguf validate -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf -- -ctkd q8_0 -fa on -np 8
+      dflash-gguf validate -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf --temperature 0.7 --samples 200
     """
     check_outputs([Output(report_file, "--report", Replace.OWNED, owned=is_report, what="report")]
                   if report_file is not None else [],
