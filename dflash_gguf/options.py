@@ -4,6 +4,7 @@
     --json            a flag: print JSON          --force           replace an existing output
     --backend         which patched build         --llama-bin DIR   any build's bin folder instead
     --rpc H:P,...     the target over rpc-servers (llama-server --rpc; also honoured after --)
+    --threads N       the llama.cpp program's CPU threads (-t)   --quantize-threads N  llama-quantize's
     -- ARGS...        extra llama-server arguments, for every command that starts a server
 """
 
@@ -65,6 +66,12 @@ exact_option = click.option(
          "token is and speculative greedy output is token-identical to plain decoding, at some speed on "
          "batches (docs/validate.md, \"Exact mode\").")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")
+# --threads is the CPU threads of the llama.cpp program a command runs; llama-quantize's are another knob
+threads_option = click.option("--threads", type=click.IntRange(min=1), default=None,
+                              help="CPU threads of the llama.cpp program it runs (its -t; train: torch's too). "
+                                   "Default: llama.cpp's own.")
+quantize_threads_option = click.option("--quantize-threads", type=click.IntRange(min=1), default=None,
+                                       help="Threads for llama-quantize. Default: every CPU.")
 force_option = click.option("--force", is_flag=True, help="Replace the output if it exists.")
 
 

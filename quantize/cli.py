@@ -1,4 +1,4 @@
-"""`dflash-gguf quantize`, and the recipe / threads options and progress lines `release` shares."""
+"""`dflash-gguf quantize`, and the recipe option and progress lines `release` shares."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ..options import OUTPUT_FILE, build_options, force_option, json_option
+from ..options import OUTPUT_FILE, build_options, force_option, json_option, quantize_threads_option
 from ..outputs import Input, Output, check_outputs
 from ..terminal import say
 from .quantize import ALL_TYPES, DEFAULT_RECIPE, RECIPES
@@ -23,8 +23,6 @@ RECIPE_HELP = "; ".join(f"{r.name}: {r.description}" for r in RECIPES.values())
 recipe_option = click.option(
     "--recipe", type=click.Choice(list(RECIPES)), default=DEFAULT_RECIPE, show_default=True,
     help=f"Which tensors keep a higher precision. {RECIPE_HELP}.")
-threads_option = click.option("--threads", type=click.IntRange(min=1), default=None,
-                               help="Threads for llama-quantize (default: every CPU).")
 
 
 def progress(message: str) -> None:
@@ -48,11 +46,11 @@ def _counts(items) -> str:
               help=f"llama-quantize file type: {', '.join(ALL_TYPES)}.")
 @recipe_option
 @build_options
-@threads_option
+@quantize_threads_option
 @force_option
 @json_option
 def quantize(src: Path, out: Path, qtype: str, recipe: str, backend: str | None, llama_bin: Path | None,
-             threads: int | None, force: bool, as_json: bool) -> None:
+             quantize_threads: int | None, force: bool, as_json: bool) -> None:
     """Quantize a drafter GGUF with llama-quantize, keeping acceptance-critical tensors precise.
 
     IN.gguf is a drafter written by `dflash-gguf convert` (F16, BF16 or F32 tensors). The
@@ -71,7 +69,7 @@ def quantize(src: Path, out: Path, qtype: str, recipe: str, backend: str | None,
       dflash-gguf quantize in.gguf out.gguf --type Q8_0 --recipe plain --json
     """
     check_outputs([Output(out, "OUT.gguf")], [Input(src, "IN.gguf"), Input(llama_bin, "--llama-bin")], force=force)
-    r = quantize_file(src, out, qtype, recipe, llama_bin, threads, progress=progress, backend=backend)
+    r = quantize_file(src, out, qtype, recipe, llama_bin, quantize_threads, progress=progress, backend=backend)
     if as_json:
         click.echo(json.dumps(r.to_dict(), indent=2))
         return

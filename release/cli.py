@@ -10,8 +10,9 @@ import click
 from ..convert.hub import HubRef
 from ..convert.model_param import HELP_FORMS, HELP_GGUF_FORMS, ModelParam
 from ..errors import OptionError
-from ..options import ServerArgsCommand, build_options, exact_option, json_option, target_option
-from ..quantize.cli import mib, progress, recipe_option, threads_option
+from ..options import (ServerArgsCommand, build_options, exact_option, json_option, quantize_threads_option,
+                       target_option)
+from ..quantize.cli import mib, progress, recipe_option
 from ..quantize.quantize import ALL_TYPES
 from ..terminal import say
 
@@ -54,7 +55,7 @@ from ..terminal import say
 @click.option("--skip-validate", is_flag=True,
               help="Do not run the variants beside the target; the card says \"not validated\".")
 @build_options
-@threads_option
+@quantize_threads_option
 @click.option("--force", is_flag=True,
               help="Replace an earlier release folder (one holding only files a release writes); with --push, "
                    "release again even if the repository holds this release.")
@@ -63,7 +64,7 @@ from ..terminal import say
 def release(draft_dir: Path | HubRef, target: Path | HubRef | None, types: str, out_dir: Path | None,
             push_repo: str | None, into_repo: str | None, license_id: str | None, target_license_id: str | None, name: str | None,
             base_model: str | None, recipe: str, skip_validate: bool, backend: str | None, llama_bin: Path | None,
-            threads: int | None, force: bool, exact: bool, as_json: bool, server_args: tuple[str, ...]) -> None:
+            quantize_threads: int | None, force: bool, exact: bool, as_json: bool, server_args: tuple[str, ...]) -> None:
     """Build a release folder: every variant, a model card and the license files.
 
     Converts DRAFT_DIR (a checkpoint folder, or its Hub repo id owner/name[@revision]) against
@@ -103,7 +104,7 @@ def release(draft_dir: Path | HubRef, target: Path | HubRef | None, types: str, 
 
     options = dict(license_id=license_id, target_license_id=target_license_id, base_model=base_model,
                    recipe=recipe, skip_validate=skip_validate, backend=backend, llama_bin=llama_bin,
-                   threads=threads, server_args=server_args, progress=progress, exact=exact)
+                   threads=quantize_threads, server_args=server_args, progress=progress, exact=exact)
     if into_repo is not None:
         if push_repo is not None:
             raise OptionError("--into and --push: give one (--into adds to the target's GGUF repository, "

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from ..errors import LlamaBuildError, ServerError
-from ..options import build_options, json_option
+from ..options import build_options, json_option, threads_option
 from . import build as _build
 
 _backend_option = click.option(
@@ -114,7 +114,7 @@ def path_command(backend: str | None, source_dir: Path | None) -> None:
               help="Address to listen on: a private network address the head llama-server reaches (the RPC "
                    "protocol has no authentication).")
 @click.option("--port", type=click.IntRange(1, 65535), default=50052, show_default=True, help="Port to listen on.")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (rpc-server -t).")
+@threads_option
 @click.option("--device", default=None, help="The devices to offer, e.g. CUDA0 (rpc-server -d). Default: all.")
 @click.option("--exact", is_flag=True,
               help="Compute with the batch-invariant CPU kernels (GGML_CPU_USE_REF=1, patch 0007): for a head that "

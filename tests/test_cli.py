@@ -101,3 +101,49 @@ def test_help_text_reads_as_written(name):
     assert "\\'" not in text and '\\"' not in text
     paragraphs = [p.strip() for p in text.split("\n\n") if len(p.strip()) > 40]
     assert len(paragraphs) == len(set(paragraphs))
+
+
+# Options spelled alike whose definitions still differ between commands (type, range or help), each
+# with what differs; a new difference fails the test below, and one that is removed must leave here.
+KNOWN_DIFFERENCES = {
+    "--backend": "llama build/path: the build to compile or find; elsewhere: the build to run",
+    "--draft": "generate: 'and this drafter' (with --target), the others the drafter for --target",
+    "--exact": "rpc-server: its own kernels; the others: the servers they start",
+    "--force": "what it replaces: an output file, a release folder, a build",
+    "--host": "rpc-server: a private address for the RPC protocol",
+    "--license": "convert: general.license; release: the card's license",
+    "--n-predict": "ranges: 1-4096, doctor 1-1024, generate unbounded",
+    "--out": "a GGUF file (convert), a folder (release, train)",
+    "--parallel": "validate: at most 64 requests in flight; serve/generate: slots",
+    "--port": "rpc-server: no 0 (a free port)",
+    "--prompts": "train: prompts to distil; the others: prompts to run",
+    "--rounds": "bench: rounds per level; tune: passes per setting",
+    "--seed": "generate: any integer; validate, train: >= 0",
+    "--target": "a GGUF (serve, tune, ...) or a model: GGUF, HF folder, repo id (convert, release, train)",
+    "--temperature": "generate and validate say what 0 means in their own terms",
+}
+
+
+def _spellings() -> dict[str, set]:
+    """Every option spelling -> the (type, range, help) it has in each command."""
+    from dflash_gguf.cli_docs import commands
+
+    found: dict[str, set] = {}
+    for ctx, command in commands():
+        for param in command.params:
+            if isinstance(param, click.Option):
+                signature = (param.type.name, getattr(param.type, "min", None), getattr(param.type, "max", None),
+                             param.help)
+                for spelling in param.opts + param.secondary_opts:
+                    found.setdefault(spelling, set()).add(signature)
+    return found
+
+
+def test_an_option_spelled_alike_means_one_thing():
+    """One spelling, one definition (options.py), except the differences listed above with their reason."""
+    found = _spellings()
+    long_names = {s: sigs for s, sigs in found.items() if s.startswith("--")}
+    differing = {s for s, sigs in long_names.items() if len(sigs) > 1}
+    assert differing - set(KNOWN_DIFFERENCES) == set(), "new options defined twice with different meanings"
+    assert set(KNOWN_DIFFERENCES) - differing == set(), "no longer different: remove them from KNOWN_DIFFERENCES"
+    assert len(found["--threads"]) == 1 and len(found["--quantize-threads"]) == 1

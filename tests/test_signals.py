@@ -76,7 +76,7 @@ def test_quantize_cleans_up_on_sigterm(fixtures, target_gguf, llama_bin, tmp_pat
     convert(ckpt, target_gguf, big, "f16")
     out = tmp_path / "q.gguf"
     proc = subprocess.Popen([sys.executable, "-m", "dflash_gguf.cli", "quantize", big, out, "--type", "Q4_K_M",
-                             "--llama-bin", llama_bin, "--threads", "1"], stderr=subprocess.PIPE, text=True)
+                             "--llama-bin", llama_bin, "--quantize-threads", "1"], stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob(".q.gguf.*.partial")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)

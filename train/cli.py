@@ -13,7 +13,7 @@ import click
 from ..convert.model_param import ModelParam
 from ..errors import OptionError
 from ..extras import require
-from ..options import build_options, force_option, json_option, target_option
+from ..options import build_options, force_option, json_option, target_option, threads_option
 from ..outputs import Input, Output, check_outputs
 
 
@@ -80,7 +80,7 @@ class _StepBar:
 @click.option("--eval-tokens", type=click.IntRange(1, 4096), default=64, show_default=True,
               help="New tokens per held-out prompt in the measurement.")
 @click.option("--no-validate", "no_validate", is_flag=True, help="Skip the held-out llama.cpp measurement.")
-@click.option("--threads", type=click.IntRange(1), help="llama.cpp and torch threads.")
+@threads_option
 @click.option("--seed", type=click.IntRange(0), default=None, help="Seed of the initialisation and the batches.")
 @click.option("--checkpoint-minutes", type=click.FloatRange(0.0), default=3.0, show_default=True,
               help="How often training saves its state (0: after every step).")

@@ -12,7 +12,7 @@ from ..convert.model_param import ModelParam
 from ..errors import OptionError
 from ..extras import require
 from ..options import (GGUF, OUTPUT_FILE, ServerArgsCommand, build_options, draft_option, exact_option, json_option,
-                       prompts_option, rpc_option, target_option)
+                       prompts_option, rpc_option, target_option, threads_option)
 from ..outputs import Input, Output, Replace, check_outputs, write_text
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 from ..runner.launch import with_rpc
@@ -171,7 +171,7 @@ def _print_distribution(report: dict) -> None:
 @click.option("--baseline", type=GGUF,
               help="Compare against this model alone instead of TARGET (e.g. an F16 copy of a quantized target).")
 @build_options
-@click.option("--threads", type=click.IntRange(1), help="llama-server threads (-t).")
+@threads_option
 @rpc_option
 @click.option("--reference-draft", type=ModelParam(file_ok=False, hub_gguf_ok=False),
               help="The drafter's HF checkpoint (a folder, or on the Hub owner/name[@revision]): also run the "
