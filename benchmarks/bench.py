@@ -206,7 +206,7 @@ def drafter_file(models: Models, drafter: str, qtype: str, recipe: str) -> tuple
 def _tensor_types(path: Path) -> dict[str, int]:
     from collections import Counter
 
-    from dflash_gguf.convert.gguf_file import GGUFFile
+    from dflash_gguf.gguf.file import GGUFFile
 
     with GGUFFile(path) as f:
         return dict(sorted(Counter(t.type.name for t in f.tensors.values()).items()))

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
-from dflash_gguf.convert.gguf_file import KV, FileSpan, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
+from dflash_gguf.gguf.file import KV, FileSpan, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
 
 _FFN = re.compile(r"blk\.\d+\.ffn_(gate|up|down)\.weight")
 _DTYPES = {GGMLQuantizationType.F16: np.float16, GGMLQuantizationType.F32: np.float32}

@@ -10,16 +10,16 @@ from pathlib import Path
 import click
 
 from ..errors import GGUFFormatError, OptionError
+from ..gguf.describe import describe
+from ..gguf.file import GGUFFile
+from ..gguf.target import load_target
+from ..hub import resolve as hub
+from ..hub.model_param import HELP_FORMS, HELP_GGUF_FORMS, ModelParam
 from ..options import OUTPUT_FILE, force_option, json_option, target_option
 from ..outputs import Input, Output, check_outputs
 from ..terminal import say, shown
-from . import hub
 from .converter import OUTTYPES, convert as convert_checkpoint
-from .describe import describe
-from .gguf_file import GGUFFile
 from .legacy import is_legacy, migrate
-from .model_param import HELP_FORMS, HELP_GGUF_FORMS, ModelParam
-from .target import load_target
 
 
 class _ProgressBar:
@@ -166,7 +166,7 @@ def _print_report(r: dict, list_tensors: bool) -> None:
 def inspect(file: Path, as_json: bool, list_tensors: bool) -> None:
     """Describe a drafter GGUF: variant (DFlash / DFlash 2 / DSpark / legacy), block size, draft
     length and --spec-type as llama-server runs it, which llama.cpp runs it (stock llama.cpp, or a
-    build with one of dflash-gguf's patches: measured, convert/llama_support.py), target layers in both numberings (HF
+    build with one of dflash-gguf's patches: measured, dflash_gguf/gguf/llama_support.py), target layers in both numberings (HF
     hidden-state ids and llama.cpp's shifted ids), mask token, tensor types and sizes, and the
     problems it can see (legacy layout, sliding-window layers without window metadata, missing
     keys or tensors). The JSON report (--json) always lists every tensor.

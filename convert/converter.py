@@ -17,19 +17,20 @@ from gguf import GGMLQuantizationType as QT
 from gguf import LlamaFileType as FT
 
 from ..errors import CheckpointError
+from ..gguf import config_values as cv
+from ..gguf import layout
+from ..gguf.checkpoint import Checkpoint, DrafterCheckpoint
+from ..gguf.compat import DrafterFacts, check_dflash2_shapes, check_fits_target
+from ..gguf.file import FileSpan, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
+from ..gguf.keys import ARCH, DFlash, General, Tokenizer
+from ..gguf.quantized import FP8
+from ..gguf.safetensors_file import StoredTensor, iter_row_chunks, iter_spans, to_float32
+from ..gguf.target import TargetInfo, load_target
 from ..hashing import hash_files
-from ..terminal import shown
+from ..hub import resolve as hub
 from ..licenses import License, license_from_folder, with_override
-from . import config_values as cv
-from . import hub, layout
-from .checkpoint import Checkpoint, DrafterCheckpoint
-from .compat import DrafterFacts, check_dflash2_shapes, check_fits_target
-from .gguf_file import FileSpan, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
-from .keys import ARCH, DFlash, General, Tokenizer
+from ..terminal import shown
 from .mask_embedding import own_embeddings
-from .quantized import FP8
-from .safetensors_file import StoredTensor, iter_row_chunks, iter_spans, to_float32
-from .target import TargetInfo, load_target
 
 log = logging.getLogger(__name__)
 

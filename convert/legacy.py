@@ -15,13 +15,13 @@ import gguf
 
 from .. import values
 from ..errors import GGUFFormatError
-from . import config_values as cv
-from . import layout
-from .compat import check_fits_target
-from .describe import describe
-from .gguf_file import FileSpan, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
-from .keys import ARCH, LEGACY_ARCH, DFlash, General, Legacy, Tokenizer
-from .target import TargetInfo
+from ..gguf import config_values as cv
+from ..gguf import layout
+from ..gguf.compat import check_fits_target
+from ..gguf.describe import describe
+from ..gguf.file import FileSpan, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
+from ..gguf.keys import ARCH, LEGACY_ARCH, DFlash, General, Legacy, Tokenizer
+from ..gguf.target import TargetInfo
 
 
 def is_legacy(gguf_file: GGUFFile) -> bool:

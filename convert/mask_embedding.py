@@ -20,11 +20,11 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from ..errors import CheckpointError, TargetError
-from . import config_values as cv
-from .checkpoint import MASK_EMBEDDING_NAME, Checkpoint, DrafterCheckpoint
-from .gguf_file import GGUFFile
-from .safetensors_file import StoredTensor, iter_row_chunks, to_float32
-from .torch_file import TorchTensor, load_torch_file
+from ..gguf import config_values as cv
+from ..gguf.checkpoint import MASK_EMBEDDING_NAME, Checkpoint, DrafterCheckpoint
+from ..gguf.file import GGUFFile
+from ..gguf.safetensors_file import StoredTensor, iter_row_chunks, to_float32
+from ..gguf.torch_file import TorchTensor, load_torch_file
 
 FILE_NAME = MASK_EMBEDDING_NAME
 EMBEDDINGS, HEAD = "token_embd.weight", "output.weight"

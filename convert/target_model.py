@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import CheckpointError
-from . import layout
-from .checkpoint import Checkpoint
+from ..gguf import layout
+from ..gguf.checkpoint import Checkpoint
+from ..gguf.file import GGUFPlan, kv_from_writer, write_gguf
+from ..gguf.hf_vocab import tokenizer_metadata
 from .converter import OUTTYPES, _FILE_TYPES, add_tensors, match_tensors, qwen3_hparams, resolve_outtype
-from .gguf_file import GGUFPlan, kv_from_writer, write_gguf
-from .hf_vocab import tokenizer_metadata
 
 
 def plan_target(src: str | Path, outtype: str = "auto") -> GGUFPlan:

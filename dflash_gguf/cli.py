@@ -10,11 +10,11 @@ import click
 
 from . import __version__
 from .errors import DflashError
+from .hub.client import check_environment
 from .inputs import reading
-from .hub_client import check_environment
 from .secrets import ScrubbingStream, filter_log_handlers, scrub
-from .terminal import shown
 from .signals import exit_status, raise_on_terminate, signal_name
+from .terminal import shown
 
 
 ERROR_LINE_LIMIT = 2000  # characters of an error line; a value quoted from a file can be megabytes

@@ -12,7 +12,7 @@ else spells these facts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 _SLIDING, _FULL, _LINEAR = "sliding_attention", "full_attention", "linear_attention"
 

@@ -1,6 +1,6 @@
 """Reading and judging licenses: one parser for every spelling a card, a license file, an option or
 a GGUF uses, and the kind of terms each id is (the rules `convert`, `quantize`, `release` and
-`publish` share; release/licenses.py adds what a release's terms are made of).
+`publish` share; release/license_rules.py adds what a release's terms are made of).
 
     no-derivatives   cc-by-nd-*, cc-by-nc-nd-*        a converted or quantized copy may not be shared
     missing/unknown  no license, or one not known     refused unless --license / --target-license
@@ -13,7 +13,7 @@ a GGUF uses, and the kind of terms each id is (the rules `convert`, `quantize`, 
 
 Licenses are read from a model folder's README.md front matter (YAML parsed with limits: no aliases,
 bounded size and depth) and license files, through the confined reader, or from a GGUF's
-`general.license` (convert/gguf_license.py).
+`general.license` (dflash_gguf/gguf/license.py).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ OUTPUT_FILE = OutputFile(path_type=Path)  # an existing folder: outputs.check_ou
 
 def target_option(*, required: bool = True, folder_ok: bool = False, kind: click.ParamType | None = None,
                   help: str = "The target model GGUF."):
-    """`kind`: another parameter type, e.g. convert/model_param.py's ModelParam, which takes a Hub repo
+    """`kind`: another parameter type, e.g. dflash_gguf/hub/model_param.py's ModelParam, which takes a Hub repo
     id too (the command resolves it); default: an existing GGUF file (or folder, with `folder_ok`)."""
     kind = kind or click.Path(exists=True, dir_okay=folder_ok, path_type=Path)
     return click.option("--target", "-t", "target", required=required, help=help, type=kind)

@@ -142,7 +142,7 @@ def _clash(out: Output, inputs: list[Input]) -> str | None:
 
 def check_outputs(outputs: Iterable[Output], inputs: Iterable[Input], *, force: bool = False) -> None:
     """Raise OutputError (one line naming the output and why) unless every output may be written."""
-    # a model named on the Hub (convert/hub.py HubRef) is no local path an output could replace
+    # a model named on the Hub (dflash_gguf/hub/resolve.py HubRef) is no local path an output could replace
     inputs = [i for i in inputs if isinstance(i.path, (str, os.PathLike)) and os.path.lexists(i.path)]
     outputs = list(outputs)
     for out in outputs:

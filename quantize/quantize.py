@@ -24,14 +24,14 @@ from pathlib import Path
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
-from ..convert.describe import describe
-from ..convert.gguf_file import GGUFFile
+from ..errors import LicenseError
 from ..errors import QuantizeError
+from ..gguf.describe import describe
+from ..gguf.file import GGUFFile
+from ..gguf.license import license_from_gguf
+from ..licenses import Kind
 from ..outputs import Input, Output, check_outputs, named_for, partial_name
 from ..runner.build import find_bin_dir, runtime_env
-from ..convert.gguf_license import license_from_gguf
-from ..errors import LicenseError
-from ..licenses import Kind
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ import yaml
 
 from .. import __version__
 from ..errors import ReleaseError
-from ..hub_names import commit_id
+from ..hub.names import commit_id
 from ..quantize.quantize import RECIPES
-from . import licenses as lic
+from . import license_rules as lic
 from .license_files import LicensePlan
 
 CARD_TAGS = ["gguf", "llama.cpp", "dflash", "speculative-decoding"]
@@ -53,7 +53,7 @@ class ReleaseResult:
     file_prefix: str = "dflash"  # dflash / dspark: what the variant files' names start with
     sidecar_of: str | None = None  # the GGUF repository the variants are placed in, beside its quants
     sidecar_quant: str | None = None  # the quant of that repository the drafter was converted against
-    runs_on: dict = field(default_factory=dict)  # which llama.cpp runs the files (convert/llama_support.py)
+    runs_on: dict = field(default_factory=dict)  # which llama.cpp runs the files (dflash_gguf/gguf/llama_support.py)
     seconds: float = 0.0
 
     def to_dict(self) -> dict:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from ..convert.hub import HubRef
-from ..convert.model_param import HELP_FORMS, HELP_GGUF_FORMS, ModelParam
 from ..errors import OptionError
+from ..hub.model_param import HELP_FORMS, HELP_GGUF_FORMS, ModelParam
+from ..hub.resolve import HubRef
 from ..options import (ServerArgsCommand, build_options, exact_option, json_option, quantize_threads_option,
                        target_option)
 from ..quantize.cli import mib, progress, recipe_option

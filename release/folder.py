@@ -16,10 +16,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from ..convert import layout
 from ..errors import ReleaseError
+from ..gguf import layout
 from ..outputs import guard, named_for, rename_exclusive
-from . import licenses as lic
+from ..licenses import LICENSE_FILE_NAMES
+from . import license_rules as lic
 from .license_files import target_name
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 
 def is_release_file(name: str) -> bool:
     """A file name `release` writes: what --force may replace."""
-    licenses = set(lic.LICENSE_FILE_NAMES) | {target_name(n) for n in lic.LICENSE_FILE_NAMES}
+    licenses = set(LICENSE_FILE_NAMES) | {target_name(n) for n in LICENSE_FILE_NAMES}
     return (name in {"README.md", "NOTICE", lic.COMBINED_LICENSE_FILE} or name in licenses
             or layout.is_drafter_file(name))
 

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..confine import Opened
-from . import licenses as lic
+from ..licenses import LICENSE_FILE_NAMES, license_file, read_text
+from ..errors import LicenseError
+from . import license_rules as lic
 
 
 @dataclass
@@ -21,7 +23,7 @@ class LicensePlan:
 def _license_files(folder: Path | None) -> list[Opened]:
     if folder is None or not Path(folder).is_dir():
         return []
-    found = (lic.license_file(folder, n) for n in lic.LICENSE_FILE_NAMES)
+    found = (license_file(folder, n) for n in LICENSE_FILE_NAMES)
     return [path for path in found if path is not None]
 
 
@@ -46,8 +48,8 @@ def plan_license_files(terms: lic.Terms) -> LicensePlan:
         owner = next(s for s in (terms.drafter, terms.target) if s.link == link)
         role = "drafter" if owner is terms.drafter else "target"
         if Path(link).is_absolute() or ".." in Path(link).parts:
-            raise lic.LicenseError(f"{owner.source}: license_link {link!r} points outside the model folder")
-        src = lic.license_file(owner.folder, link.removeprefix("./"), "license_link file") if owner.folder else None
+            raise LicenseError(f"{owner.source}: license_link {link!r} points outside the model folder")
+        src = license_file(owner.folder, link.removeprefix("./"), "license_link file") if owner.folder else None
         if src is not None:
             base = Path(link).name  # a release is flat: the file goes to the root
             name = renamed.get((role, link)) or (base if base not in plan.copies else target_name(base))
@@ -56,10 +58,10 @@ def plan_license_files(terms: lic.Terms) -> LicensePlan:
         elif owner.repo:
             plan.card["license_link"] = f"https://huggingface.co/{owner.repo}/blob/main/{link}"
         else:
-            raise lic.LicenseError(f"{owner.source}: license_link {link!r} is neither a URL nor a file of the "
+            raise LicenseError(f"{owner.source}: license_link {link!r} is neither a URL nor a file of the "
                                    "model folder; give its URL in the model card")
     if terms.notice:
-        parts = [lic.read_text(p).rstrip("\n") for n, p in plan.copies.items() if n == "NOTICE"]
+        parts = [read_text(p).rstrip("\n") for n, p in plan.copies.items() if n == "NOTICE"]
         extra = [line for line in terms.notice.splitlines() if not any(line in p for p in parts)]
         plan.notice = "\n\n".join(parts + ["\n".join(extra)] if extra else parts) + "\n"
         plan.copies.pop("NOTICE", None)

@@ -6,16 +6,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..convert import hub, layout
-from ..convert.gguf_file import GGUFFile
-from ..convert.keys import General
-from ..convert.target import TargetInfo, load_target
 from ..confine import find_in
-from ..convert import config_values as cv
 from ..errors import InputError, ReleaseError
-from ..hub_names import is_repo_id
+from ..gguf import config_values as cv
+from ..gguf import layout
+from ..gguf.file import GGUFFile
+from ..gguf.keys import General
+from ..gguf.target import TargetInfo, load_target
+from ..hub import resolve as hub
+from ..hub.names import is_repo_id
 from ..inputs import parse_json
-from . import licenses as lic
+from ..licenses import License, license_from_folder, strictest
+from ..gguf.license import license_from_gguf
 
 QUANT_SUFFIX = re.compile(r"[-._](F32|F16|BF16|Q\d[A-Z0-9_]*|IQ\d[A-Z0-9_]*|MXFP4[A-Z0-9_]*)$", re.IGNORECASE)
 
@@ -49,7 +51,7 @@ def _name_or_path(folder: Path) -> str:
     return cv.read(folder / "config.json", "_name_or_path", value, "", ReleaseError)
 
 
-def target_facts(target: Path | TargetInfo) -> tuple[str, str | None, lic.License]:
+def target_facts(target: Path | TargetInfo) -> tuple[str, str | None, License]:
     """(a short name for file names, the target's Hub repo id when known, its declared license).
     `target` is a folder, a GGUF file, or a target GGUF already read (from the Hub: then the license
     its repository's card and license files declare counts too)."""
@@ -58,7 +60,7 @@ def target_facts(target: Path | TargetInfo) -> tuple[str, str | None, lic.Licens
         name_or_path = _name_or_path(target)
         if repo is None and is_repo_id(name_or_path):
             repo = name_or_path
-        declared = lic.license_from_folder(target, repo)
+        declared = license_from_folder(target, repo)
         return (repo.split("/")[-1] if repo else hub.folder_name(target)), repo, declared
     if isinstance(target, TargetInfo):
         path, general, source = target.path, target.general, target.source
@@ -67,10 +69,10 @@ def target_facts(target: Path | TargetInfo) -> tuple[str, str | None, lic.Licens
         with GGUFFile(target) as f:
             general = f.general()
     url = general.get(General.REPO_URL) or general.get(General.SOURCE_REPO_URL)
-    declared = lic.license_from_gguf(path, general)
+    declared = license_from_gguf(path, general)
     if source is not None and isinstance(target, TargetInfo):
         # a GGUF named on the Hub: its repository's card and license files count too, the strictest wins
-        declared = lic.strictest([declared, lic.license_from_folder(hub.card_folder(source.repo, source.revision),
+        declared = strictest([declared, license_from_folder(hub.card_folder(source.repo, source.revision),
                                                                     source.repo)])
     repo = None
     if url:

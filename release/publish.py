@@ -15,14 +15,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, hub_client, hub_names
+from .. import __version__
 from ..confine import check_inside, file_in, find_in
-from ..convert import layout
 from ..errors import DflashError, PublishError
+from ..gguf import layout
+from ..hub import client as hub_client
+from ..hub import names as hub_names
 from ..inputs import TEXT_LIMIT
 from ..secrets import hub_token, known_secrets, refuse_secrets_in_file, scrub
 from ..terminal import shown
-from . import licenses as lic
+from ..licenses import read_text, split_front_matter
+from ..errors import LicenseError
+from . import license_rules as lic
 from .card import recorded_sha256
 
 log = logging.getLogger(__name__)
@@ -80,7 +84,7 @@ def plan_upload(folder: str | Path) -> tuple[list[Upload], list[str]]:
     if readme is None:
         raise PublishError(f"{folder / 'README.md'}: missing; a release needs its model card (license, base_model) "
                            "in the same commit")
-    meta, body = lic.split_front_matter(lic.read_text(readme), str(readme.path))
+    meta, body = split_front_matter(read_text(readme), str(readme.path))
     listed = release_listing(meta, body)
     recorded = recorded_sha256(body)
     uploads, ggufs, extra, skipped = [], [], [], []
@@ -126,7 +130,7 @@ def plan_upload(folder: str | Path) -> tuple[list[Upload], list[str]]:
         raise PublishError(f"{folder}: no dflash-*.gguf or dspark-*.gguf file to publish")
     problems = lic.publish_problems(folder, ggufs)
     if problems:
-        raise lic.LicenseError("; ".join(problems))
+        raise LicenseError("; ".join(problems))
     return uploads, skipped
 
 

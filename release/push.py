@@ -18,15 +18,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import __version__
-from ..convert import hub
-from ..convert.checkpoint import Checkpoint
-from ..convert.target import read_files
 from ..errors import HubError, ReleaseError
-from ..hub_names import commit_id
+from ..gguf.checkpoint import Checkpoint
+from ..gguf.target import read_files
 from ..hashing import hash_files
-from . import licenses as lic
-from .publish import PublishResult, check_repo_id, publish, require_token
+from ..hub import resolve as hub
+from ..hub.names import commit_id
+from ..licenses import read_text, split_front_matter
 from .card import PROVENANCE_KEY, ReleaseResult
+from .publish import PublishResult, check_repo_id, publish, require_token
 from .release import parse_types, release
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def published_provenance(repo: str) -> dict | None:
             raise
         except (RepositoryNotFoundError, EntryNotFoundError):
             return None
-    meta, _ = lic.split_front_matter(lic.read_text(card), f"{repo}/README.md")
+    meta, _ = split_front_matter(read_text(card), f"{repo}/README.md")
     block = meta.get(PROVENANCE_KEY)
     return block if isinstance(block, dict) else None
 

@@ -25,20 +25,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..convert import hub, layout
 from ..convert.converter import convert
-from ..convert.describe import DrafterDescription, describe
-from ..convert.llama_support import support_of
-from ..convert.target import TargetInfo
 from ..errors import ReleaseError
-from ..hub_names import check_repo_id
+from ..gguf import layout
+from ..gguf.describe import DrafterDescription, describe
+from ..gguf.llama_support import support_of
+from ..gguf.target import TargetInfo
+from ..hub import resolve as hub
+from ..hub.names import check_repo_id
 from ..outputs import Input, Output, check_outputs
 from ..secrets import refuse_secrets
 from ..quantize.quantize import (DEFAULT_RECIPE, FLOAT_TYPES, Recipe, find_llama_quantize, get_recipe, parse_type,
                                  quantize)
-from ..runner.launch import parse_server_args, speculative_args
 from ..hashing import sha256_file
-from . import licenses as lic
+from ..runner.launch import parse_server_args, speculative_args
+from ..licenses import License, license_from_folder, read_card, with_override
+from . import license_rules as lic
 from .card import NOT_VALIDATED, ReleaseResult, VariantResult, example_variant, render_card
 from .folder import built_beside, check_destination
 from .license_files import LicensePlan, plan_license_files, write_license_files
@@ -126,10 +128,10 @@ class _Settled:
     warnings: list[str]
 
     @property
-    def gguf_license(self) -> lic.License:
+    def gguf_license(self) -> License:
         """The license each variant's general.license states: the card's."""
         card = self.license_files.card
-        return lic.License(card["license"], "the release's card", card.get("license_name"), card.get("license_link"))
+        return License(card["license"], "the release's card", card.get("license_name"), card.get("license_link"))
 
 
 def _check_request(draft_dir: str | Path, target: str | Path, out_dir: Path, types: str | list[str], recipe: str,
@@ -169,11 +171,11 @@ def _settle_names_and_terms(draft_dir: Path, target: Path | TargetInfo, name: st
         base_model = hub.folder_name(draft_dir)
         warnings.append(f"base_model {base_model!r} is not a Hub repo id; pass --base-model ORG/NAME "
                         "so the card links the drafter it was made from")
-    drafter_card = lic.read_card(draft_dir)
-    target_card = lic.read_card(target) if isinstance(target, Path) and target.is_dir() else {}
-    declared_drafter = lic.license_from_folder(draft_dir, base_model if "/" in base_model else None)
-    drafter_license = lic.with_override(declared_drafter, license_id, "--license")
-    target_license = lic.with_override(declared_target, target_license_id, "--target-license")
+    drafter_card = read_card(draft_dir)
+    target_card = read_card(target) if isinstance(target, Path) and target.is_dir() else {}
+    declared_drafter = license_from_folder(draft_dir, base_model if "/" in base_model else None)
+    drafter_license = with_override(declared_drafter, license_id, "--license")
+    target_license = with_override(declared_target, target_license_id, "--target-license")
     terms = lic.effective_terms(drafter_license, target_license, lic.merge_gating(drafter_card, target_card))
     return _Settled(name, base_model, target_repo, terms, plan_license_files(terms), warnings)
 

@@ -25,9 +25,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import __version__
-from ..convert import hub, layout
 from ..errors import ReleaseError
-from . import licenses as lic
+from ..gguf import layout
+from ..hub import resolve as hub
+from ..licenses import read_text, split_front_matter
 from .card import PROVENANCE_KEY, ReleaseResult
 from .names import QUANT_SUFFIX, safe_name, variant_file
 from .publish import PublishResult, Upload, check_repo_id, commit_files, plan_upload, require_token
@@ -112,7 +113,7 @@ def _published_provenance(repo: str, card_paths: list[str], files: list[str]) ->
         if path in files:
             with hub.hub_errors(hub.HubRef(repo)):
                 card = hub.download_file(repo, path)
-            meta, _ = lic.split_front_matter(lic.read_text(card), f"{repo}/{path}")
+            meta, _ = split_front_matter(read_text(card), f"{repo}/{path}")
             block = meta.get(PROVENANCE_KEY)
             if isinstance(block, dict):
                 return block

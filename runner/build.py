@@ -44,8 +44,9 @@ from typing import Callable, Iterator
 from .. import values
 from ..errors import DflashError, LlamaBuildError
 from ..inputs import parse_json, read_bytes
-from ..options import BACKENDS  # noqa: F401 - the option owns it; named here as before
+from ..options import BACKENDS
 from ..paths import cache_dir
+from ..hashing import sha256_file
 from . import cuda_libs, sdist
 
 log = logging.getLogger(__name__)
@@ -287,7 +288,7 @@ def source_tree_hash(tree: Path) -> str:
             path = tree / name.decode(errors="surrogateescape")
             digest.update(name + b"\0")
             if path.is_file():
-                digest.update(bytes.fromhex(sdist.sha256_file(path)))
+                digest.update(bytes.fromhex(sha256_file(path)))
         return digest.hexdigest()
     digest.update(b"files\0")
     for rel, path in _walk_files(tree):
@@ -631,7 +632,7 @@ def build(backend: str | None = None, source_dir: Path | None = None, jobs: int 
                 "platform": platform,
                 "source": source.ident,
                 "source_hash": source.tree_hash,
-                "patches": [{"name": p.name, "sha256": sdist.sha256_file(p)} for p in patches],
+                "patches": [{"name": p.name, "sha256": sha256_file(p)} for p in patches],
                 "patches_hash": patches_hash(patches),
                 "cmake_flags": flags,
                 "targets": list(TARGETS),

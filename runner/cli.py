@@ -10,11 +10,11 @@ from pathlib import Path
 import click
 
 from ..errors import LlamaBuildError, ServerError
-from ..options import build_options, json_option, threads_option
+from ..options import BACKENDS, build_options, json_option, threads_option
 from . import build as _build
 
 _backend_option = click.option(
-    "--backend", type=click.Choice(_build.BACKENDS), default=None,
+    "--backend", type=click.Choice(BACKENDS), default=None,
     help="GPU backend to compile in. Default: metal on macOS, cuda when nvcc is on PATH or "
          "CUDA_HOME is set, else cpu.")
 _source_option = click.option(

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..convert import layout
-from ..convert.compat import check_dflash2_shapes, check_fits_target
-from ..convert.describe import DrafterDescription, describe
-from ..convert.target import load_target
 from ..errors import ServerArgsError
+from ..gguf import layout
+from ..gguf.compat import check_dflash2_shapes, check_fits_target
+from ..gguf.describe import DrafterDescription, describe
+from ..gguf.target import load_target
 from ..options import parse_rpc
 from .build import REFERENCE_KERNELS_ENV, has_reference_kernels
 from .server import DEFAULT_HOST, LlamaServer

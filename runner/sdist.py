@@ -22,7 +22,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from ..hashing import sha256_file  # noqa: F401 - sdist.sha256_file, as callers name it
+from ..hashing import sha256_file
 from ..errors import LlamaBuildError
 from ..paths import cache_dir
 

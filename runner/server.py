@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import LlamaBuildError, ServerError, ServerStartError
-from ..options import STARTUP_TIMEOUT  # noqa: F401 - the option owns it; named here as before
+from ..options import STARTUP_TIMEOUT
 from ..signals import raise_on_terminate
 from . import build as _build, server_log
 from .client import LlamaClient

@@ -2,7 +2,7 @@
 
 Every setting is one llama-server started by serve's launch recipe (runner/launch.py) with tune's
 flags added before the user's own arguments: `-t` threads, `--spec-draft-n-max` (at most the
-drafter's trained length, convert/describe.py) and `--spec-draft-p-min`; or the target alone. Its
+drafter's trained length, dflash_gguf/gguf/describe.py) and `--spec-draft-p-min`; or the target alone. Its
 speed is measured as validate measures it (validation/validate.py: a warm-up, then the prompts one at
 a time as token ids, greedy; tokens / generation time from the server's own timings).
 
@@ -47,9 +47,9 @@ from ..errors import ServerArgsError, ServerError, ServerStartError
 from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient
 from .launch import ONE_CLIENT_PER_RPC_SERVER, launch_recipe, parse_server_args, read_draft
-from .server import LlamaServer
 from .measure import Progress, ServerRun, mean_acceptance_length, measuring_launch
 from .prompts import Prompt, tokenize_prompts
+from .server import LlamaServer
 from .verdict import DEFAULT_MIN_SPEEDUP, drafting_pays
 
 THREADS = ("-t", "--threads")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dflash_gguf.convert.gguf_file import GGUFFile
+from dflash_gguf.gguf.file import GGUFFile
 
 # general.* keys describe provenance (name, size label, our license/base model): not part of conformance.
 IGNORED_PREFIXES = ("general.",)

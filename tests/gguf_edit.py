@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from dflash_gguf.convert.gguf_file import KV, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
+from dflash_gguf.gguf.file import KV, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
 
 
 def scaled_copy(src: Path, dst: Path, tensor: str, factor: float) -> Path:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from gguf import GGUFValueType
 
-from dflash_gguf.convert import layout
-from dflash_gguf.convert.keys import ARCH, LEGACY_ARCH
-from dflash_gguf.convert.gguf_file import KV, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
+from dflash_gguf.gguf import layout
+from dflash_gguf.gguf.keys import ARCH, LEGACY_ARCH
+from dflash_gguf.gguf.file import KV, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
 
 _RENAMED_BACK = {new: old for old, new in layout.LEGACY_TENSOR_RENAMES.items()}
 

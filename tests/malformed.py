@@ -12,8 +12,8 @@ import torch
 from safetensors.numpy import save_file
 from safetensors.torch import load_file, save_file as save_torch
 
-from dflash_gguf.convert import layout
-from dflash_gguf.convert.checkpoint import DrafterCheckpoint
+from dflash_gguf.gguf import layout
+from dflash_gguf.gguf.checkpoint import DrafterCheckpoint
 
 
 def edit_config(folder: Path, **changes) -> Path:
@@ -124,7 +124,7 @@ def rebuild_gguf(src: Path, out: Path, kv=None, tensors=None, alignment: int = 3
     """
     import struct
 
-    from dflash_gguf.convert.gguf_file import GGUFFile
+    from dflash_gguf.gguf.file import GGUFFile
 
     with GGUFFile(src) as f:
         kvs = [(k, v.encoded()) for k, v in f.kv.items()]
@@ -147,7 +147,7 @@ def rebuild_gguf(src: Path, out: Path, kv=None, tensors=None, alignment: int = 3
 
 def encode(vtype, value, sub_type=None) -> bytes:
     """A metadata value as its type tag and bytes."""
-    from dflash_gguf.convert.gguf_file import KV
+    from dflash_gguf.gguf.file import KV
 
     return KV("", vtype, value, sub_type).encoded()
 

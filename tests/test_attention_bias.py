@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from dflash_gguf.convert.gguf_file import GGUFFile
+from dflash_gguf.gguf.file import GGUFFile
 from tests.conftest import dflash_gguf
 from tests.fixtures.published_drafters import cached_published
 from tests.gguf_compare import differences

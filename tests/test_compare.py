@@ -3,7 +3,8 @@
 import numpy as np
 
 from dflash_gguf.runner.measure import acceptance_rate, mean_acceptance_length
-from dflash_gguf.validation.compare import MISMATCH, TIE, check_tokens, first_divergence
+from dflash_gguf.runner.measure import first_divergence
+from dflash_gguf.validation.compare import MISMATCH, TIE, check_tokens
 from dflash_gguf.validation.lossless import NUMERICAL
 from dflash_gguf.validation.validate import verdict
 

@@ -54,7 +54,7 @@ def _everything_written(root: Path) -> bytes:
 # -- the index names files inside the folder, and nothing is overwritten through it ------------------------
 
 def _index_pointing_at(ckpt: Path, shard: str) -> None:
-    from dflash_gguf.convert.safetensors_file import read_header
+    from dflash_gguf.gguf.safetensors_file import read_header
 
     names = read_header(open_in(ckpt, "model.safetensors"))
     (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {n: shard for n in names}}))
@@ -133,13 +133,14 @@ def test_publish_sends_the_bytes_it_checked_after_a_swap(hub, tmp_path):
 
 
 def test_release_copies_the_license_it_judged(ckpt, tmp_path):
-    from dflash_gguf.release import licenses as lic
+    from dflash_gguf.licenses import License, license_from_folder
+    from dflash_gguf.release import license_rules as lic
     from dflash_gguf.release.license_files import plan_license_files, write_license_files
 
     (ckpt / "README.md").write_text("---\nlicense: mit\n---\n")
     (ckpt / "LICENSE").write_text("MIT License\n")
-    drafter = lic.license_from_folder(ckpt)
-    terms = lic.effective_terms(drafter, lic.License("mit", "--target-license"), {})
+    drafter = license_from_folder(ckpt)
+    terms = lic.effective_terms(drafter, License("mit", "--target-license"), {})
     plan = plan_license_files(terms)
     secret = tmp_path / "secret"
     secret.write_text(FAKE)

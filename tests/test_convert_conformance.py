@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_gguf.convert.gguf_file import GGUFFile
+from dflash_gguf.gguf.file import GGUFFile
 from tests.conftest import dflash_gguf
 from tests.fixtures.tiny_models import DRAFTERS
 from tests.gguf_compare import differences

@@ -19,8 +19,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dflash_gguf.convert import layout
-from dflash_gguf.convert.gguf_file import GGUFFile
+from dflash_gguf.gguf import layout
+from dflash_gguf.gguf.file import GGUFFile
 from tests.conftest import dflash_gguf
 from tests.fixtures.published_drafters import PUBLISHED, cached_published
 from tests.gguf_compare import differences

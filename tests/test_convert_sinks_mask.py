@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_gguf.convert.gguf_file import GGUFFile
+from dflash_gguf.gguf.file import GGUFFile
 from tests.conftest import dflash_gguf
 from tests.fixtures.published_drafters import cached_published
 from tests.gguf_compare import differences
@@ -219,7 +219,7 @@ def test_llama_server_drafts(family, llama_bin, f32_pair, tmp_path):
 
 def test_mask_embedding_is_a_source_file(published):
     """Provenance hashes every file a conversion reads: the own mask embedding is one of them."""
-    from dflash_gguf.convert.checkpoint import Checkpoint
+    from dflash_gguf.gguf.checkpoint import Checkpoint
     from dflash_gguf.convert.converter import hash_files
 
     folder = published / "mask-embedding"

@@ -8,8 +8,8 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFValueType
 
-from dflash_gguf.convert.describe import describe
-from dflash_gguf.convert.gguf_file import KV, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
+from dflash_gguf.gguf.describe import describe
+from dflash_gguf.gguf.file import KV, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
 from dflash_gguf.runner.launch import speculative_args
 from tests.conftest import dflash_gguf
 from tests.refusal import assert_refused

@@ -9,7 +9,7 @@ import shutil
 import pytest
 from gguf import GGUFValueType
 
-from dflash_gguf.convert.gguf_file import KV, GGUFFile
+from dflash_gguf.gguf.file import KV, GGUFFile
 from tests.conftest import dflash_gguf
 from tests.refusal import assert_refused
 from tests.fixtures.trained_gguf import TRAINED

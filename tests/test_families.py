@@ -11,8 +11,8 @@ import json
 import pytest
 from gguf import GGUFValueType
 
-from dflash_gguf.convert.gguf_file import KV, GGUFFile
-from dflash_gguf.convert.keys import DFlash
+from dflash_gguf.gguf.file import KV, GGUFFile
+from dflash_gguf.gguf.keys import DFlash
 from dflash_gguf.families import FAMILIES, UNSERVED
 from tests.conftest import dflash_gguf
 from tests.fixtures.family_drafters import VARIANTS, geometry

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dflash_gguf.hashing import sha256_file
 from dflash_gguf.runner import sdist
 from tests.conftest import REPO, dflash_gguf
 
@@ -77,7 +78,7 @@ def test_sdist_is_fetched_from_the_index_without_a_build_backend(tmp_path):
     assert proc.returncode == 0, proc.stderr
     fetched = Path(proc.stdout.strip())
     assert fetched == tmp_path / "cache" / "sdist" / sdist.SDIST_NAME
-    assert sdist.sha256_file(fetched) == sdist.SDIST_SHA256
+    assert sha256_file(fetched) == sdist.SDIST_SHA256
     assert index.requests == [f"/simple/{sdist.PACKAGE}/", f"/files/{sdist.SDIST_NAME}"]
 
 

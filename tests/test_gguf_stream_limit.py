@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from dflash_gguf.convert import gguf_file
+from dflash_gguf.gguf import file as gguf_file
 from dflash_gguf.errors import GGUFFormatError
 
 ENTRY = 32  # u64 length, 16-character key, u32 type, u32 value

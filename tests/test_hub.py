@@ -1,4 +1,4 @@
-"""Models named by Hub repo id (convert/hub.py), against the local Hub stand-in (tests/local_hub.py).
+"""Models named by Hub repo id (dflash_gguf/hub/resolve.py), against the local Hub stand-in (tests/local_hub.py).
 
 Every command here is the real command line in a subprocess whose HF_ENDPOINT is the local Hub and
 whose HF_HOME starts empty; the Hub records every request, so the tests check what was fetched.
@@ -18,8 +18,8 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from dflash_gguf import __version__
-from dflash_gguf.convert.gguf_file import GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, encode_header
-from dflash_gguf.release import licenses as lic
+from dflash_gguf.gguf.file import GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, encode_header
+from dflash_gguf.licenses import split_front_matter
 from tests.conftest import dflash_gguf
 from tests.refusal import assert_refused
 from tests.gguf_compare import differences
@@ -216,7 +216,7 @@ def test_a_cached_target_gguf_is_used_from_the_cache(hub, fixtures, target_gguf,
 
 
 def test_range_requests_are_retried_then_refused_in_one_line(hub, fixtures, target_gguf, tmp_path):
-    from dflash_gguf.convert.hub import RANGE_RETRIES
+    from dflash_gguf.hub.resolve import RANGE_RETRIES
 
     _serve(hub, fixtures, target_gguf)
     local = _local(tmp_path, fixtures, "dflash-b16", target_gguf, "b16")
@@ -305,7 +305,7 @@ def test_release_from_repo_ids_records_its_sources(hub, fixtures, target_gguf, t
     (variant,) = report["variants"]
     assert "read on the Hub without downloading it" in variant["validation"]["note"]
 
-    front, body = lic.split_front_matter((rel / "README.md").read_text(encoding="utf-8"))
+    front, body = split_front_matter((rel / "README.md").read_text(encoding="utf-8"))
     assert front["license"] == "mit" and front["base_model"] == "z-lab/tiny-dflash"
     assert front["dflash_gguf"] == {
         "version": __version__, "types": ["F16"],
@@ -333,7 +333,7 @@ def test_release_with_a_target_folder_repo_hashes_what_it_read(hub, fixtures, ta
                        "-t", "Qwen/tiny-target", "--types", "F16", "-o", rel, "--license", "mit",
                        "--target-license", "apache-2.0", "--skip-validate", env=hub_env(hub, tmp_path))
     assert proc.returncode == 0, proc.stderr
-    front, _ = lic.split_front_matter((rel / "README.md").read_text(encoding="utf-8"))
+    front, _ = split_front_matter((rel / "README.md").read_text(encoding="utf-8"))
     prov = front["dflash_gguf"]
     assert prov["target"]["revision"] == shas["Qwen/tiny-target"]
     assert prov["target"]["files"] == {n: _sha256(fixtures / "target-hf" / n) for n in sorted(TARGET_FOLDER_FILES)}
@@ -347,7 +347,7 @@ def test_release_from_local_paths_records_hashes_without_a_revision(fixtures, ta
     proc = dflash_gguf("release", fixtures / "dflash-b16", "-t", target_gguf, "--types", "F16", "-o", rel,
                        "--license", "mit", "--target-license", "apache-2.0", "--skip-validate")
     assert proc.returncode == 0, proc.stderr
-    front, body = lic.split_front_matter((rel / "README.md").read_text(encoding="utf-8"))
+    front, body = split_front_matter((rel / "README.md").read_text(encoding="utf-8"))
     assert front["dflash_gguf"]["drafter"] == {"files": {
         "config.json": _sha256(fixtures / "dflash-b16" / "config.json"),
         "model.safetensors": _sha256(fixtures / "dflash-b16" / "model.safetensors")}}
@@ -422,7 +422,7 @@ def test_push_commits_once_and_skips_what_the_repo_holds(hub, fixtures, target_g
     proc = push()
     assert proc.returncode == 0 and len(hub.commits[dest]) == 4, proc.stderr
     card = hub.store[dest].commits[hub.store[dest].refs["main"]]["README.md"].data.decode()
-    front, _ = lic.split_front_matter(card)
+    front, _ = split_front_matter(card)
     assert front["dflash_gguf"]["drafter"]["revision"] == moved
     assert push().stdout.startswith("nothing to do") and len(hub.commits[dest]) == 4
 

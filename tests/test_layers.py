@@ -1,13 +1,17 @@
-"""Layers import one way (issue 22): dflash_gguf <- convert <- quantize/runner <- validation <- release, train.
+"""Layers import one way (issues 22, 34): base <- model (gguf/, hub/) <- convert <- runner <- quantize/validation
+<- release, train.
 
 Every module of the package is parsed (ast, nothing is imported) and each import it makes, at the
 top or inside a function, is resolved to the layer it reaches; an import of a higher layer fails
-this test, naming the file, the line and the layer. The base (dflash_gguf/: errors, inputs, the
+this test, naming the file, the line and the layer. The base (dflash_gguf/*.py: errors, inputs, the
 confined and typed readers, the secret filter, licenses, hashing, options) imports nothing above
-it; only the command line (dflash_gguf/cli.py, which gathers every command, and cli_docs.py, which documents them) sits on
-top. quantize/ may use runner/ (the llama-quantize binary comes from the build), not the reverse.
+it. The model layer is dflash_gguf/gguf/ (GGUF and checkpoint files, key names, describe, the
+target) and dflash_gguf/hub/ (repo ids, the Hub, its client and cache), which use each other: a
+target is read from a file or from the Hub, and the Hub reads a remote GGUF's header. Only the
+command line (dflash_gguf/cli.py, which gathers every command, and cli_docs.py, which documents
+them) sits on top. quantize/ may use runner/ (the llama-quantize binary comes from the build), not
+the reverse.
 """
-
 from __future__ import annotations
 
 import ast
@@ -19,8 +23,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "dflash_gguf"
 # rank of each layer: a module may import its own layer and those of lower rank
-LAYERS = {"base": 0, "convert": 1, "runner": 2, "quantize": 3, "validation": 3, "release": 4, "train": 4, "ggml_patches": 0,
-          "entry": 9}
+LAYERS = {"base": 0, "model": 1, "convert": 2, "runner": 3, "quantize": 4, "validation": 4, "release": 5, "train": 5,
+          "ggml_patches": 0, "entry": 9}
+MODEL = ("gguf", "hub")  # dflash_gguf.gguf, dflash_gguf.hub: the model layer, folders inside dflash_gguf/
 ENTRY = {"dflash_gguf/cli.py", "dflash_gguf/cli_docs.py"}
 
 
@@ -39,6 +44,8 @@ def _layer_of_module(module: str) -> str | None:
     if len(parts) == 1:
         return "base"
     sub = parts[1]
+    if sub in MODEL:
+        return "model"
     return sub if f"{PACKAGE}.{sub}" in _package_dirs() else "base"
 
 
@@ -48,6 +55,9 @@ def _modules() -> list[tuple[Path, str, str]]:
     for path in sorted((REPO / PACKAGE).glob("*.py")):
         rel = path.relative_to(REPO).as_posix()
         out.append((path, f"{PACKAGE}.{path.stem}", "entry" if rel in ENTRY else "base"))
+    for sub in MODEL:
+        for path in sorted((REPO / PACKAGE / sub).glob("*.py")):
+            out.append((path, f"{PACKAGE}.{sub}.{path.stem}", "model"))
     for name, folder in _package_dirs().items():
         for path in sorted(folder.rglob("*.py")):
             sub = ".".join(path.relative_to(folder).with_suffix("").parts)
@@ -88,14 +98,18 @@ def test_imports_go_down_the_layers(path, module, layer):
         reached = _layer_of_module(target)
         if reached is not None and LAYERS[reached] > LAYERS[layer]:
             wrong.append(f"{path.relative_to(REPO)}:{line} ({layer}) imports {target} ({reached})")
-    assert not wrong, "imports against the layers (dflash_gguf <- convert <- quantize/runner <- release):\n" + \
+    assert not wrong, "imports against the layers (base <- model <- convert <- runner <- quantize/validation <- release):\n" + \
         "\n".join(wrong)
 
 
 def test_the_scan_sees_an_upward_import(tmp_path):
     """The scan itself: an import of a higher layer, relative or absolute, is found."""
     bad = tmp_path / "x.py"
-    bad.write_text("from ..release.licenses import License\nimport dflash_gguf.runner.build\n"
+    bad.write_text("from ..release.license_rules import License\nimport dflash_gguf.runner.build\n"
                    "def f():\n    from .. import release\n")
     found = [target for _, target in _imports(bad, "dflash_gguf.convert.x")]
     assert [_layer_of_module(t) for t in found] == ["release", "runner", "release"], found
+    base = tmp_path / "base.py"
+    base.write_text("from .gguf.file import GGUFFile\nfrom .hub import resolve\n")
+    found = [target for _, target in _imports(base, "dflash_gguf.base")]
+    assert [_layer_of_module(t) for t in found] == ["model", "model"], found

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from dflash_gguf.confine import is_inside
-from dflash_gguf.convert.gguf_file import GGUFFile
-from dflash_gguf.release import licenses as lic
+from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.license import license_from_gguf
+from dflash_gguf.licenses import Kind, kind_of, license_ids
 from tests.conftest import dflash_gguf
 from tests.refusal import assert_refused
 from tests.test_publish import _env, _folder, _publish, tiny_gguf  # the hub fixture is conftest.py's
@@ -129,7 +130,7 @@ def test_a_no_derivatives_card_stays_no_derivatives_through_convert_and_quantize
     out = tmp_path / "d.gguf"
     proc = dflash_gguf("convert", ckpt, "--target", target_gguf, "-o", out)
     assert proc.returncode == 0, proc.stderr
-    assert lic.license_from_gguf(out).kind is lic.Kind.NO_DERIVATIVES
+    assert license_from_gguf(out).kind is Kind.NO_DERIVATIVES
     assert_refused(dflash_gguf("quantize", out, tmp_path / "q.gguf", "--type", "Q8_0"), "NoDerivatives")
     assert not (tmp_path / "q.gguf").exists()
     assert_refused(_release(ckpt, target_gguf, tmp_path / "rel"), "NoDerivatives")
@@ -145,7 +146,7 @@ def test_a_license_file_stating_no_derivatives_beats_a_permissive_card(drafter_c
     out = tmp_path / "d.gguf"
     assert dflash_gguf("convert", ckpt, "--target", target_gguf, "-o", out).returncode == 0
     with GGUFFile(out) as f:
-        assert lic.kind_of(f.get("general.license")) is lic.Kind.NO_DERIVATIVES
+        assert kind_of(f.get("general.license")) is Kind.NO_DERIVATIVES
 
 
 @pytest.mark.parametrize("gguf_license, needle", [
@@ -180,4 +181,4 @@ def test_publish_refuses_a_no_derivatives_license_text(hub, tmp_path):  # noqa: 
     (None, []),
 ])
 def test_one_parser_for_license_values(value, ids):
-    assert lic.license_ids(value) == ids
+    assert license_ids(value) == ids

@@ -1,4 +1,4 @@
-"""The license rules (release/licenses.py): reading, the drafter x target matrix, overrides,
+"""The license rules (release/license_rules.py): reading, the drafter x target matrix, overrides,
 gating, and what a release folder needs before it may be published. No llama.cpp needed."""
 
 from __future__ import annotations
@@ -8,12 +8,15 @@ from pathlib import Path
 import gguf
 import pytest
 
-from dflash_gguf.release import licenses as lic
-from dflash_gguf.release.licenses import Kind, License, LicenseError
+from dflash_gguf.gguf.license import license_from_gguf
+from dflash_gguf.licenses import gating_fields, kind_of, license_from_folder, normalize_id, read_card, with_override
+from dflash_gguf.release import license_rules as lic
+from dflash_gguf.errors import LicenseError
+from dflash_gguf.licenses import Kind, License
 
 
 def _lic(id_: str | None, name: str | None = None, link: str | None = None, folder: Path | None = None) -> License:
-    return License(lic.normalize_id(id_), "test card", name, link, folder)
+    return License(normalize_id(id_), "test card", name, link, folder)
 
 
 def _card(folder: Path, front: str, body: str = "# model\n") -> Path:
@@ -27,26 +30,26 @@ def _card(folder: Path, front: str, body: str = "# model\n") -> Path:
 def test_front_matter_with_lists_and_nested_gating_fields(tmp_path):
     folder = _card(tmp_path / "m", "license: Apache-2.0\ntags:\n- a\nextra_gated_fields:\n  Company: text\n"
                                    "  I agree: checkbox\nextra_gated_prompt: 'Share contact info'\n")
-    meta = lic.read_card(folder)
+    meta = read_card(folder)
     assert meta["tags"] == ["a"]
-    assert lic.gating_fields(meta) == {"extra_gated_fields": {"Company": "text", "I agree": "checkbox"},
+    assert gating_fields(meta) == {"extra_gated_fields": {"Company": "text", "I agree": "checkbox"},
                                        "extra_gated_prompt": "Share contact info"}
-    assert lic.license_from_folder(folder).id == "apache-2.0"
+    assert license_from_folder(folder).id == "apache-2.0"
 
 
 def test_no_readme_or_no_front_matter_is_a_missing_license(tmp_path):
-    assert lic.license_from_folder(tmp_path).kind is Kind.MISSING
+    assert license_from_folder(tmp_path).kind is Kind.MISSING
     (tmp_path / "README.md").write_text("# just text\nlicense: mit\n")
-    assert lic.license_from_folder(tmp_path).kind is Kind.MISSING
+    assert license_from_folder(tmp_path).kind is Kind.MISSING
 
 
 def test_broken_front_matter_is_refused_with_the_file_named(tmp_path):
     (tmp_path / "README.md").write_text("---\nlicense: [mit\n---\n")
     with pytest.raises(LicenseError, match="README.md: front matter is not valid YAML"):
-        lic.read_card(tmp_path)
+        read_card(tmp_path)
     (tmp_path / "README.md").write_text("---\nlicense: mit\n")
     with pytest.raises(LicenseError, match="never closed"):
-        lic.read_card(tmp_path)
+        read_card(tmp_path)
 
 
 def test_license_from_gguf_general_license(tmp_path):
@@ -57,7 +60,7 @@ def test_license_from_gguf_general_license(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    found = lic.license_from_gguf(path)
+    found = license_from_gguf(path)
     assert found.id == "cc-by-nc-nd-4.0" and found.kind is Kind.NO_DERIVATIVES
     assert "general.license" in found.source
 
@@ -67,7 +70,7 @@ def test_license_from_gguf_general_license(tmp_path):
     ("Llama-3.1", "llama3.1"), (" cc-by-nc-4.0 ", "cc-by-nc-4.0"), ("", None), (None, None), (["mit"], "mit"),
 ])
 def test_normalize_id(raw, normal):
-    assert lic.normalize_id(raw) == normal
+    assert normalize_id(raw) == normal
 
 
 @pytest.mark.parametrize("id_, kind", [
@@ -80,7 +83,7 @@ def test_normalize_id(raw, normal):
     ("unknown", Kind.UNKNOWN), ("my-own-terms", Kind.UNKNOWN), (None, Kind.MISSING),
 ])
 def test_kinds(id_, kind):
-    assert lic.kind_of(id_) is kind
+    assert kind_of(id_) is kind
 
 
 def test_other_needs_name_and_link_and_may_name_a_no_derivatives_license():
@@ -167,22 +170,22 @@ def test_gating_fields_are_merged_first_card_first():
 # -- --license / --target-license ------------------------------------------------------------------
 
 def test_override_fills_a_missing_or_unknown_license():
-    assert lic.with_override(_lic(None), "MIT", "--license").id == "mit"
-    assert lic.with_override(_lic("my-terms"), "apache-2.0", "--license").id == "apache-2.0"
-    assert lic.with_override(_lic("mit"), None, "--license").id == "mit"
+    assert with_override(_lic(None), "MIT", "--license").id == "mit"
+    assert with_override(_lic("my-terms"), "apache-2.0", "--license").id == "apache-2.0"
+    assert with_override(_lic("mit"), None, "--license").id == "mit"
 
 
 def test_override_may_not_contradict_a_declared_license():
     with pytest.raises(LicenseError, match=r"--license mit: test card declares cc-by-nc-nd-4.0"):
-        lic.with_override(_lic("cc-by-nc-nd-4.0"), "mit", "--license")
-    assert lic.with_override(_lic("mit"), "mit", "--license").id == "mit"
+        with_override(_lic("cc-by-nc-nd-4.0"), "mit", "--license")
+    assert with_override(_lic("mit"), "mit", "--license").id == "mit"
 
 
 def test_override_must_be_a_known_id():
     with pytest.raises(LicenseError, match="not a Hub license id"):
-        lic.with_override(_lic(None), "whatever-1.0", "--target-license")
+        with_override(_lic(None), "whatever-1.0", "--target-license")
     with pytest.raises(LicenseError, match="license_name and license_link"):
-        lic.with_override(_lic(None), "other", "--license")
+        with_override(_lic(None), "other", "--license")
 
 
 # -- publishing requirements ---------------------------------------------------------------------

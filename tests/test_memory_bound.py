@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from benchmarks.memory_bound import widen_ffn
-from dflash_gguf.convert.gguf_file import GGUFFile
+from dflash_gguf.gguf.file import GGUFFile
 from tests.conftest import dflash_gguf
 from tests.fixtures.trained_gguf import trained_ggufs
 

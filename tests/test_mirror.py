@@ -1,4 +1,4 @@
-"""Hub mirrors and old caches (convert/hub.py): repo ids read through PyPI `olah` serving local git
+"""Hub mirrors and old caches (dflash_gguf/hub/resolve.py): repo ids read through PyPI `olah` serving local git
 repositories offline (tests/olah_hub.py), and Hugging Face caches without huggingface_hub's cached
 tree listing, read offline from the snapshot folder itself.
 
@@ -19,7 +19,7 @@ import re
 
 import pytest
 
-from dflash_gguf.convert.gguf_file import GGUFFile
+from dflash_gguf.gguf.file import GGUFFile
 from tests.conftest import dflash_gguf
 from tests.refusal import assert_refused
 from tests.gguf_compare import differences
@@ -195,6 +195,6 @@ def test_an_incomplete_cached_snapshot_offline_is_one_line(hub, fixtures, tmp_pa
 def test_the_endpoint_recorded_never_carries_a_password(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env["HF_ENDPOINT"] = "http://mirror-user:s3cret@127.0.0.1:8090/"
-    code = "from dflash_gguf.convert.hub import HubSource; print(HubSource('o/n', 'a' * 40).url)"
+    code = "from dflash_gguf.hub.resolve import HubSource; print(HubSource('o/n', 'a' * 40).url)"
     shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert shown.strip() == "http://127.0.0.1:8090/o/n"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_gguf.convert.hub import HubRef, parse_ref
+from dflash_gguf.hub.resolve import HubRef, parse_ref
 from dflash_gguf.errors import ReleaseError
-from dflash_gguf.hub_names import is_repo_id, is_revision
+from dflash_gguf.hub.names import is_repo_id, is_revision
 from dflash_gguf.release.card import provenance_front_matter
 from dflash_gguf.runner.prompts import ChatPrompt, read_prompts
 from tests.conftest import dflash_gguf

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from gguf import GGUFValueType as T
 
-from dflash_gguf.convert import config_values as cv
+from dflash_gguf.gguf import config_values as cv
 from tests.malformed import encode, rebuild_gguf, rewrite_safetensors_header
 from tests.test_corpus import check
 
@@ -294,7 +294,7 @@ def test_card_front_matter(small, tmp_path_factory, front):
                                        inputs=[ckpt], outputs=[out], env=ENV)
         _no_secret(stdout, stderr)
         if status == 0:
-            from dflash_gguf.convert.gguf_file import GGUFFile
+            from dflash_gguf.gguf.file import GGUFFile
             from dflash_gguf.terminal import has_control
 
             with GGUFFile(out) as f:

@@ -35,7 +35,7 @@ def tiny_gguf(path: Path, n: int, license: str | None = None) -> Path:
     """A small real GGUF (publish reads each drafter's general.license)."""
     from gguf import GGMLQuantizationType, GGUFValueType
 
-    from dflash_gguf.convert.gguf_file import KV, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
+    from dflash_gguf.gguf.file import KV, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
 
     plan = GGUFPlan()
     plan.add_kv([KV("general.architecture", GGUFValueType.STRING, "dflash")])

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from dflash_gguf.convert.gguf_file import GGUFFile
+from dflash_gguf.gguf.file import GGUFFile
 from dflash_gguf.errors import DflashError
-from dflash_gguf.release import licenses as lic
+from dflash_gguf.licenses import split_front_matter
+from dflash_gguf.release import license_rules as lic
 from dflash_gguf.release.release import release
 from tests.conftest import dflash_gguf
 from tests.refusal import assert_refused
@@ -27,7 +28,7 @@ def _card(folder: Path, front: str) -> None:
 
 
 def _front(readme: Path) -> tuple[dict, str]:
-    return lic.split_front_matter(readme.read_text(encoding="utf-8"))
+    return split_front_matter(readme.read_text(encoding="utf-8"))
 
 
 def _rows(body: str) -> dict[str, list[str]]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_gguf.release import licenses as lic
+from dflash_gguf.licenses import split_front_matter
 from dflash_gguf.release.sidecar import default_target, model_files, placement_folder
 from dflash_gguf.runner.build import runtime_env
 from tests.conftest import dflash_gguf
@@ -121,7 +121,7 @@ def test_hf_finds_and_drafts_with_the_sidecar(hub, trained_pair, llama_bin, tmp_
     card = files["dflash-Trained/README.md"].data.decode()
     assert "](../dflash-Trained-Q8_0.gguf)" in card and "](./dflash-" not in card
     assert f"llama-server -hf {REPO}:F16 --spec-type draft-dflash" in card
-    front, _ = lic.split_front_matter(card)
+    front, _ = split_front_matter(card)
     assert front["license"] == "mit" and front["dflash_gguf"]["types"] == ["F16", "Q8_0"]
     assert len(hub.commits[REPO]) == 1
 

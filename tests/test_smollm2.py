@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from dflash_gguf.convert.gguf_file import GGUFFile
+from dflash_gguf.gguf.file import GGUFFile
 from dflash_gguf.runner.launch import launch_recipe
 from dflash_gguf.runner.prompts import ChatPrompt, read_prompts, tokenize_prompts
 from tests.conftest import dflash_gguf

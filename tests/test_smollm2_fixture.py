@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from dflash_gguf.convert.gguf_file import GGUFFile
-from dflash_gguf.runner.sdist import sha256_file
+from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.hashing import sha256_file
 from tests.fixtures import smollm2 as fixture
 
 # general.file_type of each target (llama_ftype)

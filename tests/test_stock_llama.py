@@ -2,7 +2,7 @@
 (PyPI xllamacpp, the `test-stock` extra; tests/xllamacpp_server.py) beside the patched build, with
 the one launch recipe (runner/launch.py) on the same prompts.
 
-Where convert/llama_support.py says stock runs a file, stock must load it, draft, stay lossless (the
+Where dflash_gguf/gguf/llama_support.py says stock runs a file, stock must load it, draft, stay lossless (the
 target alone's tokens) and draft and accept exactly what the patched build does; where it says a
 patch is needed, stock must refuse the file with the reason the table gives. So the table the model
 card and `inspect` read is what this test measured, and it fails the day stock behaves otherwise.
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dflash_gguf.convert.describe import describe
-from dflash_gguf.convert.llama_support import FEATURES, STOCK_MEASURED, VARIANT_SUPPORT, support_of
+from dflash_gguf.gguf.describe import describe
+from dflash_gguf.gguf.llama_support import FEATURES, STOCK_MEASURED, VARIANT_SUPPORT, support_of
 from dflash_gguf.errors import ServerStartError
 from tests.conftest import dflash_gguf
 from tests.refusal import assert_refused
@@ -163,7 +163,7 @@ def test_validate_with_a_folder_that_is_no_build(fixtures, target_gguf, tmp_path
 # -- what the card, inspect and release say (no llama.cpp needed) --------------------------------------
 
 def test_the_table_words_each_case():
-    from dflash_gguf.convert.llama_support import support
+    from dflash_gguf.gguf.llama_support import support
 
     assert support("dflash2", ["fc.weight", "selector_hidden.weight"]).text == "stock llama.cpp with DFlash 2 support"
     assert support("dspark", ["d2t", "markov_w1.weight"]).text == "stock llama.cpp with DSpark support"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from gguf import GGUFValueType
 
-from dflash_gguf.convert.gguf_file import KV
+from dflash_gguf.gguf.file import KV
 from dflash_gguf.paths import cache_dir
 from tests.conftest import REPO, dflash_gguf
 from tests.gguf_edit import edited_copy

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dflash_gguf.convert.hf_vocab import QWEN2_SPLIT_REGEX
+from dflash_gguf.gguf.hf_vocab import QWEN2_SPLIT_REGEX
 from safetensors import safe_open
 
 torch = pytest.importorskip("torch")

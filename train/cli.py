@@ -10,9 +10,9 @@ from pathlib import Path
 
 import click
 
-from ..convert.model_param import ModelParam
 from ..errors import OptionError
 from ..extras import require
+from ..hub.model_param import ModelParam
 from ..options import build_options, force_option, json_option, target_option, threads_option
 from ..outputs import Input, Output, check_outputs
 
@@ -110,7 +110,7 @@ def train_command(target, prompts_file, out, variant, layers, block_size, target
                           "--block-size and --target-layers")
     if minutes is not None and steps is not None:
         raise OptionError("--minutes and --steps: give one")
-    from ..convert import hub
+    from ..hub import resolve as hub
     from .run import SEED, TrainOptions, train
 
     check_outputs([], [Input(target, "--target"), Input(prompts_file, "--prompts"), Input(init, "--init"),

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..convert.keys import per_arch
 from ..errors import TargetError
+from ..gguf.keys import per_arch
 
 # families whose decoder layer is the drafter's (Qwen3 attention; llama's lacks the q/k norms)
 COPYABLE = ("llama", "qwen3")

@@ -219,7 +219,7 @@ def plan_drafter(weights: GGUFWeights, options: TrainOptions) -> tuple[st.Drafte
 
 def _plan_from_init(weights: GGUFWeights, options: TrainOptions) -> tuple[st.DrafterPlan, dict]:
     """The plan of the drafter --init names (the converter's typed reader), checked against the target."""
-    from ..convert.checkpoint import DrafterCheckpoint
+    from ..gguf.checkpoint import DrafterCheckpoint
 
     ckpt = DrafterCheckpoint(options.init)
     where, shape = f"--init {options.init}", weights.shape

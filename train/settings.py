@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..convert.checkpoint import build_target_layer_ids
+from ..gguf.checkpoint import build_target_layer_ids
 from .frozen import TargetShape
 
 # The recipe per variant (train/recipe.py; measured on SmolLM2 in training/README.md): blocks per

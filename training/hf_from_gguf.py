@@ -5,7 +5,7 @@ reference need when the only copy of a target is llama.cpp's (SmolLM2-135M-Instr
     config.json, generation_config.json   LlamaForCausalLM, from the GGUF's hyperparameters
     model.safetensors                     every tensor dequantized to float32 by gguf-py, q/k rows
                                           put back in HF's order (llama.cpp's converter permutes
-                                          them for its rope layout), named by convert/layout.py's
+                                          them for its rope layout), named by dflash_gguf/gguf/layout.py's
                                           target table read backwards
     tokenizer.json                        byte-level BPE rebuilt from tokenizer.ggml.tokens/merges,
                                           with the pre-tokenizer the GGUF's tokenizer.ggml.pre names
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_gguf.convert import layout
+from dflash_gguf.gguf import layout
 
 # tokenizer.ggml.pre -> the HF pre-tokenizer that llama.cpp's converter maps to it (by chkhsh)
 def _smollm_pre_tokenizer():

@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..runner.measure import first_divergence  # noqa: F401 - defined once there, for the runner too
 
 TIE = "tie"
 MISMATCH = "mismatch"

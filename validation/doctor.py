@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..confine import file_in
-from ..convert import layout
-from ..convert.describe import describe
-from ..convert.gguf_file import GGUFFile
-from ..convert.keys import DFlash, Tokenizer
-from ..convert.target import load_target
 from ..errors import DflashError, ServerArgsError, TargetError
 from ..families import FAMILIES, RECORDING_ARCHS, UNSERVED
+from ..gguf import layout
+from ..gguf.describe import describe
+from ..gguf.file import GGUFFile
+from ..gguf.keys import DFlash, Tokenizer
+from ..gguf.target import load_target
 from ..runner.launch import check_pair, dflash_server, split_mode_problem
 from ..runner.measure import acceptance_rate, mean_acceptance_length
 from ..runner.prompts import Prompt, tokenize_prompts
@@ -114,7 +114,7 @@ def check_files(target: Path, draft: Path, checkpoint: Path | None = None) -> li
                                 f"{target.name} uses M-RoPE (files converted before that key existed); re-convert "
                                 "it with `dflash-gguf convert`"))
     if checkpoint is not None:
-        from ..convert.checkpoint import DrafterCheckpoint
+        from ..gguf.checkpoint import DrafterCheckpoint
         from ..convert.converter import sliding_window
 
         if sliding_window(DrafterCheckpoint(checkpoint)) is not None and DFlash.SLIDING_WINDOW not in has:

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ..terminal import shown
-from ..options import (GGUF, ServerArgsCommand, build_options, draft_option, json_option, prompts_option,
+from ..options import (ServerArgsCommand, build_options, draft_option, json_option, prompts_option,
                        rpc_option, target_option)
 from ..runner.launch import with_rpc
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts

@@ -24,7 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .compare import MISMATCH, first_divergence
+from ..runner.measure import first_divergence
+from .compare import MISMATCH
 from .replay import Row
 
 NUMERICAL = "numerical"

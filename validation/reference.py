@@ -17,9 +17,9 @@ from importlib import metadata
 from pathlib import Path
 
 from ..confine import find_in, open_in
-from ..convert import layout
 from ..errors import InputError
 from ..extras import require
+from ..gguf import layout
 from ..hashing import hash_files
 from ..inputs import parse_json
 from ..paths import cache_dir

@@ -26,16 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from ..convert import hub
-from ..convert.hub import HubRef
-from ..errors import InputError
+from ..hub import resolve as hub
+from ..hub.resolve import HubRef
 from ..outputs import head
 from ..runner.build import build_info, find_bin_dir
 from ..runner.client import Completion, LlamaClient
 from ..runner.launch import Launch, launch_recipe
-from ..runner.measure import Progress, ServerRun, acceptance_rate, mean_acceptance_length, measuring_launch
+from ..runner.measure import (Progress, ServerRun, acceptance_rate, first_divergence, mean_acceptance_length,
+                              measuring_launch)
 from ..runner.prompts import Prompt, size_bound, tokenize_prompts
-from . import compare
 from .lossless import MISMATCH, NUMERICAL, judge, noise_by_width
 from .replay import Replay, ServerContext
 from .server_steps import DEBUG_ARGS, TaskSteps, read_steps
@@ -132,7 +131,7 @@ def _check_tokens(spec: ServerRun, alone: ServerRun, prompt_ids: list[list[int]]
     spec_rows, plain_rows = _replayed(model, contexts, bin_dir, [spec_jobs, plain_jobs])
     noise: dict[int, float] = {}
     for s, t, rows, plain in zip(spec.sequential, alone.sequential, spec_rows, plain_rows):
-        agree = compare.first_divergence(s.tokens, t.tokens)
+        agree = first_divergence(s.tokens, t.tokens)
         noise_by_width(rows, plain, len(rows) if agree is None else agree, noise)
     reproduced = sum(sum(r.margin == 0 for r in plain) for plain in plain_rows)
     alone_tokens = sum(len(t.tokens) for t in alone.sequential)
@@ -182,12 +181,12 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], s
     results, divergences = [], []
     for text, s, seq, t, j in zip(prompts, spec.completions, spec.sequential, alone.completions, judgements):
         # in flight together (-np > 1), a prompt's tokens are proven when they are the one-at-a-time pass's
-        checked = j.checked if s.tokens == seq.tokens else min(j.checked, compare.first_divergence(s.tokens, seq.tokens))
+        checked = j.checked if s.tokens == seq.tokens else min(j.checked, first_divergence(s.tokens, seq.tokens))
         not_proven = j.not_proven(s.tokens, checked)
         results.append({"prompt": str(text), "exact": s.tokens == t.tokens, "lossless": not j.mismatches,
                         "tokens": len(t.tokens), "produced": s.n_predicted, "positions_checked": checked,
                         "proven_by_replay": len(s.tokens) - len(not_proven), "not_proven": not_proven,
-                        "first_divergence": compare.first_divergence(s.tokens, t.tokens),
+                        "first_divergence": first_divergence(s.tokens, t.tokens),
                         "numerical": j.numerical, "mismatches": j.mismatches,
                         "draft_n": s.draft_n, "draft_n_accepted": s.draft_n_accepted})
         divergences += [{"prompt": str(text), **f.to_dict()} for f in j.findings]

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import click
 
-from ..convert.model_param import ModelParam
 from ..errors import OptionError
 from ..extras import require
+from ..hub.model_param import ModelParam
 from ..options import (GGUF, OUTPUT_FILE, ServerArgsCommand, build_options, draft_option, exact_option, json_option,
                        prompts_option, rpc_option, target_option, threads_option)
 from ..outputs import Input, Output, Replace, check_outputs, write_text
-from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 from ..runner.launch import with_rpc
+from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 from .distribution import DEFAULT_ALPHA
 from .validate import ValidationSettings, is_report, validate, verdict
 from .validate_sampled import Sampling, validate_distribution

@@ -19,7 +19,7 @@ from ..runner.build import build_info, find_bin_dir
 from ..runner.client import Completion
 from ..runner.launch import Launch, launch_recipe
 from ..runner.measure import Progress, acceptance_rate, mean_acceptance_length, measuring_launch
-from . import compare, distribution
+from . import distribution
 from ..runner.prompts import Prompt, tokenize_prompts
 from .validate import ValidationSettings
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .confine import find_in
-from .errors import HubError
-from .hub_client import API_BODY_LIMIT, COMMIT
-from .terminal import shown
+from ..confine import find_in
+from ..errors import HubError
+from ..terminal import shown
+from .client import API_BODY_LIMIT, COMMIT
 
 REF_LIMIT = 4096  # a ref file holds a commit id
 

@@ -20,7 +20,7 @@ from ..confine import find_in
 from ..errors import InputError, TargetError
 from ..inputs import decode_text, parse_json
 from ..terminal import shown
-from .gguf_file import KV, kv_from_writer
+from .file import KV, kv_from_writer
 from .keys import ARCH, Tokenizer
 
 QWEN2_SPLIT_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"

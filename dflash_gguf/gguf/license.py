@@ -10,7 +10,7 @@ def license_from_gguf(path, opened=None) -> License:
     """`general.license` (with `general.license.name` / `.link` for `other`) of a GGUF; the strictest
     when it names several. `opened`: the file already open as a GGUFFile, or its metadata as a dict
     (saves parsing it again)."""
-    from .gguf_file import GGUFFile
+    from .file import GGUFFile
     from .keys import General
 
     f = opened if opened is not None else GGUFFile(path)

@@ -23,11 +23,11 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from ..errors import GGUFFormatError, InputError
-from .keys import General, Tokenizer
 from ..inputs import open_regular
 from ..outputs import guard, named_for, partial_name
 from ..secrets import refuse_secrets
 from ..values import U32_MAX, Field
+from .keys import General, Tokenizer
 
 MAGIC = b"GGUF"
 VERSION = 3

@@ -17,7 +17,7 @@ from ..confine import Opened
 from ..errors import CheckpointError, InputError
 from ..inputs import parse_json
 from ..terminal import shown
-from .gguf_file import FileSpan
+from .file import FileSpan
 
 # safetensors dtype -> (numpy dtype used to read it, bytes per element)
 DTYPES = {

@@ -31,12 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from .. import hub_cache, hub_client, hub_names
 from ..confine import find_in, open_in, safe_name
 from ..errors import DflashError, HubError
-from ..hub_names import is_repo_id, is_revision
+from ..gguf.checkpoint import INDEX_NAME, MASK_EMBEDDING_NAME
 from ..licenses import LICENSE_FILE_NAMES
-from .checkpoint import INDEX_NAME, MASK_EMBEDDING_NAME
+from . import cache as hub_cache
+from . import client as hub_client
+from . import names as hub_names
+from .names import is_repo_id, is_revision
 
 log = logging.getLogger(__name__)
 
@@ -635,7 +637,7 @@ def _open_cached(ref: HubRef) -> HubGGUF | None:
 def _cached_gguf(folder: Path, name: str, source: HubSource) -> HubGGUF:
     """A GGUF of a cached snapshot, found through the confined reader (a link out of the cache is
     refused) and read where it really lies."""
-    from .gguf_file import GGUFFile
+    from ..gguf.file import GGUFFile
 
     opened = find_in(folder, name, "cached GGUF")
     if opened is None:
@@ -675,7 +677,7 @@ def open_gguf(ref: HubRef) -> HubGGUF:
     range requests. Its provenance is the exact commit read."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
 
-    from .gguf_file import GGUFFile
+    from ..gguf.file import GGUFFile
 
     if _offline():
         cached = _open_cached(ref)

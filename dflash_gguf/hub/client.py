@@ -35,11 +35,11 @@ import zlib
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .confine import safe_name
-from .errors import DflashError, HubError
-from .hub_names import COMMIT
-from .inputs import parse_json
-from .secrets import scrub
+from ..confine import safe_name
+from ..errors import DflashError, HubError
+from ..inputs import parse_json
+from ..secrets import scrub
+from .names import COMMIT
 
 log = logging.getLogger(__name__)
 
@@ -514,7 +514,7 @@ _installed = False
 def _resolve_token() -> None:
     """huggingface_hub reads the stored login itself (a FIFO there would block it forever): read it here
     as untrusted local state (secrets.hub_token) and hand it over as HF_TOKEN, which it reads first."""
-    from .secrets import TOKEN_ENV, hub_token
+    from ..secrets import TOKEN_ENV, hub_token
 
     token = hub_token()
     if token and not any(os.environ.get(name, "").strip() for name in TOKEN_ENV):
@@ -533,7 +533,7 @@ def install() -> None:
     # huggingface_hub's own request hook (offline mode, request ids), as its default client has it
     from huggingface_hub.utils._http import hf_request_event_hook
 
-    from .signals import on_terminate
+    from ..signals import on_terminate
 
     # Xet transfers go through hf_xet's own HTTP client (to a storage host a server names, with a token
     # it hands out) and into a blob store keyed by a hash the server gives: none of it passes the guard.

@@ -103,5 +103,5 @@ def support(variant: str | None, tensor_names) -> Support:
 
 
 def support_of(desc) -> Support:
-    """support() of a DrafterDescription (convert/describe.py)."""
+    """support() of a DrafterDescription (dflash_gguf/gguf/describe.py)."""
     return support(desc.variant, (t.name for t in desc.tensors))

@@ -12,11 +12,11 @@ from typing import Any
 
 from ..confine import find_in
 from ..errors import InputError, TargetError
+from ..hub import resolve as hub
 from ..inputs import parse_json
 from ..terminal import shown
 from . import config_values as cv
-from . import hub
-from .gguf_file import KV, GGUFFile, tokenizer_metadata
+from .file import KV, GGUFFile, tokenizer_metadata
 from .keys import ARCH, LEGACY_ARCH, General, Model, Tokenizer, per_arch
 
 

@@ -1,5 +1,6 @@
-"""License rules for sharing drafter files, read by `release` and `publish` (the parser and the kinds
-of terms are the base's, dflash_gguf/licenses.py, re-exported here).
+"""License rules for sharing drafter files, read by `release` and `publish`: the effective terms of a
+drafter and its target, the card's gating, what may be published (the license parser and the kinds of
+terms they use are the base's, dflash_gguf/licenses.py).
 
 A drafter GGUF carries the drafter's weights *and* the target's tokenizer, so the terms that apply
 to it are the drafter's and the target's together:
@@ -26,9 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..confine import file_in
-from ..convert.gguf_license import license_from_gguf
 from ..errors import LicenseError
-from ..licenses import *  # noqa: F401,F403 - the base's parser and kinds, as `lic.X` everywhere
+from ..gguf.license import license_from_gguf
 from ..licenses import LLAMA, STRICTNESS, Kind, License, LlamaTerms, gating_fields, license_from_card, \
     licenses_in_texts, read_text, split_front_matter, strictest
 

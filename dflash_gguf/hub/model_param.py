@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from . import hub
+from . import resolve as hub
 
 HELP_FORMS = "a local path, or on the Hub owner/name[@revision]"
 HELP_GGUF_FORMS = "owner/name[@revision]:QUANT or owner/name[@revision]/path/file.gguf"

@@ -16,9 +16,9 @@ from typing import Any
 
 from ..errors import CheckpointError
 from . import layout
-from .config_values import MAX_BLOCK_SIZE
 from .compat import DrafterFacts
-from .gguf_file import GGUFFile
+from .config_values import MAX_BLOCK_SIZE
+from .file import GGUFFile
 from .keys import ARCH, DEFAULT_BLOCK_SIZE, LEGACY_ARCH, DFlash, General, Legacy, Tokenizer
 from .llama_support import support_of
 
@@ -94,7 +94,7 @@ class DrafterDescription:
                 f"{list(self.target_layers_llama)} (ids from 1) out of range; re-convert the drafter")
 
     def facts(self) -> DrafterFacts:
-        """What the compatibility rules (convert/compat.py) need."""
+        """What the compatibility rules (dflash_gguf/gguf/compat.py) need."""
         if self.hidden is None:
             key = Legacy.EMBEDDING_LENGTH if self.variant == layout.LEGACY else DFlash.EMBEDDING_LENGTH
             raise CheckpointError(f"{self.path}: key {key} is missing; re-convert the drafter with dflash-gguf convert")
@@ -109,7 +109,7 @@ class DrafterDescription:
             "architecture": self.architecture,
             "variant": self.variant_name,
             "spec_type": self.spec_type,
-            "runs_on": support_of(self).to_dict(),  # which llama.cpp runs it (convert/llama_support.py)
+            "runs_on": support_of(self).to_dict(),  # which llama.cpp runs it (dflash_gguf/gguf/llama_support.py)
             "block_size": self.block_size,
             "block_size_in_file": self.block_size_in_file,
             "draft_length": self.draft_length,

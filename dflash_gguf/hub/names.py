@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import re
 
-from .errors import DflashError, InputError
-from .terminal import shown
+from ..errors import DflashError, InputError
+from ..terminal import shown
 
 _PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?", re.ASCII)
 _BRANCH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}", re.ASCII)
