@@ -389,3 +389,16 @@ def test_an_api_answer_announcing_too_much_is_not_read(hub, tmp_path):
     proc, took = _convert(hub, tmp_path, DFLASH_GGUF_HUB_TIMEOUT="30")
     _one_line(proc, f"announces a {64 << 20}-byte answer")
     assert took < 20  # refused on the header, not after waiting for a body that never comes
+
+
+def test_the_guard_s_hooks_into_httpx2_exist_or_are_one_line():
+    """The guard wraps httpx2's private connection pool (no public way in): the installed httpx2 has
+    it, and one without it is refused in one line, not a traceback at the first request."""
+    import httpx2
+
+    from dflash_gguf.errors import DflashError
+    from dflash_gguf.hub.client import private_hooks
+
+    assert hasattr(private_hooks(httpx2.HTTPTransport())._network_backend, "connect_tcp")
+    with pytest.raises(DflashError, match="lacks the internals the Hub guard needs"):
+        private_hooks(object())

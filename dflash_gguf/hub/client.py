@@ -404,9 +404,7 @@ def _make_transport(endpoint: str):
     class GuardedTransport(httpx2.BaseTransport):
         def __init__(self, inner: httpx2.HTTPTransport):
             self._inner = inner
-            # httpx builds its connection pool itself; its network backend is where a deadline can
-            # reach a read that never returns (httpx's own timeouts are per read, not per request)
-            pool = inner._pool
+            pool = private_hooks(inner)
             pool._network_backend = backend_class(pool._network_backend)
 
         def handle_request(self, request: httpx2.Request) -> httpx2.Response:
@@ -496,6 +494,24 @@ def _make_transport(endpoint: str):
             self._inner.close()
 
     return GuardedTransport
+
+
+def private_hooks(transport):
+    """The connection pool of an httpx2 transport, whose network backend the guard wraps: httpx2 builds
+    the pool itself and offers no public way in, and the backend is the only place a deadline reaches a
+    read that never returns (httpx's own timeouts are per read, not per request). Checked, so that an
+    httpx2 without these internals (or without get_environment_proxies) is one line, not a traceback;
+    tests/test_hub.py checks the installed version has them."""
+    import httpx2._utils
+
+    pool = getattr(transport, "_pool", None)
+    if not hasattr(pool, "_network_backend") or not hasattr(httpx2._utils, "get_environment_proxies"):
+        from importlib.metadata import version
+
+        raise DflashError(f"httpx2 {version('httpx2')} lacks the internals the Hub guard needs (a transport's "
+                          "_pool._network_backend, _utils.get_environment_proxies); install the httpx2 that "
+                          "huggingface_hub 2.4 was released with, or report this")
+    return pool
 
 
 def _proxy_mounts(transport_class) -> dict:
