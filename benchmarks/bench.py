@@ -52,7 +52,7 @@ from pathlib import Path
 from benchmarks import real_target, regimes
 from dflash_gguf.quantize.quantize import DEFAULT_RECIPE
 from dflash_gguf.quantize.quantize import RECIPES as RECIPE_TABLE
-from dflash_gguf.runner.verdict import batch_cost_verdict, drafting_pays, speed_verdict
+from dflash_gguf.runner.speed_verdict import batch_cost_verdict, drafting_pays, speed_verdict
 
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from benchmarks.memory_bound import n_ff_for_size, widen_ffn
-from dflash_gguf.runner.verdict import batch_cost_verdict, speed_verdict
+from dflash_gguf.runner.speed_verdict import batch_cost_verdict, speed_verdict
 
 MEMORY_BOUND_MIB = 457
 TARGET_TYPES = ("F16", "Q8_0")

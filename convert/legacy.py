@@ -13,7 +13,7 @@ from typing import Any
 
 import gguf
 
-from .. import values
+from .. import typed_reader as values
 from ..errors import GGUFFormatError
 from ..gguf import config_values as cv
 from ..gguf import layout

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from . import values
-from .confine import Opened, file_in
+from . import typed_reader as values
+from .confined_reader import Opened, file_in
 from .errors import LicenseError
 from .inputs import TEXT_LIMIT, decode_text, open_regular
 from .secrets import refuse_secrets

@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from dflash_gguf.runner.prompts import read_prompts
-from dflash_gguf.runner.verdict import speed_verdict
+from dflash_gguf.runner.speed_verdict import speed_verdict
 from dflash_gguf.validation.validate_cli import exactness
 from tests.fixtures.smollm2 import COMMITTED, DRAFTERS, EVAL_PROMPTS, smollm2_ggufs
 

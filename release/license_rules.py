@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..confine import file_in
+from ..confined_reader import file_in
 from ..errors import LicenseError
 from ..gguf.license import license_from_gguf
 from ..licenses import LLAMA, STRICTNESS, Kind, License, LlamaTerms, gating_fields, license_from_card, \

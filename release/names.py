@@ -6,18 +6,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..confine import find_in
+from ..confined_reader import find_in
 from ..errors import InputError, ReleaseError
 from ..gguf import config_values as cv
 from ..gguf import layout
 from ..gguf.file import GGUFFile
 from ..gguf.keys import General
+from ..gguf.license import license_from_gguf
 from ..gguf.target import TargetInfo, load_target
 from ..hub import resolve as hub
 from ..hub.names import is_repo_id
 from ..inputs import parse_json
 from ..licenses import License, license_from_folder, strictest
-from ..gguf.license import license_from_gguf
 
 QUANT_SUFFIX = re.compile(r"[-._](F32|F16|BF16|Q\d[A-Z0-9_]*|IQ\d[A-Z0-9_]*|MXFP4[A-Z0-9_]*)$", re.IGNORECASE)
 

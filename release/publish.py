@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..confine import check_inside, file_in, find_in
+from ..confined_reader import check_inside, file_in, find_in
 from ..errors import DflashError, PublishError
+from ..errors import LicenseError
 from ..gguf import layout
 from ..hub import client as hub_client
 from ..hub import names as hub_names
 from ..inputs import TEXT_LIMIT
+from ..licenses import read_text, split_front_matter
 from ..secrets import hub_token, known_secrets, refuse_secrets_in_file, scrub
 from ..terminal import shown
-from ..licenses import read_text, split_front_matter
-from ..errors import LicenseError
 from . import license_rules as lic
 from .card import recorded_sha256
 

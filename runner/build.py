@@ -41,12 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .. import values
+from .. import typed_reader as values
 from ..errors import DflashError, LlamaBuildError
+from ..hashing import sha256_file
 from ..inputs import parse_json, read_bytes
 from ..options import BACKENDS
 from ..paths import cache_dir
-from ..hashing import sha256_file
 from . import cuda_libs, sdist
 
 log = logging.getLogger(__name__)

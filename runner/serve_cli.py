@@ -20,9 +20,9 @@ from ..options import (
     target_option,
 )
 from ..outputs import Input, Output, Replace, check_outputs
+from . import tuned_settings as tuned
 from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient, Metrics
-from . import tuned
 from .launch import Launch, launch_recipe, with_rpc
 from .server import LlamaServer, stop_on_signals
 from .server_log import is_server_log

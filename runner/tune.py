@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .. import values
+from .. import typed_reader as values
 from ..errors import ServerArgsError, ServerError, ServerStartError
 from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient
@@ -50,7 +50,7 @@ from .launch import ONE_CLIENT_PER_RPC_SERVER, launch_recipe, parse_server_args,
 from .measure import Progress, ServerRun, mean_acceptance_length, measuring_launch
 from .prompts import Prompt, tokenize_prompts
 from .server import LlamaServer
-from .verdict import DEFAULT_MIN_SPEEDUP, drafting_pays
+from .speed_verdict import DEFAULT_MIN_SPEEDUP, drafting_pays
 
 THREADS = ("-t", "--threads")
 P_MIN = ("--spec-draft-p-min", "--draft-p-min")
@@ -257,7 +257,7 @@ class TuneSettings:
 
 @dataclass
 class TuneResult:
-    """What `tune --json` prints and the cache keeps (runner/tuned.py)."""
+    """What `tune --json` prints and the cache keeps (runner/tuned_settings.py)."""
 
     target: Path
     draft: Path

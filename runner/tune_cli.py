@@ -9,11 +9,11 @@ import click
 
 from ..options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, prompts_option,
                        rpc_option, target_option)
-from . import tuned
+from . import tuned_settings as tuned
 from .launch import with_rpc
 from .prompts import BUILTIN_PROMPTS, read_prompts
+from .speed_verdict import DEFAULT_MIN_SPEEDUP, speed_verdict
 from .tune import TuneResult, TuneSettings, tune
-from .verdict import DEFAULT_MIN_SPEEDUP, speed_verdict
 
 QUICK = {"n_predict": 32, "rounds": 1, "confirm_rounds": 3, "prompts": 6}
 

@@ -1,5 +1,5 @@
 """Never lose or leak (issue 22): the attacks of the adversarial pass, each reproduced through the real
-command line, against the one confined reader (dflash_gguf/confine.py) and the one secret filter
+command line, against the one confined reader (dflash_gguf/confined_reader.py) and the one secret filter
 (dflash_gguf/secrets.py).
 
 - an index naming a shard outside the checkpoint is refused, and `-o <that file> --force` never
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_gguf.confine import find_in, open_in, safe_name
+from dflash_gguf.confined_reader import find_in, open_in, safe_name
 from dflash_gguf.errors import InputError, OutsideFolderError
 from tests.conftest import dflash_gguf
 from tests.local_hub import hub_env
@@ -185,7 +185,7 @@ def test_a_link_swapped_in_after_the_check_is_not_followed(tmp_path, monkeypatch
     (folder / "sub" / "x").write_text("inside")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "x").write_text(FAKE)
-    import dflash_gguf.confine as confine
+    import dflash_gguf.confined_reader as confine
 
     real_region = confine._region
 
@@ -341,7 +341,7 @@ def test_a_token_in_the_card_license_is_refused_in_any_spelling(ckpt, target_ggu
 
 def test_the_secret_filter_finds_a_token_in_any_case_and_punctuation(monkeypatch, tmp_path):
     from dflash_gguf import secrets
-    from dflash_gguf.confine import open_in
+    from dflash_gguf.confined_reader import open_in
     from dflash_gguf.errors import OutputError
 
     monkeypatch.setenv("HF_TOKEN", TOKEN)

@@ -1,4 +1,4 @@
-"""Which libllama the in-process bindings load (runner/engine.py)."""
+"""Which libllama the in-process bindings load (runner/bindings.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import types
 import pytest
 
 from dflash_gguf.errors import LlamaBuildError
-from dflash_gguf.runner import engine
+from dflash_gguf.runner import bindings as engine
 
 
 def test_an_inherited_lib_path_is_replaced_before_the_bindings_load(monkeypatch, tmp_path):

@@ -178,7 +178,7 @@ def test_wheel_names_the_extra_a_command_needs(wheel_venv, fixtures, target_gguf
 
 @pytest.mark.integration
 def test_wheel_loads_the_patched_library_through_the_sdist_bindings(wheel_venv, llama_bin, target_gguf, tmp_path):
-    code = ("from dflash_gguf.runner.engine import load_model; import sys; "
+    code = ("from dflash_gguf.runner.bindings import load_model; import sys; "
             "m = load_model(sys.argv[1], backend='cpu', n_ctx=64); print(m.n_vocab(), m.tokenize(b'Hello world!', add_bos=False))")
     proc = subprocess.run([str(wheel_venv / "bin" / "python"), "-c", code, str(target_gguf)],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300)

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from dflash_gguf.errors import LlamaBuildError
-from dflash_gguf.runner import build, tuned
+from dflash_gguf.runner import build
+from dflash_gguf.runner import tuned_settings as tuned
 from dflash_gguf.runner.serve_cli import _tuned
 from dflash_gguf.runner.tune import Setting
 from dflash_gguf.validation.doctor import card_tau

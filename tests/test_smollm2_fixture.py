@@ -92,7 +92,7 @@ def test_derived_tokenizer_encodes_as_llama_cpp(smollm2):
     """The rebuilt tokenizer.json splits text as llama.cpp's `smollm` pre-tokenizer does."""
     from transformers import AutoTokenizer
 
-    from dflash_gguf.runner.engine import load_model
+    from dflash_gguf.runner.bindings import load_model
 
     tokenizer = AutoTokenizer.from_pretrained(fixture.hf_target())
     texts = ["Hello world! 1234567 apples, café ÷ ünïcödé 🤖",

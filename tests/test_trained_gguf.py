@@ -25,7 +25,7 @@ def trained(tmp_path_factory, llama_bin):
 
 
 def test_target_gguf_decodes_transformers_greedy_tokens(trained):
-    from dflash_gguf.runner.engine import load_model
+    from dflash_gguf.runner.bindings import load_model
 
     records = json.loads((TRAINED / "greedy.json").read_text())["records"]
     llm = load_model(trained["target"], backend="cpu", n_ctx=512, n_threads=2)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dflash_gguf.convert.converter import convert
-from dflash_gguf.runner import tuned
+from dflash_gguf.runner import tuned_settings as tuned
 from dflash_gguf.runner.client import LlamaClient
 from dflash_gguf.runner.launch import launch_recipe, read_draft
 from dflash_gguf.runner.tune import (

@@ -1,6 +1,6 @@
 """Every judgement about speed the tools print follows the numbers it judges: tune's verdict, serve's
 start-up line, `make demo`'s closing lines and `make bench`'s notes, each on numbers both sides of its
-line (runner/verdict.py is where the words come from)."""
+line (runner/speed_verdict.py is where the words come from)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench, regimes
-from dflash_gguf.runner import tuned
+from dflash_gguf.runner import tuned_settings as tuned
 from dflash_gguf.runner.tune import Setting
 from dflash_gguf.runner.tune_cli import print_table
-from dflash_gguf.runner.verdict import DEFAULT_MIN_SPEEDUP, batch_cost_verdict, drafting_pays, speed_verdict
+from dflash_gguf.runner.speed_verdict import DEFAULT_MIN_SPEEDUP, batch_cost_verdict, drafting_pays, speed_verdict
 from examples.demo import verdict_lines
 
 PAYS, DOES_NOT_PAY = "drafting pays here", "drafting does not pay here"

@@ -1,7 +1,7 @@
 """llama.cpp as the teacher: the target's greedy answers, its layer inputs at the drafter's taps and
 its most likely next tokens, computed in-process by the patched libllama that will serve the drafter.
 
-The target runs through llama-cpp-python's bindings (runner/engine.py). The pinned tree's layer-input
+The target runs through llama-cpp-python's bindings (runner/bindings.py). The pinned tree's layer-input
 API (`llama_set_embeddings_layer_inp` / `llama_get_embeddings_layer_inp`, src/llama-ext.h) is not
 bound there, so this module binds it with ctypes on the same library. Several conversations are
 answered at once (one sequence each, one token per sequence per `llama_decode`), and every decode
@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import TargetError
-from ..runner import engine
+from ..runner import bindings as engine
 
 
 @dataclass

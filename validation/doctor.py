@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..confine import file_in
+from ..confined_reader import file_in
 from ..errors import DflashError, ServerArgsError, TargetError
 from ..families import FAMILIES, RECORDING_ARCHS, UNSERVED
 from ..gguf import layout

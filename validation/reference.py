@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-from ..confine import find_in, open_in
+from ..confined_reader import find_in, open_in
 from ..errors import InputError
 from ..extras import require
 from ..gguf import layout

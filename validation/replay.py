@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..runner import engine
+from ..runner import bindings as engine
 from ..runner.launch import EXACT_ENV, ServerArgs
 from .server_steps import Step
 

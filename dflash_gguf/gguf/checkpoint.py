@@ -9,7 +9,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ..confine import Opened, find_in, open_in, safe_name
+from ..confined_reader import Opened, find_in, open_in, safe_name
 from ..errors import CheckpointError, InputError
 from ..inputs import parse_json
 from ..terminal import shown

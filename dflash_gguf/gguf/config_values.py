@@ -1,5 +1,5 @@
 """Every config.json field the converter reads, declared once with its type and range (the typed
-reader, dflash_gguf/values.py, applies the rules): a wrong type or an absurd value ends in one line
+reader, dflash_gguf/typed_reader.py, applies the rules): a wrong type or an absurd value ends in one line
 naming the file and the field, exit 2, never a traceback nor a GGUF that llama.cpp then mishandles.
 
     read(source, "rope_theta", value)     the declared field, CheckpointError when the value is off
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import values as v
+from .. import typed_reader as v
 from ..errors import CheckpointError, DflashError
-from ..values import Field
+from ..typed_reader import Field
 
 MAX_SIZE = 1 << 20          # hidden, ffn, head counts
 MAX_VOCAB = 1 << 24

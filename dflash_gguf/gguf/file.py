@@ -26,7 +26,7 @@ from ..errors import GGUFFormatError, InputError
 from ..inputs import open_regular
 from ..outputs import guard, named_for, partial_name
 from ..secrets import refuse_secrets
-from ..values import U32_MAX, Field
+from ..typed_reader import U32_MAX, Field
 from .keys import General, Tokenizer
 
 MAGIC = b"GGUF"
@@ -130,10 +130,10 @@ def tokenizer_metadata(kv: dict[str, KV], path: object, error: type[InputError] 
 
 
 def general_metadata(kv: dict[str, KV], path: object) -> dict[str, Any]:
-    """A GGUF's general.* values, each text value checked by the typed reader (dflash_gguf/values.py):
+    """A GGUF's general.* values, each text value checked by the typed reader (dflash_gguf/typed_reader.py):
     a declared text key (GENERAL_STRINGS) of another type or holding control characters, or any text
     that is not valid UTF-8, is refused in one line naming the file and the key."""
-    from .. import values
+    from .. import typed_reader as values
 
     out = {}
     for key, entry in kv.items():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import gguf
 
-from ..confine import find_in
+from ..confined_reader import find_in
 from ..errors import InputError, TargetError
 from ..inputs import decode_text, parse_json
 from ..terminal import shown

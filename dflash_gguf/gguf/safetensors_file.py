@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..confine import Opened
+from ..confined_reader import Opened
 from ..errors import CheckpointError, InputError
 from ..inputs import parse_json
 from ..terminal import shown

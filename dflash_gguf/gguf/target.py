@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..confine import find_in
+from ..confined_reader import find_in
 from ..errors import InputError, TargetError
 from ..hub import resolve as hub
 from ..inputs import parse_json

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..confine import find_in
+from ..confined_reader import find_in
 from ..errors import HubError
 from ..terminal import shown
 from .client import API_BODY_LIMIT, COMMIT

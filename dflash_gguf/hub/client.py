@@ -35,7 +35,7 @@ import zlib
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ..confine import safe_name
+from ..confined_reader import safe_name
 from ..errors import DflashError, HubError
 from ..inputs import parse_json
 from ..secrets import scrub

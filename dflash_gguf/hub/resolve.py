@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from ..confine import find_in, open_in, safe_name
+from ..confined_reader import find_in, open_in, safe_name
 from ..errors import DflashError, HubError
 from ..gguf.checkpoint import INDEX_NAME, MASK_EMBEDDING_NAME
 from ..licenses import LICENSE_FILE_NAMES

@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .. import values
+from .. import typed_reader as values
 from ..errors import DflashError
 from ..inputs import parse_json, read_bytes
 from ..outputs import write_text
 from ..paths import tuned_dir
 from .launch import parse_server_args
+from .speed_verdict import speed_verdict
 from .tune import P_MIN, THREADS, Setting
-from .verdict import speed_verdict
 
 FORMAT = "dflash-gguf tuned setting"
 VERSION = 1
