@@ -97,7 +97,7 @@ def _per_position(target: Path, draft: Path, prompts, backend: str) -> dict:
     from dflash_gguf.validation.doctor import measure
 
     m = measure(target, draft, ["-t", str(THREADS)], prompts, N_PREDICT, backend)
-    return {"tau": m["tau"], "acceptance_per_position": m["acceptance_per_position"]}
+    return {"tau": m.tau, "acceptance_per_position": m.acceptance_per_position}
 
 
 def _tune(target: Path, draft: Path, prompts, backend: str, progress: Progress) -> dict:

@@ -43,6 +43,10 @@ def test_healthy_pair_measured_and_clean(trained_pair, prompts):
     proc, report = doctor(trained_pair["target"], trained_pair["dflash"], "--prompts", prompts, *QUIET)
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     assert report["ok"] and report["findings"] == []
+    # the JSON's keys, as before the report was typed (validation/doctor.py DoctorReport.to_dict)
+    assert list(report) == ["target", "draft", "server_args", "ok", "findings", "measured", "card_tau"]
+    assert list(report["measured"]) == ["prompts", "produced", "drafted", "accepted", "tau", "acceptance_rate",
+                                        "acceptance_per_position"]
     m = report["measured"]
     assert m["drafted"] > 0 and m["accepted"] > 0 and m["tau"] > 1.5
     assert m["acceptance_per_position"] and 0 < m["acceptance_per_position"][0] <= 1

@@ -56,6 +56,41 @@ class Finding:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A short greedy run, launched as `serve` launches it."""
+    prompts: int
+    produced: int
+    drafted: int
+    accepted: int
+    tau: float
+    acceptance_rate: float
+    acceptance_per_position: list[float]  # share of draft steps whose i-th drafted token was accepted
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """What `doctor` found; `to_dict()` is what `--json` prints."""
+    target: str
+    draft: str
+    server_args: list[str]
+    findings: list[Finding]
+    measured: Measured | None
+    card_tau: float | None  # tau on the release card beside the drafter, when there is one
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "draft": self.draft, "server_args": self.server_args, "ok": self.ok,
+                "findings": [f.to_dict() for f in self.findings],
+                "measured": self.measured.to_dict() if self.measured else None, "card_tau": self.card_tau}
+
+
 def _arg(args: Sequence[str], names: Sequence[str]) -> str | None:
     """The value of the last of `names` in llama-server arguments (`--x v` or `--x=v`)."""
     value = None
@@ -180,7 +215,7 @@ def card_tau(draft: Path) -> float | None:
 
 
 def measure(target: Path, draft: Path, args: Sequence[str], prompts: Sequence[Prompt], n_predict: int,
-            backend: str | None, llama_bin: Path | None = None) -> dict:
+            backend: str | None, llama_bin: Path | None = None) -> Measured:
     """A short greedy run, launched as `serve` launches it: tau and acceptance per draft position."""
     from ..runner.build import find_bin_dir
 
@@ -196,19 +231,18 @@ def measure(target: Path, draft: Path, args: Sequence[str], prompts: Sequence[Pr
     drafted = sum(c.draft_n for c in answers)
     accepted = sum(c.draft_n_accepted for c in answers)
     steps = metrics.drafts
-    return {
-        "prompts": len(prompts), "produced": produced, "drafted": drafted, "accepted": accepted,
-        "tau": round(mean_acceptance_length(produced, accepted, len(prompts)), 4),
-        "acceptance_rate": round(acceptance_rate(drafted, accepted), 4),
-        # share of draft steps whose i-th drafted token was accepted
-        "acceptance_per_position": [round(n / steps, 4) if steps else 0.0 for n in metrics.accepted_per_position],
-    }
+    return Measured(
+        prompts=len(prompts), produced=produced, drafted=drafted, accepted=accepted,
+        tau=round(mean_acceptance_length(produced, accepted, len(prompts)), 4),
+        acceptance_rate=round(acceptance_rate(drafted, accepted), 4),
+        acceptance_per_position=[round(n / steps, 4) if steps else 0.0 for n in metrics.accepted_per_position])
 
 
 def diagnose(target: str | Path, draft: str | Path, server_args: Sequence[str] = (), *, checkpoint: Path | None = None,
              prompts: Sequence[Prompt] = (), n_predict: int = 64, backend: str | None = None,
-             llama_bin: Path | None = None, run: bool = True, progress: Callable[[str], None] | None = None) -> dict:
-    """Every check; the report `--json` prints. `ok` is False when anything was found."""
+             llama_bin: Path | None = None, run: bool = True,
+             progress: Callable[[str], None] | None = None) -> DoctorReport:
+    """Every check, and the short measured run unless a finding blocks it or `run` is False."""
     progress = progress or (lambda msg: log.info(msg))
     target, draft = Path(target), Path(draft)
     findings = check_files(target, draft, checkpoint) + check_args(server_args)
@@ -219,14 +253,12 @@ def diagnose(target: str | Path, draft: str | Path, server_args: Sequence[str] =
     if run and not any(f.check in blocking for f in findings):
         progress(f"measuring: {len(prompts)} prompts, {n_predict} tokens each, greedy")
         measured = measure(target, draft, server_args, prompts, n_predict, backend, llama_bin)
-        if measured["drafted"] and not measured["accepted"]:
-            findings.append(Finding("acceptance", f"not one of {measured['drafted']} drafted tokens was accepted: "
+        if measured.drafted and not measured.accepted:
+            findings.append(Finding("acceptance", f"not one of {measured.drafted} drafted tokens was accepted: "
                                     "the drafter does not fit this target (or its metadata is wrong); check "
                                     "`dflash-gguf inspect` and re-convert"))
-        elif card is not None and measured["tau"] < CARD_TAU_SHORTFALL * card:
-            findings.append(Finding("acceptance", f"measured tau {measured['tau']:.2f} is under "
+        elif card is not None and measured.tau < CARD_TAU_SHORTFALL * card:
+            findings.append(Finding("acceptance", f"measured tau {measured.tau:.2f} is under "
                                     f"{CARD_TAU_SHORTFALL:.0%} of the release card's {card:.2f}; run with the "
                                     "card's settings (and the prompts it was trained for) to compare"))
-    return {"target": str(target), "draft": str(draft), "server_args": list(server_args),
-            "ok": not findings, "findings": [f.to_dict() for f in findings],
-            "measured": measured, "card_tau": card}
+    return DoctorReport(str(target), str(draft), list(server_args), findings, measured, card)

@@ -55,19 +55,19 @@ def doctor_command(target, draft, checkpoint, prompts_file, n_predict, no_run, b
     report = diagnose(target, draft, list(server_args), checkpoint=checkpoint, prompts=prompts, n_predict=n_predict,
                       backend=backend, llama_bin=llama_bin, run=not no_run, progress=lambda msg: click.echo(msg, err=True))
     if as_json:
-        click.echo(json.dumps(report, indent=2))
+        click.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        for f in report["findings"]:
-            click.echo(shown(f"{f['check']:<16} {f['message']}"))  # values from files, escaped
-        m = report["measured"]
+        for f in report.findings:
+            click.echo(shown(f"{f.check:<16} {f.message}"))  # values from files, escaped
+        m = report.measured
         if m is not None:
-            per_position = " ".join(f"{x:.2f}" for x in m["acceptance_per_position"])
-            card = f" (release card: {report['card_tau']:.2f})" if report["card_tau"] is not None else ""
-            click.echo(f"measured         tau {m['tau']:.2f}{card}, acceptance {m['acceptance_rate']:.2f}; "
+            per_position = " ".join(f"{x:.2f}" for x in m.acceptance_per_position)
+            card = f" (release card: {report.card_tau:.2f})" if report.card_tau is not None else ""
+            click.echo(f"measured         tau {m.tau:.2f}{card}, acceptance {m.acceptance_rate:.2f}; "
                        f"per draft position: {per_position}")
-        if report["ok"]:
+        if report.ok:
             click.echo("nothing wrong found")
-    sys.exit(0 if report["ok"] else 1)
+    sys.exit(0 if report.ok else 1)
 
 
 commands = [doctor_command]
