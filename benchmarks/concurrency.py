@@ -98,7 +98,7 @@ def concurrency_section(quick: bool, backend: str, progress: Progress, levels: t
         settings = BenchSettings(levels=levels, n_predict=n_predict, rounds=rounds, backend=backend,
                                  llama_bin=llama_bin, server_args=subject.server_args, exact=exact)
         report = concurrency_curve(subject.target, subject.draft, subject.prompts, settings,
-                                   progress=lambda m: progress("    " + m))
+                                   progress=lambda m: progress("    " + m)).to_dict()
         rows.append({"label": subject.label, "target_mib": round(subject.target.stat().st_size / 2**20, 1),
                      "server_args": subject.server_args, **report})
         progress(f"(h) {subject.label}: {report['verdict']}")

@@ -11,7 +11,7 @@ import click
 from ..errors import OptionError
 from ..options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, prompts_option,
                        target_option)
-from .concurrency import ALONE, DEFAULT_LEVELS, DRAFTER, BenchSettings, concurrency_curve
+from .concurrency import ALONE, DEFAULT_LEVELS, DRAFTER, BenchReport, BenchSettings, concurrency_curve, verdict_line
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 
 
@@ -26,36 +26,36 @@ def _levels(_ctx, _param, value: str) -> tuple[int, ...]:
     return levels
 
 
-def print_curve(report: dict) -> None:
+def print_curve(report: BenchReport) -> None:
     """The curve as the published serving tables give it: speedup per concurrency."""
     head = (f"{'streams':>7}  {'aggregate tok/s':>21}  {'per request tok/s':>19}  {'speedup':>7}  "
             f"{'tau':>5}  {'acceptance per slot':<24} identical")
     click.echo(head)
     click.echo(f"{'':>7}  {'alone':>10} {'drafter':>10}  {'alone':>9} {'drafter':>9}")
-    for r in report["levels"]:
-        agg, per = r["aggregate_tokens_per_second"], r["per_request_tokens_per_second"]
-        slots = " ".join(f"{s['acceptance_rate']:.2f}" for s in r["slots"])
-        same = "yes" if r["identical"] else \
-            f"NO: {sum(not s['identical'] for s in r['streams'])} of {len(r['streams'])} streams differ"
-        click.echo(f"{r['concurrency']:>7}  {agg[ALONE]:>10.1f} {agg[DRAFTER]:>10.1f}  {per[ALONE] or 0:>9.1f} "
-                   f"{per[DRAFTER] or 0:>9.1f}  {r['speedup']:>6.2f}x  {r['tau']:>5.2f}  {slots:<24} {same}")
-        if not r["target_alone_identical"]:
-            click.echo(f"{'':>9}note: the target alone at -np {r['concurrency']} differs from its one-slot "
+    for r in report.levels:
+        agg, per = r.aggregate_tokens_per_second, r.per_request_tokens_per_second
+        slots = " ".join(f"{s['acceptance_rate']:.2f}" for s in r.slots)
+        same = "yes" if r.identical else \
+            f"NO: {sum(not s['identical'] for s in r.streams)} of {len(r.streams)} streams differ"
+        click.echo(f"{r.concurrency:>7}  {agg[ALONE]:>10.1f} {agg[DRAFTER]:>10.1f}  {per[ALONE] or 0:>9.1f} "
+                   f"{per[DRAFTER] or 0:>9.1f}  {r.speedup:>6.2f}x  {r.tau:>5.2f}  {slots:<24} {same}")
+        if not r.target_alone_identical:
+            click.echo(f"{'':>9}note: the target alone at -np {r.concurrency} differs from its one-slot "
                        "answers too (the build is not batch-invariant for this model)")
-    if not report["identical"] and not report["settings"].get("exact"):
+    if not report.identical and not report.settings.get("exact"):
         click.echo("\nA stream that differs is not shown lossless, nor shown wrong: without --exact this build's "
                    "verify batches and multi-slot batches may round differently from one token at one slot. "
                    "Rerun with --exact (batch-invariant kernels: then a difference is the drafter's), or prove "
                    "every token with `dflash-gguf validate -np N`.")
-    s = report["settings"]
-    recipe = report["launch"]["recipe"]
+    s = report.settings
+    recipe = report.launch["recipe"]
     recipe = ["N" if before == "--parallel" else arg for before, arg in zip(["", *recipe], recipe)]
-    click.echo(f"\n{report['verdict']}")
+    click.echo(f"\n{verdict_line(report.levels)}")
     click.echo(f"speedup: median over {s['rounds']} round(s), each the drafter's aggregate over the target "
                f"alone's in the same round; {s['prompts']} prompts x {s['n_predict']} tokens, greedy")
-    click.echo(f"llama.cpp {report['llama']['backend']} build {report['llama']['build']}; "
+    click.echo(f"llama.cpp {report.llama['backend']} build {report.llama['build']}; "
                f"serve's launch: {' '.join(recipe)}"
-               + (f"; your arguments: {' '.join(report['launch']['user_args'])}" if report["launch"]["user_args"]
+               + (f"; your arguments: {' '.join(report.launch['user_args'])}" if report.launch["user_args"]
                   else ""))
 
 
@@ -110,13 +110,13 @@ def bench_command(target: Path, draft: Path, levels: tuple[int, ...], prompts_fi
     settings = BenchSettings(levels=levels, n_predict=n_predict, rounds=rounds, backend=backend, llama_bin=llama_bin,
                              server_args=list(server_args), exact=exact)
     report = concurrency_curve(target, draft, prompts, settings, progress=lambda msg: click.echo(msg, err=True))
-    for message in report["warnings"]:
+    for message in report.warnings:
         click.echo(f"warning: {message}", err=True)
     if as_json:
-        click.echo(json.dumps(report, indent=2))
+        click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         print_curve(report)
-    sys.exit(0 if report["identical"] else 1)
+    sys.exit(0 if report.identical else 1)
 
 
 commands = [bench_command]

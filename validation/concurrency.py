@@ -141,7 +141,54 @@ def _per_request(passes: list[Pass]) -> float | None:
     return round(statistics.median(speeds), 2) if speeds else None
 
 
-def _level(n: int, jobs: list[list[int]], alone: list[Pass], spec: list[Pass], reference: list[list[int]]) -> dict:
+@dataclass(frozen=True)
+class Level:
+    """One --concurrency level of the curve (its `to_dict()` is a row of `bench --json`'s `levels`)."""
+    concurrency: int
+    requests_per_stream: int
+    rounds: int
+    aggregate_tokens_per_second: dict[str, float]  # ALONE / DRAFTER: median over the rounds
+    per_request_tokens_per_second: dict[str, float | None]  # ALONE / DRAFTER: the server's own timing, median
+    speedup: float | None  # median of the rounds' drafter / alone aggregate
+    speedup_runs: list[float]
+    tau: float
+    acceptance_rate: float
+    slots: list[dict]  # per server slot: requests, drafted, accepted, acceptance_rate, tau
+    identical: bool  # every drafter stream equal to the target alone's one-slot answers
+    streams: list[dict]
+    # the target's own answers at N slots against one slot: batch invariance of the build, not the drafter
+    target_alone_identical: bool
+    target_alone_streams: list[dict]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """What `bench` measured; `to_dict()` is what `--json` prints."""
+    target: str
+    draft: str
+    levels: list[Level]
+    settings: dict  # levels, n_predict, rounds, prompts, draft_max, exact
+    launch: dict  # the launch recipe's summary (runner/launch.py)
+    llama: dict  # the build (runner/build.py build_info)
+    warnings: list[str]
+    finished_at: str
+
+    @property
+    def identical(self) -> bool:
+        return all(level.identical for level in self.levels)
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "draft": self.draft, "identical": self.identical,
+                "stops_paying_at": stops_paying(self.levels), "verdict": verdict_line(self.levels),
+                "levels": [level.to_dict() for level in self.levels], "settings": self.settings,
+                "launch": self.launch, "llama": self.llama, "warnings": self.warnings,
+                "finished_at": self.finished_at}
+
+
+def _level(n: int, jobs: list[list[int]], alone: list[Pass], spec: list[Pass], reference: list[list[int]]) -> Level:
     speedups = [s.aggregate / a.aggregate for a, s in zip(alone, spec) if a.aggregate > 0]
     produced = sum(p.tokens for p in spec)
     requests = sum(len(s) for p in spec for s in p.answers)
@@ -149,43 +196,42 @@ def _level(n: int, jobs: list[list[int]], alone: list[Pass], spec: list[Pass], r
     accepted = sum(c.draft_n_accepted for p in spec for s in p.answers for c in s)
     drafter_streams = _streams(spec, jobs, reference)
     alone_streams = _streams(alone, jobs, reference)
-    return {
-        "concurrency": n,
-        "requests_per_stream": len(jobs[0]),
-        "rounds": len(speedups),
-        "aggregate_tokens_per_second": {ALONE: round(statistics.median(p.aggregate for p in alone), 2),
-                                        DRAFTER: round(statistics.median(p.aggregate for p in spec), 2)},
-        "per_request_tokens_per_second": {ALONE: _per_request(alone), DRAFTER: _per_request(spec)},
-        "speedup": round(statistics.median(speedups), 3) if speedups else None,
-        "speedup_runs": [round(x, 3) for x in speedups],
-        "tau": round(measure.mean_acceptance_length(produced, accepted, requests), 4),
-        "acceptance_rate": round(measure.acceptance_rate(drafted, accepted), 4),
-        "slots": _slots(spec),
-        "identical": all(s["identical"] for s in drafter_streams),
-        "streams": drafter_streams,
-        # the target's own answers at N slots against one slot: batch invariance of the build, not the drafter
-        "target_alone_identical": all(s["identical"] for s in alone_streams),
-        "target_alone_streams": alone_streams,
-    }
+    return Level(
+        concurrency=n,
+        requests_per_stream=len(jobs[0]),
+        rounds=len(speedups),
+        aggregate_tokens_per_second={ALONE: round(statistics.median(p.aggregate for p in alone), 2),
+                                     DRAFTER: round(statistics.median(p.aggregate for p in spec), 2)},
+        per_request_tokens_per_second={ALONE: _per_request(alone), DRAFTER: _per_request(spec)},
+        speedup=round(statistics.median(speedups), 3) if speedups else None,
+        speedup_runs=[round(x, 3) for x in speedups],
+        tau=round(measure.mean_acceptance_length(produced, accepted, requests), 4),
+        acceptance_rate=round(measure.acceptance_rate(drafted, accepted), 4),
+        slots=_slots(spec),
+        identical=all(s["identical"] for s in drafter_streams),
+        streams=drafter_streams,
+        target_alone_identical=all(s["identical"] for s in alone_streams),
+        target_alone_streams=alone_streams,
+    )
 
 
-def stops_paying(levels: list[dict]) -> int | None:
+def stops_paying(levels: Sequence[Level]) -> int | None:
     """The lowest concurrency whose median speedup is below 1 (None: drafting paid at every level)."""
-    return next((row["concurrency"] for row in levels if row["speedup"] is not None and row["speedup"] < 1.0), None)
+    return next((row.concurrency for row in levels if row.speedup is not None and row.speedup < 1.0), None)
 
 
-def verdict_line(levels: list[dict]) -> str:
+def verdict_line(levels: Sequence[Level]) -> str:
     """Where drafting stops paying, in words computed from the curve."""
-    paying = [r for r in levels if r["speedup"] is not None and r["speedup"] >= 1.0]
+    paying = [r for r in levels if r.speedup is not None and r.speedup >= 1.0]
     stop = stops_paying(levels)
     if not paying:
-        return f"drafting does not pay at any concurrency measured (best {max(r['speedup'] or 0 for r in levels)}x)"
+        return f"drafting does not pay at any concurrency measured (best {max(r.speedup or 0 for r in levels)}x)"
     if stop is None:
-        low = min(paying, key=lambda r: r["speedup"])
-        return f"drafting pays at every concurrency measured (lowest {low['speedup']}x at {low['concurrency']})"
-    last = max((r for r in paying if r["concurrency"] < stop), key=lambda r: r["concurrency"], default=None)
-    before = f"; it pays up to {last['concurrency']} ({last['speedup']}x)" if last else ""
-    speed = next(r["speedup"] for r in levels if r["concurrency"] == stop)
+        low = min(paying, key=lambda r: r.speedup)
+        return f"drafting pays at every concurrency measured (lowest {low.speedup}x at {low.concurrency})"
+    last = max((r for r in paying if r.concurrency < stop), key=lambda r: r.concurrency, default=None)
+    before = f"; it pays up to {last.concurrency} ({last.speedup}x)" if last else ""
+    speed = next(r.speedup for r in levels if r.concurrency == stop)
     return f"drafting stops paying at concurrency {stop} ({speed}x){before}"
 
 
@@ -196,8 +242,8 @@ def _servers(launch: Launch, n: int, prompts: Sequence[str], n_predict: int, bin
 
 
 def concurrency_curve(target: str | Path, draft: str | Path, prompts: Sequence[str], settings: BenchSettings,
-                      progress: Progress | None = None) -> dict:
-    """The curve (module docstring); the report `bench --json` prints."""
+                      progress: Progress | None = None) -> BenchReport:
+    """The curve (module docstring)."""
     progress = progress or (lambda msg: log.info(msg))
     levels = check_levels(settings.levels)
     given = parse_server_args(settings.server_args)
@@ -235,19 +281,12 @@ def concurrency_curve(target: str | Path, draft: str | Path, prompts: Sequence[s
                          f"tok/s aggregate ({spec[-1].aggregate / alone[-1].aggregate:.2f}x)")
         row = _level(n, jobs, alone, spec, reference)
         rows.append(row)
-        progress(f"concurrency {n}: {row['speedup']}x, tau {row['tau']:.2f}, "
-                 f"{'identical to the one-slot answers' if row['identical'] else 'DIFFERS from the one-slot answers'}"
-                 f" on {sum(s['identical'] for s in row['streams'])} of {n} stream(s)")
-    return {
-        "target": str(target), "draft": str(draft),
-        "identical": all(r["identical"] for r in rows),
-        "stops_paying_at": stops_paying(rows),
-        "verdict": verdict_line(rows),
-        "levels": rows,
-        "settings": {"levels": list(levels), "n_predict": settings.n_predict, "rounds": settings.rounds,
-                     "prompts": len(prompt_ids), "draft_max": launch.draft_length, "exact": settings.exact},
-        "launch": launch.summary(),
-        "llama": build_info(bin_dir, settings.backend),
-        "warnings": list(launch.warnings),
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+        progress(f"concurrency {n}: {row.speedup}x, tau {row.tau:.2f}, "
+                 f"{'identical to the one-slot answers' if row.identical else 'DIFFERS from the one-slot answers'}"
+                 f" on {sum(s['identical'] for s in row.streams)} of {n} stream(s)")
+    return BenchReport(
+        target=str(target), draft=str(draft), levels=rows,
+        settings={"levels": list(levels), "n_predict": settings.n_predict, "rounds": settings.rounds,
+                  "prompts": len(prompt_ids), "draft_max": launch.draft_length, "exact": settings.exact},
+        launch=launch.summary(), llama=build_info(bin_dir, settings.backend), warnings=list(launch.warnings),
+        finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
