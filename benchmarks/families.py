@@ -13,7 +13,10 @@ greedy, N_PREDICT tokens, llama-server -t 1:
     proven / produced tokens replayed bit-exactly against tokens emitted (validate's JSON:
                       `proven_by_replay` where the report has it, else `positions_checked`)
     --exact identical `validate --exact`: speculative output token-identical to the target alone
-    draft parity      `validate --reference-draft` (left for the reference comparison to fill)
+    draft parity      `validate --reference-draft/--reference-target` on the zoo's HF folders: the share of
+                      steps whose first drafted token and whole block equal the z-lab PyTorch
+                      reference's at the same context, and the steps that differ beyond the F16 noise
+                      (yes: first position >= 95 %, none beyond the noise)
     tau, tokens/s     validate's mean acceptance length and speculative tokens per second
 
 A cell that could not be measured holds the reason (the first error line).
@@ -123,7 +126,11 @@ def row(arch: str, variant: str, folder: Path, stock: Path | str) -> dict:
         cells["loads stock"], _ = server_cell(stock, folder, variant, work, "stock", patched)
     else:
         cells["loads stock"] = f"not run: {stock}"
-    report, why = validate(folder, variant, work, "--backend", "cpu")
+    reference = ("--reference-draft", str(folder / f"{variant}-hf"), "--reference-target", str(folder / "hf"))
+    report, why = validate(folder, variant, work, "--backend", "cpu", *reference)
+    cells["draft parity"] = parity_cell(report, why)
+    if report is None:  # the reference could not run: the rest is measured without it
+        report, why = validate(folder, variant, work, "--backend", "cpu")
     if report is None:
         cells["lossless"] = f"no report: {why}"
     else:
@@ -136,8 +143,18 @@ def row(arch: str, variant: str, folder: Path, stock: Path | str) -> dict:
         cells["tokens/s"] = f"{report['tokens_per_second']['speculative']:.0f}"
     exact, why = validate(folder, variant, work, "--backend", "cpu", "--exact")
     cells["identical under --exact"] = _yes(exact is not None and exact["exact"], why)
-    cells["draft parity"] = "not measured"
     return cells
+
+
+def parity_cell(report: dict | None, why: str) -> str:
+    """llama.cpp's drafts against the z-lab PyTorch reference's at the same context, step by step."""
+    parity = (report or {}).get("reference", {}) or {}
+    parity = parity.get("draft_parity")
+    if not parity:
+        return f"not measured: {why}" if why else "not measured"
+    cell = (f"first {parity['first_position_equal']:.0%}, block {parity['block_equal']:.0%} of {parity['steps']} "
+            f"steps; {parity['systematic']} beyond the F16 noise {parity['noise_f16_vs_f32']:.3g}")
+    return ("yes, " if parity["systematic"] == 0 and parity["first_position_equal"] >= 0.95 else "no, ") + cell
 
 
 COLUMNS = ("family", "variant", "converts", "loads patched", "loads stock", "lossless", "proven / produced",
