@@ -82,7 +82,8 @@ def validate_rows(target: Path, drafts: dict[str, Path], prompts: list[str], n_p
         settings = ValidationSettings(n_predict=n_predict, backend=backend, llama_bin=llama_bin,
                                       server_args=list(server_args))
         progress(f"validate {target.name} + {draft.name}: {len(prompts)} prompts x {n_predict} tokens")
-        report = validate(target, draft, prompts, settings, baseline=baseline, progress=lambda m: progress("    " + m))
+        report = validate(target, draft, prompts, settings, baseline=baseline,
+                          progress=lambda m: progress("    " + m)).to_dict()
         rows.append(_validate_row(DRAFTER_LABELS.get(name, name), report))
         r = rows[-1]
         progress(f"  -> exact {r['exact']}, tau {r['tau']:.2f}, {r['tps_target']:.1f} -> {r['tps_speculative']:.1f} "

@@ -93,11 +93,11 @@ def validate_variant(target: Path | TargetInfo, draft_path: Path, settings=None)
     target, draft_path = Path(target), Path(draft_path)
     result = validator.validate(target, draft_path, list(BUILTIN_PROMPTS), settings or validator.ValidationSettings())
     if validator.verdict(result, False) != 0:
-        bad = sum(1 for d in result.get("divergences", []) if d.get("kind") == "mismatch")
+        bad = sum(1 for d in result.divergences if d.get("kind") == "mismatch")
         raise ReleaseError(f"{draft_path.name}: validation failed: with the drafter, {bad} token(s) were not "
                            f"{target.name}'s own; run `dflash-gguf validate` for the report")
-    speedup = result.get("speedup")
-    return {"validated": True, "tau": float(result["mean_acceptance_length"]),
+    speedup = result.speedup
+    return {"validated": True, "tau": float(result.mean_acceptance_length),
             "speedup": float(speedup) if speedup is not None else None, "note": "validated"}
 
 

@@ -2,11 +2,11 @@
 
 import numpy as np
 
-from dflash_gguf.runner.measure import acceptance_rate, mean_acceptance_length
-from dflash_gguf.runner.measure import first_divergence
+from dflash_gguf.runner.measure import acceptance_rate, first_divergence, mean_acceptance_length
 from dflash_gguf.validation.compare import MISMATCH, TIE, check_tokens
 from dflash_gguf.validation.lossless import NUMERICAL
 from dflash_gguf.validation.validate import verdict
+from tests.validation_reports import validation_report
 
 
 def logits_with(top: int, runner_up: int, gap: float, vocab: int = 10) -> np.ndarray:
@@ -47,9 +47,9 @@ def test_acceptance_maths():
 
 
 def test_verdict_allows_numerical_divergences_unless_strict():
-    numerical = {"divergences": [{"kind": NUMERICAL}], "exact": False}
+    numerical = validation_report(divergences=[{"kind": NUMERICAL}], exact=False)
     assert verdict(numerical, strict=False) == 0 and verdict(numerical, strict=True) == 1
-    assert verdict({"divergences": [{"kind": MISMATCH}]}, strict=False) == 1
-    assert verdict({"divergences": []}, strict=True) == 0
+    assert verdict(validation_report(divergences=[{"kind": MISMATCH}]), strict=False) == 1
+    assert verdict(validation_report(), strict=True) == 0
     # a token that was produced but not checked fails the run
-    assert verdict({"divergences": [], "produced": 64, "positions_checked": 63}, strict=False) == 1
+    assert verdict(validation_report(produced=64, positions_checked=63), strict=False) == 1

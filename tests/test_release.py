@@ -16,8 +16,10 @@ from dflash_gguf.errors import DflashError
 from dflash_gguf.licenses import split_front_matter
 from dflash_gguf.release import license_rules as lic
 from dflash_gguf.release.release import release
+from dflash_gguf.validation.validate import ValidationReport
 from tests.conftest import dflash_gguf
 from tests.refusal import assert_refused
+from tests.validation_reports import validation_report
 
 LLAMA31_NOTICE = ("Llama 3.1 is licensed under the Llama 3.1 Community License, Copyright © Meta Platforms, Inc. "
                   "All Rights Reserved.\n")
@@ -261,7 +263,7 @@ def test_a_gated_prompt_on_several_lines_is_carried(drafter_copy, target_gguf, t
 
 # -- validation ----------------------------------------------------------------------------------
 
-def _fake_validator(monkeypatch, report: dict, calls: list) -> None:
+def _fake_validator(monkeypatch, report: ValidationReport | None, calls: list) -> None:
     """A stand-in for validation/validate.py's validate(target, draft, prompts, settings): the real one
     runs two llama-servers per variant (its own tests run it); here only what release does with
     its report and which settings it passes are checked."""
@@ -276,7 +278,7 @@ def _fake_validator(monkeypatch, report: dict, calls: list) -> None:
 
 def test_validator_report_gives_tau_and_speedup(drafter_copy, target_gguf, tmp_path, monkeypatch):
     calls: list = []
-    _fake_validator(monkeypatch, {"mean_acceptance_length": 2.5, "speedup": 1.25, "divergences": []}, calls)
+    _fake_validator(monkeypatch, validation_report(mean_acceptance_length=2.5, speedup=1.25), calls)
     drafter = drafter_copy("dflash-b16")
     _card(drafter, "license: mit\n")
     r = release(drafter, target_gguf, "F16,F32", tmp_path / "rel", target_license_id="mit", name="T")
@@ -289,7 +291,7 @@ def test_validator_report_gives_tau_and_speedup(drafter_copy, target_gguf, tmp_p
 def test_validation_runs_on_the_releases_build_and_server_args(drafter_copy, target_gguf, tmp_path,
                                                                monkeypatch, llama_bin):
     calls: list = []
-    _fake_validator(monkeypatch, {"mean_acceptance_length": 1.0, "speedup": 1.0, "divergences": []}, calls)
+    _fake_validator(monkeypatch, validation_report(), calls)
     drafter = drafter_copy("dflash-b16")
     _card(drafter, "license: mit\n")
     release(drafter, target_gguf, "F16", tmp_path / "rel", target_license_id="mit", name="T",
@@ -308,8 +310,7 @@ def test_server_args_the_runner_manages_are_refused_before_any_work(drafter_copy
 
 
 def test_a_failed_validation_stops_the_release(drafter_copy, target_gguf, tmp_path, monkeypatch):
-    _fake_validator(monkeypatch, {"mean_acceptance_length": 1.0, "speedup": 0.5,
-                                  "divergences": [{"kind": "mismatch"}]}, [])
+    _fake_validator(monkeypatch, validation_report(speedup=0.5, divergences=[{"kind": "mismatch"}]), [])
     drafter = drafter_copy("dflash-b16")
     _card(drafter, "license: mit\n")
     with pytest.raises(DflashError, match="validation failed: with the drafter, 1 token"):
@@ -319,7 +320,7 @@ def test_a_failed_validation_stops_the_release(drafter_copy, target_gguf, tmp_pa
 
 def test_a_target_folder_is_not_validated(drafter_copy, fixtures, tmp_path, monkeypatch):
     calls: list = []
-    _fake_validator(monkeypatch, {}, calls)
+    _fake_validator(monkeypatch, None, calls)
     drafter = drafter_copy("dflash-b16")
     _card(drafter, "license: mit\n")
     r = release(drafter, fixtures / "target-hf", "F16", tmp_path / "rel", target_license_id="mit", name="T")

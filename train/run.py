@@ -398,7 +398,7 @@ def measure(target: Path, drafter_dir: Path, prompts: list[Prompt], options: Tra
         settings = ValidationSettings(n_predict=options.eval_tokens, threads=options.threads,
                                       backend=options.backend, llama_bin=options.llama_bin)
         report = validate(target, gguf, prompts, settings, progress=progress)
-    return {"tau": report["mean_acceptance_length"], "acceptance_rate": report["acceptance_rate"],
-            "lossless": report["lossless"], "exact": report["exact"], "prompts": len(prompts),
-            "n_predict": options.eval_tokens, "speedup": report["speedup"],
-            "llama": f"{report['llama']['backend']} build {report['llama']['build']}"}
+    return {"tau": report.mean_acceptance_length, "acceptance_rate": report.acceptance_rate,
+            "lossless": report.lossless, "exact": report.exact, "prompts": len(prompts),
+            "n_predict": options.eval_tokens, "speedup": report.speedup,
+            "llama": f"{report.llama['backend']} build {report.llama['build']}"}

@@ -152,9 +152,66 @@ def _check_tokens(spec: ServerRun, alone: ServerRun, prompt_ids: list[list[int]]
     return judgements, replay_info
 
 
+@dataclass(frozen=True)
+class PromptResult:
+    """One prompt of a greedy validation (a row of the report's `prompts`)."""
+    prompt: str
+    exact: bool  # its tokens equal the target alone's
+    lossless: bool  # no emitted token the target did not choose in its batch
+    tokens: int  # the target alone's
+    produced: int  # the speculative run's
+    positions_checked: int
+    proven_by_replay: int
+    not_proven: list[dict]  # position, token and why, per token not proven
+    first_divergence: int | None  # from the target alone's tokens
+    numerical: int
+    mismatches: int
+    draft_n: int
+    draft_n_accepted: int
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """A greedy validation; `to_dict()` is the JSON `--json` prints and `--report` writes."""
+    prompts: list[PromptResult]
+    mean_acceptance_length: float
+    acceptance_rate: float
+    drafted: int
+    accepted: int
+    produced: int
+    proven_by_replay: int
+    positions_checked: int
+    tokens_per_second: dict[str, float]  # target, speculative
+    speedup: float | None
+    divergences: list[dict]  # every mismatch and numerical difference (lossless.py Finding.to_dict)
+    replay: dict  # what the replay was and reproduced (_check_tokens)
+    settings: dict
+    launch: dict  # serve's recipe, the user's arguments after --, what validate added, both commands
+    llama: dict
+    reference: dict | None  # the z-lab PyTorch reference's tau and the draft parity, when asked
+    warnings: list[str]
+    finished_at: str
+
+    @property
+    def exact(self) -> bool:
+        return all(p.exact for p in self.prompts)
+
+    @property
+    def lossless(self) -> bool:
+        return all(p.lossless for p in self.prompts)
+
+    def to_dict(self) -> dict:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {"exact": self.exact, "lossless": self.lossless, **fields,
+                "prompts": [p.to_dict() for p in self.prompts]}
+
+
 def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], settings: ValidationSettings,
-             baseline: str | Path | None = None, progress: Progress | None = None) -> dict:
-    """Run both servers and build the report (the JSON `--json` prints and `--report` writes)."""
+             baseline: str | Path | None = None, progress: Progress | None = None) -> ValidationReport:
+    """Run both servers and build the report."""
     progress = progress or (lambda msg: log.info(msg))
     target, draft = Path(target), Path(draft)
     baseline = Path(baseline) if baseline else target
@@ -183,41 +240,36 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], s
         # in flight together (-np > 1), a prompt's tokens are proven when they are the one-at-a-time pass's
         checked = j.checked if s.tokens == seq.tokens else min(j.checked, first_divergence(s.tokens, seq.tokens))
         not_proven = j.not_proven(s.tokens, checked)
-        results.append({"prompt": str(text), "exact": s.tokens == t.tokens, "lossless": not j.mismatches,
-                        "tokens": len(t.tokens), "produced": s.n_predicted, "positions_checked": checked,
-                        "proven_by_replay": len(s.tokens) - len(not_proven), "not_proven": not_proven,
-                        "first_divergence": first_divergence(s.tokens, t.tokens),
-                        "numerical": j.numerical, "mismatches": j.mismatches,
-                        "draft_n": s.draft_n, "draft_n_accepted": s.draft_n_accepted})
+        results.append(PromptResult(
+            prompt=str(text), exact=s.tokens == t.tokens, lossless=not j.mismatches, tokens=len(t.tokens),
+            produced=s.n_predicted, positions_checked=checked, proven_by_replay=len(s.tokens) - len(not_proven),
+            not_proven=not_proven, first_divergence=first_divergence(s.tokens, t.tokens), numerical=j.numerical,
+            mismatches=j.mismatches, draft_n=s.draft_n, draft_n_accepted=s.draft_n_accepted))
         divergences += [{"prompt": str(text), **f.to_dict()} for f in j.findings]
 
     totals = spec.totals()
     reference = _reference_parity(settings, prompt_ids, spec, tasks["speculative"], progress)
     tps_target, tps_spec = alone.tokens_per_second(), spec.tokens_per_second()
-    return {
-        "exact": all(r["exact"] for r in results),
-        "lossless": all(r["lossless"] for r in results),
-        "prompts": results,
-        "mean_acceptance_length": round(mean_acceptance_length(
-            totals["produced"], totals["accepted"], len(prompt_ids)), 4),
-        "acceptance_rate": round(acceptance_rate(totals["drafted"], totals["accepted"]), 4),
-        "drafted": totals["drafted"], "accepted": totals["accepted"], "produced": totals["produced"],
-        "proven_by_replay": sum(r["proven_by_replay"] for r in results),
-        "positions_checked": sum(r["positions_checked"] for r in results),
-        "tokens_per_second": {"target": round(tps_target, 2), "speculative": round(tps_spec, 2)},
-        "speedup": round(tps_spec / tps_target, 3) if tps_target else None,
-        "divergences": divergences,
-        "replay": replay_info,
-        "settings": {"n_predict": settings.n_predict, "parallel": launch.parallel, "exact": settings.exact,
-                     "temperature": settings.temperature, "draft_max": launch.draft_length,
-                     "baseline": str(baseline)},
-        # serve's recipe, the user's arguments after --, and what validate added for measuring
-        "launch": {**launch.summary(), "speculative_command": spec_command, "target_command": alone_command},
-        "llama": build_info(bin_dir, settings.backend),
-        "reference": reference,
-        "warnings": list(launch.warnings),
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    return ValidationReport(
+        prompts=results,
+        mean_acceptance_length=round(mean_acceptance_length(totals["produced"], totals["accepted"],
+                                                            len(prompt_ids)), 4),
+        acceptance_rate=round(acceptance_rate(totals["drafted"], totals["accepted"]), 4),
+        drafted=totals["drafted"], accepted=totals["accepted"], produced=totals["produced"],
+        proven_by_replay=sum(r.proven_by_replay for r in results),
+        positions_checked=sum(r.positions_checked for r in results),
+        tokens_per_second={"target": round(tps_target, 2), "speculative": round(tps_spec, 2)},
+        speedup=round(tps_spec / tps_target, 3) if tps_target else None,
+        divergences=divergences,
+        replay=replay_info,
+        settings={"n_predict": settings.n_predict, "parallel": launch.parallel, "exact": settings.exact,
+                  "temperature": settings.temperature, "draft_max": launch.draft_length, "baseline": str(baseline)},
+        launch={**launch.summary(), "speculative_command": spec_command, "target_command": alone_command},
+        llama=build_info(bin_dir, settings.backend),
+        reference=reference,
+        warnings=list(launch.warnings),
+        finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
 
 
 REPORT_KEYS = ("prompts", "mean_acceptance_length")
@@ -238,10 +290,10 @@ def is_report(path: Path) -> bool:
             and any(key in data for key in REPORT_KINDS))
 
 
-def verdict(report: dict, strict: bool) -> int:
+def verdict(report: ValidationReport, strict: bool) -> int:
     """Exit status: 0 when every emitted token was checked and is the target's choice in its batch
     (lossless; with `strict`, also identical to the target alone), 1 otherwise."""
-    kinds = {d["kind"] for d in report["divergences"]}
-    if MISMATCH in kinds or (strict and (NUMERICAL in kinds or not report.get("exact", True))):
+    kinds = {d["kind"] for d in report.divergences}
+    if MISMATCH in kinds or (strict and (NUMERICAL in kinds or not report.exact)):
         return 1
-    return 0 if report.get("positions_checked") == report.get("produced") else 1
+    return 0 if report.positions_checked == report.produced else 1

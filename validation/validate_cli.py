@@ -17,24 +17,24 @@ from ..outputs import Input, Output, Replace, check_outputs, write_text
 from ..runner.launch import with_rpc
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 from .distribution import DEFAULT_ALPHA
-from .validate import ValidationSettings, is_report, validate, verdict
+from .validate import ValidationReport, ValidationSettings, is_report, validate, verdict
 from .validate_sampled import Sampling, validate_distribution
 from .validate_sampled import verdict as sampled_verdict
 
 
-def exactness(report: dict) -> str:
+def exactness(report: ValidationReport) -> str:
     """The "identical to the target alone" line, from what was measured."""
-    prompts = report["prompts"]
-    same = sum(p["exact"] for p in prompts)
+    prompts = report.prompts
+    same = sum(p.exact for p in prompts)
     if same == len(prompts):
         return f"yes: {same} of {len(prompts)} prompts token for token"
     return f"no: {same} of {len(prompts)} prompts token for token"
 
 
-def losslessness(report: dict) -> str:
+def losslessness(report: ValidationReport) -> str:
     """The "lossless" line: every token the target's own choice in the batch that produced it."""
-    mismatches = sum(p["mismatches"] for p in report["prompts"])
-    checked, produced = report["positions_checked"], report["produced"]
+    mismatches = sum(p.mismatches for p in report.prompts)
+    checked, produced = report.positions_checked, report.produced
     if mismatches:
         return f"no: {mismatches} token(s) the target did not choose in their batch"
     if checked != produced:
@@ -42,11 +42,11 @@ def losslessness(report: dict) -> str:
     return f"yes: all {produced} tokens are the target's argmax in the batch that produced them"
 
 
-def meaning(report: dict) -> str | None:
+def meaning(report: ValidationReport) -> str | None:
     """What a lossless run that is not identical means for the user (None when there is nothing to say)."""
-    if report["exact"] or not report.get("lossless"):
+    if report.exact or not report.lossless:
         return None
-    numerical = [d for d in report["divergences"] if d["kind"] == "numerical" and "plain_logits" in d]
+    numerical = [d for d in report.divergences if d["kind"] == "numerical" and "plain_logits" in d]
     widths = sorted({d["width"] for d in numerical})
     gaps = [abs(d["margin"]) for d in numerical] + [abs(d.get("plain_margin") or 0) for d in numerical]
     return (f"the outputs differ only by batching numerics: at {len(numerical)} near-tie(s) (logit gaps up to "
@@ -56,15 +56,15 @@ def meaning(report: dict) -> str | None:
             "batches of one. For token-identical output use --exact (serve --exact).")
 
 
-def _print_table(report: dict) -> None:
+def _print_table(report: ValidationReport) -> None:
     click.echo(f"{'#':>2}  {'result':<9} {'tokens':>6} {'drafted':>7} {'accepted':>8}  prompt")
-    for i, r in enumerate(report["prompts"], 1):
-        result = "mismatch" if r["mismatches"] else "identical" if r["exact"] else "numerical"
-        prompt = r["prompt"].replace("\n", "\\n")[:48]
-        click.echo(f"{i:>2}  {result:<9} {r['positions_checked']:>6} {r['draft_n']:>7} "
-                   f"{r['draft_n_accepted']:>8}  {prompt}")
-        for d in report["divergences"]:
-            if d["prompt"] != r["prompt"]:
+    for i, r in enumerate(report.prompts, 1):
+        result = "mismatch" if r.mismatches else "identical" if r.exact else "numerical"
+        prompt = r.prompt.replace("\n", "\\n")[:48]
+        click.echo(f"{i:>2}  {result:<9} {r.positions_checked:>6} {r.draft_n:>7} "
+                   f"{r.draft_n_accepted:>8}  {prompt}")
+        for d in report.divergences:
+            if d["prompt"] != r.prompt:
                 continue
             if d["kind"] == "mismatch":
                 click.echo(f"    mismatch at new token {d['position']}: emitted {d['speculative_token']}, the target's "
@@ -76,36 +76,36 @@ def _print_table(report: dict) -> None:
             else:
                 click.echo(f"    numerical at new token {d['position']}: within the measured noise "
                            f"(margin {d['margin']:.4f}, batch of {d['width']})")
-        if not r["exact"] and not any(d["prompt"] == r["prompt"] and "plain_logits" in d for d in report["divergences"]):
-            click.echo(f"    the target-alone run's tokens differ from new token {r['first_divergence']} on")
-    tps = report["tokens_per_second"]
-    replay = report["replay"]
+        if not r.exact and not any(d["prompt"] == r.prompt and "plain_logits" in d for d in report.divergences):
+            click.echo(f"    the target-alone run's tokens differ from new token {r.first_divergence} on")
+    tps = report.tokens_per_second
+    replay = report.replay
     click.echo("")
     click.echo(f"lossless                {losslessness(report)}")
     click.echo(f"identical to target     {exactness(report)}")
     if (text := meaning(report)) is not None:
         click.echo(f"  what it means         {text}")
-    click.echo(f"tokens checked          {report['positions_checked']} of {report['produced']} produced, each against "
+    click.echo(f"tokens checked          {report.positions_checked} of {report.produced} produced, each against "
                "a replay of its own verify batch")
-    click.echo(f"proven by replay        {report['proven_by_replay']} of {report['produced']} tokens are the target's "
+    click.echo(f"proven by replay        {report.proven_by_replay} of {report.produced} tokens are the target's "
                "argmax in the replay of their own verify batch"
                + (f" ({replay['restores']} checkpoint restores followed)" if replay.get("restores") else ""))
-    for i, r in enumerate(report["prompts"], 1):
-        for miss in r["not_proven"][:3]:
+    for i, r in enumerate(report.prompts, 1):
+        for miss in r.not_proven[:3]:
             click.echo(f"  prompt {i}, new token {miss['position']} ({miss['token']}): {miss['why']}")
-        if len(r["not_proven"]) > 3:
-            click.echo(f"  prompt {i}: {len(r['not_proven']) - 3} more not proven (see the JSON report)")
+        if len(r.not_proven) > 3:
+            click.echo(f"  prompt {i}: {len(r.not_proven) - 3} more not proven (see the JSON report)")
     if replay["exact"]:
         click.echo(f"replay                  exact: reproduced all {replay['alone_tokens']} tokens of the target-alone run")
     else:
         click.echo(f"replay                  reproduced {replay['alone_tokens_reproduced']} of {replay['alone_tokens']} "
                    f"target-alone tokens; tolerance {replay['tolerance']:.4f} from the measured batching noise")
-    if report["settings"].get("exact"):
+    if report.settings.get("exact"):
         click.echo("exact mode              on (batch-invariant verification)")
-    click.echo(f"mean acceptance length  {report['mean_acceptance_length']:.3f} tokens per target step (tau)")
-    if report.get("reference"):
-        click.echo(f"  reference (PyTorch)   {report['reference']['mean_acceptance_length']:.3f}")
-        parity = report["reference"]["draft_parity"]
+    click.echo(f"mean acceptance length  {report.mean_acceptance_length:.3f} tokens per target step (tau)")
+    if report.reference:
+        click.echo(f"  reference (PyTorch)   {report.reference['mean_acceptance_length']:.3f}")
+        parity = report.reference["draft_parity"]
         if parity["steps"]:
             click.echo(f"draft parity            first token {parity['first_position_equal']:.1%}, whole block "
                        f"{parity['block_equal']:.1%} of {parity['steps']} steps equal the reference's; "
@@ -116,12 +116,12 @@ def _print_table(report: dict) -> None:
                            f"{d['first_difference']}: llama.cpp {d['llama'][d['first_difference']]}, reference "
                            f"{d['reference'][d['first_difference']]} (reference margin {d['reference_margin']:.4f}, "
                            f"{d['verdict']})")
-    click.echo(f"acceptance rate         {report['acceptance_rate']:.3f} ({report['accepted']} / {report['drafted']})")
+    click.echo(f"acceptance rate         {report.acceptance_rate:.3f} ({report.accepted} / {report.drafted})")
     click.echo(f"tokens/s target alone   {tps['target']:.1f}")
     click.echo(f"tokens/s speculative    {tps['speculative']:.1f}")
-    click.echo(f"speedup                 {report['speedup']}x")
-    click.echo(f"llama.cpp               {report['llama']['backend']} build {report['llama']['build']}")
-    launch = report["launch"]
+    click.echo(f"speedup                 {report.speedup}x")
+    click.echo(f"llama.cpp               {report.llama['backend']} build {report.llama['build']}")
+    launch = report.launch
     click.echo(f"llama-server            serve's launch: {' '.join(launch['recipe'])}")
     if launch["user_args"]:
         click.echo(f"  your arguments        {' '.join(launch['user_args'])}")
@@ -262,7 +262,7 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
         if reference_draft is not None:
             require("reference", "--reference-draft")
         report = validate(target, draft, prompts, settings, baseline, progress=lambda msg: click.echo(msg, err=True))
-        _write(report, as_json, report_file, _print_table)
+        _write(report.to_dict(), as_json, report_file, lambda _: _print_table(report))
         sys.exit(verdict(report, strict))
     for flag, used in (("--strict", strict), ("--reference-draft", reference_draft),
                        ("--reference-target", reference_target)):
