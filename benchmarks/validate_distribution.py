@@ -37,9 +37,9 @@ SHIFT = 1.3
 def _run(target: Path, draft: Path, prompts: list[str], seed: int, baseline: Path | None = None) -> dict:
     settings = ValidationSettings(parallel=4, threads=1, backend="cpu")
     report = validate_distribution(target, draft, prompts, settings, Sampling(TEMPERATURE, seed=seed), baseline)
-    d = report["distribution"]
-    return {"seed": seed, "p_value": d["p_value"], "verdict": d["verdict"], "tests": d["tests"],
-            "mean_acceptance_length": report["mean_acceptance_length"]}
+    d = report.distribution
+    return {"seed": seed, "p_value": d.p_value, "verdict": d.verdict, "tests": d.tests,
+            "mean_acceptance_length": report.mean_acceptance_length}
 
 
 def _rate(runs: list[dict]) -> str:

@@ -9,12 +9,22 @@ import sys
 import click
 
 from . import __version__
+from .convert.cli import commands as convert_commands
 from .errors import DflashError
 from .hub.client import check_environment
 from .inputs import reading
+from .quantize.cli import commands as quantize_commands
+from .release.cli import commands as release_commands
+from .runner.cli import commands as llama_commands
+from .runner.serve_cli import commands as serve_commands
+from .runner.tune_cli import commands as tune_commands
 from .secrets import ScrubbingStream, filter_log_handlers, scrub
 from .signals import exit_status, raise_on_terminate, signal_name
 from .terminal import shown
+from .train.cli import commands as train_commands
+from .validation.bench_cli import commands as bench_commands
+from .validation.doctor_cli import commands as doctor_commands
+from .validation.validate_cli import commands as validate_commands
 
 
 ERROR_LINE_LIMIT = 2000  # characters of an error line; a value quoted from a file can be megabytes
@@ -110,16 +120,6 @@ def main(verbose: bool) -> None:
 
 def _register() -> None:
     # Each package owns its commands; this file only gathers them.
-    from .convert.cli import commands as convert_commands
-    from .quantize.cli import commands as quantize_commands
-    from .release.cli import commands as release_commands
-    from .validation.bench_cli import commands as bench_commands
-    from .runner.cli import commands as llama_commands
-    from .validation.doctor_cli import commands as doctor_commands
-    from .runner.serve_cli import commands as serve_commands
-    from .runner.tune_cli import commands as tune_commands
-    from .validation.validate_cli import commands as validate_commands
-    from .train.cli import commands as train_commands
     groups = (convert_commands, llama_commands, serve_commands, tune_commands, validate_commands, doctor_commands,
               bench_commands, quantize_commands, release_commands, train_commands)
     for command in [c for group in groups for c in group]:

@@ -30,6 +30,9 @@ import string
 from pathlib import Path
 from typing import TextIO
 from urllib.parse import unquote, urlsplit
+from .errors import InputError
+from .errors import OutputError
+from .inputs import read_text
 
 MASK = "***"
 _MIN_SECRET = 8  # a shorter value would mask ordinary words
@@ -54,6 +57,7 @@ _stored: list[str] = []     # the stored login, once a command has read it (hub_
 
 
 def _token_file() -> Path:
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import constants
 
     return Path(constants.HF_TOKEN_PATH)
@@ -63,8 +67,6 @@ def stored_token() -> str | None:
     """The stored login (`hf auth login`'s token file), None when there is none. Read as untrusted local
     state, once: a regular file only, opened without blocking (a FIFO is refused, never waited on), at
     most TOKEN_FILE_LIMIT bytes of UTF-8; anything else is refused in one line naming the file."""
-    from .errors import InputError
-    from .inputs import read_text
 
     if _stored:
         return _stored[0] or None
@@ -104,7 +106,6 @@ def known_secrets(leaving: bool = False) -> list[str]:
     once a command has read it. `leaving`: for an artifact about to leave the process (a GGUF, a card,
     an upload), which must not hold the stored login either: the token file is read now if it can be
     (a file that cannot be read as one holds no token anyone sends)."""
-    from .errors import InputError
 
     if leaving and not _stored:
         with contextlib.suppress(InputError):
@@ -171,7 +172,6 @@ def refuse_secrets_in_file(opened, where: object) -> None:
 
 
 def _carries(where: object, why: str):
-    from .errors import OutputError
 
     return OutputError(f"{where}: {why}")
 

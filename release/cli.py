@@ -15,6 +15,10 @@ from ..options import (ServerArgsCommand, build_options, exact_option, json_opti
 from ..quantize.cli import mib, progress, recipe_option
 from ..quantize.quantize import ALL_TYPES
 from ..terminal import say
+from .publish import publish as publish_folder
+from .push import push_release
+from .release import release as build_release
+from .sidecar import release_into
 
 
 @click.command(cls=ServerArgsCommand)
@@ -100,7 +104,6 @@ def release(draft_dir: Path | HubRef, target: Path | HubRef | None, types: str, 
           --types Q8_0 --push my-org/Qwen3-8B-DFlash-GGUF
       dflash-gguf release z-lab/Qwen3-8B-DFlash-b16 --into my-org/Qwen3-8B-GGUF --types Q8_0,Q4_K_M
     """
-    from .release import release as build_release
 
     options = dict(license_id=license_id, target_license_id=target_license_id, base_model=base_model,
                    recipe=recipe, skip_validate=skip_validate, backend=backend, llama_bin=llama_bin,
@@ -109,7 +112,6 @@ def release(draft_dir: Path | HubRef, target: Path | HubRef | None, types: str, 
         if push_repo is not None:
             raise OptionError("--into and --push: give one (--into adds to the target's GGUF repository, "
                               "--push makes a repository of the release)")
-        from .sidecar import release_into
 
         placed = release_into(draft_dir, into_repo, types, target=target, out_dir=out_dir, force=force, name=name,
                               **options)
@@ -121,7 +123,6 @@ def release(draft_dir: Path | HubRef, target: Path | HubRef | None, types: str, 
                           "only --into finds it by itself")
     options["name"] = name
     if push_repo is not None:
-        from .push import push_release
 
         pushed = push_release(draft_dir, target, types, push_repo, out_dir=out_dir, force=force, **options)
         _report_upload(pushed, push_repo, as_json, [f["path"] for f in pushed.publish.files] if pushed.publish else [])
@@ -180,7 +181,6 @@ def publish(folder: Path, repo: str, private: bool, dry_run: bool, message: str 
       dflash-gguf publish release/ --repo my-org/Qwen3-8B-DFlash-GGUF --dry-run
       dflash-gguf publish release/ --repo my-org/Qwen3-8B-DFlash-GGUF --private
     """
-    from .publish import publish as publish_folder
 
     r = publish_folder(folder, repo, private=private, dry_run=dry_run, message=message)
     if as_json:

@@ -208,6 +208,7 @@ def commit_files(uploads: list[Upload], repo: str, *, private: bool = False, api
     """Create `repo` if needed (an existing one is left as it is), add `uploads` and remove `delete`
     in one commit; the repository's other files stay."""
     hub_client.install()
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
     result = PublishResult(repo, private, False, [{"path": u.path, "bytes": u.bytes} for u in uploads],

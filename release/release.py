@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..convert.converter import convert
 from ..errors import ReleaseError
@@ -38,16 +37,16 @@ from ..secrets import refuse_secrets
 from ..quantize.quantize import (DEFAULT_RECIPE, FLOAT_TYPES, Recipe, find_llama_quantize, get_recipe, parse_type,
                                  quantize)
 from ..hashing import sha256_file
-from ..runner.launch import parse_server_args, speculative_args
 from ..licenses import License, license_from_folder, read_card, with_override
+from ..runner.launch import parse_server_args, speculative_args
+from ..runner.prompts import BUILTIN_PROMPTS
+from ..validation import validate as validator
+from ..validation.validate import ValidationSettings
 from . import license_rules as lic
 from .card import NOT_VALIDATED, ReleaseResult, VariantResult, example_variant, render_card
 from .folder import built_beside, check_destination
 from .license_files import LicensePlan, plan_license_files, write_license_files
 from .names import drafter_repo, resolve_target, safe_name, target_facts, variant_file
-
-if TYPE_CHECKING:  # validation.validate is imported where a release runs it
-    from ..validation.validate import ValidationSettings
 
 
 Progress = Callable[[str], None]
@@ -80,8 +79,6 @@ def validate_variant(target: Path | TargetInfo, draft_path: Path, settings=None)
     and leaves nothing behind. For a target given as a folder (llama-server needs the target's
     GGUF) the card says "not validated".
     """
-    from ..validation import validate as validator
-    from ..runner.prompts import BUILTIN_PROMPTS
 
     if isinstance(target, TargetInfo):
         if target.local_gguf is None:
@@ -251,8 +248,6 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
     settled = _settle_names_and_terms(draft_dir, target, name, base_model, license_id, target_license_id)
     if any(t not in FLOAT_TYPES for t in wanted):
         find_llama_quantize(llama_bin, backend)  # fail now, not after the conversion
-
-    from ..validation.validate import ValidationSettings
 
     validation = (None if skip_validate
                   else ValidationSettings(backend=backend, llama_bin=llama_bin, server_args=list(server_args),

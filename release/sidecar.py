@@ -121,6 +121,7 @@ def _published_provenance(repo: str, card_paths: list[str], files: list[str]) ->
 
 
 def _target_sha256(repo: str, revision: str | None, path: str) -> str | None:
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import HfApi
 
     with hub.hub_errors(hub.HubRef(repo, revision)):

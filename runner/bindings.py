@@ -45,6 +45,7 @@ def bindings():
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     try:
+        # after: LLAMA_CPP_LIB_PATH names the patched library (the bindings load it when imported)
         import llama_cpp
     except ImportError as err:
         raise LlamaBuildError(f"the llama-cpp-python bindings in {root} do not import ({err}); "

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -192,7 +193,6 @@ def runtime_env(bin_dir: Path, base: dict[str, str] | None = None) -> dict[str, 
 
 def patches_dir() -> Path:
     """The shipped patch series: package data `dflash_gguf.ggml_patches` (`ggml_patches/` in a checkout)."""
-    from importlib.resources import files
     return Path(str(files("dflash_gguf.ggml_patches")))
 
 
@@ -475,6 +475,7 @@ def _locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as handle:
         try:
+            # extra: POSIX only
             import fcntl
         except ImportError:  # Windows: no advisory lock, builds of one work folder must not overlap
             yield

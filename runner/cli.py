@@ -12,6 +12,8 @@ import click
 from ..errors import LlamaBuildError, ServerError
 from ..options import BACKENDS, build_options, json_option, threads_option
 from . import build as _build
+from .rpc import RpcServer
+from .server import stop_on_signals
 
 _backend_option = click.option(
     "--backend", type=click.Choice(BACKENDS), default=None,
@@ -133,8 +135,6 @@ def rpc_server_command(backend: str | None, llama_bin: Path | None, host: str, p
       dflash-gguf llama rpc-server --host 0.0.0.0 --port 50052
       dflash-gguf llama rpc-server --host 0.0.0.0 --backend cuda
     """
-    from .rpc import RpcServer
-    from .server import stop_on_signals
 
     server = RpcServer(bin_dir=_build.find_bin_dir(backend, llama_bin), host=host, port=port, threads=threads,
                        device=device, exact=exact)

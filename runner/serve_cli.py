@@ -163,8 +163,8 @@ def _pct(x: float | None) -> str:
 @click.command("generate", cls=ServerArgsCommand)
 @click.argument("prompts", nargs=-1, required=True, metavar="PROMPT...")
 @click.option("--url", default=None, help="A running llama-server (e.g. from `dflash-gguf serve`).")
-@target_option(required=False, help="Start a server with this target GGUF for the run...")
-@draft_option(required=False, help="...and this DFlash drafter.")
+@target_option(required=False)
+@draft_option(required=False)
 @click.option("-n", "--n-predict", type=click.IntRange(min=1), default=64, show_default=True,
               help="Tokens to generate per prompt.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,

@@ -99,6 +99,7 @@ def _pdeathsig_hook():
     if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
         return None  # the signal follows the creating *thread*; only the main thread lives as long as we do
     try:
+        # extra: Linux only (prctl)
         import ctypes
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):

@@ -107,7 +107,6 @@ def test_help_text_reads_as_written(name):
 # with what differs; a new difference fails the test below, and one that is removed must leave here.
 KNOWN_DIFFERENCES = {
     "--backend": "llama build/path: the build to compile or find; elsewhere: the build to run",
-    "--draft": "generate: 'and this drafter' (with --target), the others the drafter for --target",
     "--exact": "rpc-server: its own kernels; the others: the servers they start",
     "--force": "what it replaces: an output file, a release folder, a build",
     "--host": "rpc-server: a private address for the RPC protocol",

@@ -41,7 +41,8 @@ IMPORTS = list(_imports())
 
 
 def _top_level_imports(path) -> set[str]:
-    """What importing the module itself imports (not its functions' imports), absolute names."""
+    """What importing the module itself imports (not its functions' imports, nor what only a type checker
+    reads), absolute names."""
     module = {str(p): m for p, m, _ in _modules()}[str(path)]
     package = module.rsplit(".", 1)[0]
     names, todo = set(), list(ast.parse(path.read_text(encoding="utf-8")).body)
@@ -49,6 +50,8 @@ def _top_level_imports(path) -> set[str]:
         node = todo.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue  # for the type checker only: never imported when the module is
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):

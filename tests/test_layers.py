@@ -113,3 +113,43 @@ def test_the_scan_sees_an_upward_import(tmp_path):
     base.write_text("from .gguf.file import GGUFFile\nfrom .hub import resolve\n")
     found = [target for _, target in _imports(base, "dflash_gguf.base")]
     assert [_layer_of_module(t) for t in found] == ["model", "model"], found
+
+
+REASONS = ("extra:", "cycle:", "startup:", "after:")
+
+
+def _unexplained_function_imports(path: Path) -> list[int]:
+    """Lines of imports inside functions with no reason: a comment starting with one of REASONS on the
+    import's line, or above the run of imports it belongs to."""
+    lines = path.read_text().split("\n")
+    found = []
+    for fn in ast.walk(ast.parse("\n".join(lines), str(path))):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            line = node.lineno - 1
+            if lines[line].partition("#")[2].strip().startswith(REASONS):
+                continue
+            while line > 0 and lines[line - 1].strip().startswith(("import ", "from ")):
+                line -= 1  # the run of imports this one belongs to
+            if not lines[line - 1].strip().lstrip("#").strip().startswith(REASONS):
+                found.append(node.lineno)
+    return sorted(set(found))
+
+
+def test_every_import_inside_a_function_says_why():
+    """An import inside a function is there for a reason the top of the module cannot serve: an optional
+    extra, a cycle, the command line's start-up time, or an order (after a check or a set-up); it says
+    which. Anything else goes at the top."""
+    missing = [f"{path.relative_to(REPO)}:{line}" for path, _, _ in _modules()
+               for line in _unexplained_function_imports(path)]
+    assert missing == [], f"imports inside functions without a reason ({', '.join(REASONS)}): {missing}"
+
+
+def test_the_reason_check_sees_an_unexplained_import(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    # extra: torch\n    import torch\n    import numpy\n\n"
+                      "def g():\n    import json\n    x = 1\n    import os  # startup: fine\n")
+    assert _unexplained_function_imports(module) == [7]

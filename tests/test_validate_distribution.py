@@ -35,6 +35,10 @@ def test_same_distribution_passes(trained_pair, first_prompts, tmp_path):
     proc, report = _validate(trained_pair, first_prompts, tmp_path / "r.json", "--samples", "100")
     d = report["distribution"]
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    # the JSON's keys, as before the report was typed (validation/validate_sampled.py DistributionReport)
+    assert list(report) == ["distribution", "prompts", "mean_acceptance_length", "acceptance_rate", "drafted",
+                            "accepted", "produced", "settings", "launch", "llama", "warnings", "finished_at"]
+    assert list(report["prompts"][0]) == ["prompt", "samples", "produced", "draft_n", "draft_n_accepted"]
     assert d["verdict"] == "same" and d["p_value"] >= 0.01 and not d["differing"]
     assert (d["samples"], d["positions"]) == (100, Sampling.positions)
     assert d["tests"] > 0 and "chi-square" in d["test"]

@@ -12,6 +12,7 @@ import click
 
 from ..errors import OptionError
 from ..extras import require
+from ..hub import resolve as hub
 from ..hub.model_param import ModelParam
 from ..options import build_options, force_option, json_option, target_option, threads_option
 from ..outputs import Input, Output, check_outputs
@@ -110,7 +111,7 @@ def train_command(target, prompts_file, out, variant, layers, block_size, target
                           "--block-size and --target-layers")
     if minutes is not None and steps is not None:
         raise OptionError("--minutes and --steps: give one")
-    from ..hub import resolve as hub
+    # extra: [train] (PyTorch): the command line starts without it
     from .run import SEED, TrainOptions, train
 
     check_outputs([], [Input(target, "--target"), Input(prompts_file, "--prompts"), Input(init, "--init"),
@@ -125,6 +126,7 @@ def train_command(target, prompts_file, out, variant, layers, block_size, target
                            threads=threads, seed=SEED if seed is None else seed,
                            checkpoint_minutes=checkpoint_minutes, validate=not no_validate,
                            llama_bin=llama_bin, backend=backend)
+    # extra: [train] (PyTorch): the command line starts without it
     from .settings import VARIANTS
 
     spec = VARIANTS[variant]

@@ -15,6 +15,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
 from torch import nn
 
 from ..errors import TargetError
@@ -52,7 +54,6 @@ class GGUFWeights:
     """The target's tensors by GGUF name, dequantized to float32 on request."""
 
     def __init__(self, path: Path):
-        from gguf import GGUFReader
 
         self.path = Path(path)
         try:
@@ -92,7 +93,6 @@ class GGUFWeights:
         return name in self.tensors
 
     def get(self, name: str) -> torch.Tensor:
-        from gguf.quants import dequantize
 
         tensor = self.tensors.get(name)
         if tensor is None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
@@ -105,15 +106,18 @@ def drafter_config_dict(spec: dict, shape: DrafterShape) -> dict:
 
 
 def drafter_class(architecture: str):
+    # extra: [reference], the z-lab model (PyTorch comes with [train])
     from dflash import model as ref
 
     if architecture == "DSparkDraftModel":
+        # extra: [reference], the z-lab model (PyTorch comes with [train])
         from dflash_gguf.validation.dspark_reference import DSparkDraftModel
         return DSparkDraftModel
     return getattr(ref, architecture)
 
 
 def new_drafter(config_dict: dict, seed: int):
+    # extra: [reference], the z-lab model (PyTorch comes with [train])
     from transformers import Qwen3Config
 
     config = Qwen3Config(**config_dict)
@@ -225,7 +229,6 @@ def subset_logits(drafter, hidden, head, labels, data: DistillSet, seq, position
 
 def save_drafter(drafter, folder: Path, config_dict: dict) -> None:
     """config.json + model.safetensors, bf16, the codebooks named without `.weight` as z-lab ships."""
-    from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {}

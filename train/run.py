@@ -26,12 +26,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+import torch
+
+from ..convert.converter import convert
 from ..errors import CheckpointError, InputError, OutputError
+from ..gguf.checkpoint import DrafterCheckpoint
 from ..outputs import built_beside
 from ..paths import cache_dir
+from ..runner.build import find_bin_dir
+from ..runner.launch import launch_recipe
 from ..runner.prompts import Prompt, read_prompts, tokenize_prompts
+from ..validation.validate import ValidationSettings, validate
+from . import recipe, store
 from . import settings as st
 from .frozen import COPYABLE, FrozenTarget, GGUFWeights
+from .recipe import DrafterShape, drafter_config_dict
 from .teacher import Teacher
 
 log = logging.getLogger(__name__)
@@ -140,7 +149,6 @@ def split_prompts(prompts: list[Prompt], options: TrainOptions, source: Path) ->
 
 def render(target: Path, prompts: Sequence[Prompt], options: TrainOptions) -> list[list[int]]:
     """The token ids llama-server evaluates for each prompt (its chat template, its tokenizer)."""
-    from ..runner.launch import launch_recipe
 
     launch = launch_recipe(target, None, server_args=["-c", "512", *(["-t", str(options.threads)]
                                                                       if options.threads else [])])
@@ -149,7 +157,6 @@ def render(target: Path, prompts: Sequence[Prompt], options: TrainOptions) -> li
 
 
 def _bin_dir(options: TrainOptions) -> Path:
-    from ..runner.build import find_bin_dir
 
     return find_bin_dir(options.backend, options.llama_bin)
 
@@ -159,7 +166,6 @@ def _bin_dir(options: TrainOptions) -> Path:
 def teacher_store(target: Path, prompt_ids: list[list[int]], plan: st.DrafterPlan, options: TrainOptions,
                   progress: Progress) -> tuple[Path, float]:
     """The store of the teacher's answers (made, or found made), and the seconds spent making it."""
-    from . import store
 
     key = _sha("teacher-v1", _file_key(target), prompt_ids, plan.llama_taps, options.answer_tokens, st.TEACHER_TOP_K)
     folder = cache_dir() / "train" / key
@@ -219,7 +225,6 @@ def plan_drafter(weights: GGUFWeights, options: TrainOptions) -> tuple[st.Drafte
 
 def _plan_from_init(weights: GGUFWeights, options: TrainOptions) -> tuple[st.DrafterPlan, dict]:
     """The plan of the drafter --init names (the converter's typed reader), checked against the target."""
-    from ..gguf.checkpoint import DrafterCheckpoint
 
     ckpt = DrafterCheckpoint(options.init)
     where, shape = f"--init {options.init}", weights.shape
@@ -243,7 +248,6 @@ def _plan_from_init(weights: GGUFWeights, options: TrainOptions) -> tuple[st.Dra
 
 
 def drafter_config(plan: st.DrafterPlan, shape, init_config: dict | None) -> dict:
-    from .recipe import DrafterShape, drafter_config_dict
 
     if init_config is not None:
         return init_config
@@ -266,7 +270,6 @@ def bf16_pays() -> bool:
     """Whether the CPU computes bf16 natively (AVX-512 BF16, AMX), where the recipe's bf16 autocast is
     the fast path. Without it bf16 is emulated: on this project's AVX2 machine a 1600x256x768 linear,
     forward and backward, took 1.50 s under bf16 autocast against 0.10 s in float32 (one thread)."""
-    import torch
 
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
@@ -315,9 +318,6 @@ and head at run time, so it serves that target only.
 def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *, force: bool = False,
           progress: Progress | None = None, step_progress=None) -> Summary:
     """Train, write the drafter folder to `out` whole, measure it; see the module's docstring."""
-    import torch
-
-    from . import recipe, store
 
     progress = progress or log.info
     check_output(out, force)
@@ -388,8 +388,6 @@ def measure(target: Path, drafter_dir: Path, prompts: list[Prompt], options: Tra
             progress: Progress) -> dict:
     """llama.cpp's own tau on the held-out prompts: the drafter converted against the target, then a
     greedy `validate` pass (every emitted token checked against the target's choice)."""
-    from ..convert.converter import convert
-    from ..validation.validate import ValidationSettings, validate
 
     with tempfile.TemporaryDirectory(prefix="dflash-train-") as work:
         gguf = Path(work) / "drafter.gguf"

@@ -26,13 +26,16 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..confined_reader import file_in
+from ..convert.converter import sliding_window
 from ..errors import DflashError, ServerArgsError, TargetError
 from ..families import FAMILIES, RECORDING_ARCHS, UNSERVED
 from ..gguf import layout
+from ..gguf.checkpoint import DrafterCheckpoint
 from ..gguf.describe import describe
 from ..gguf.file import GGUFFile
 from ..gguf.keys import DFlash, Tokenizer
 from ..gguf.target import load_target
+from ..runner.build import find_bin_dir
 from ..runner.launch import check_pair, dflash_server, split_mode_problem
 from ..runner.measure import acceptance_rate, mean_acceptance_length
 from ..runner.prompts import Prompt, tokenize_prompts
@@ -149,8 +152,6 @@ def check_files(target: Path, draft: Path, checkpoint: Path | None = None) -> li
                                 f"{target.name} uses M-RoPE (files converted before that key existed); re-convert "
                                 "it with `dflash-gguf convert`"))
     if checkpoint is not None:
-        from ..gguf.checkpoint import DrafterCheckpoint
-        from ..convert.converter import sliding_window
 
         if sliding_window(DrafterCheckpoint(checkpoint)) is not None and DFlash.SLIDING_WINDOW not in has:
             findings.append(Finding("sliding-window", f"{draft.name} has no {DFlash.SLIDING_WINDOW} keys but "
@@ -217,7 +218,6 @@ def card_tau(draft: Path) -> float | None:
 def measure(target: Path, draft: Path, args: Sequence[str], prompts: Sequence[Prompt], n_predict: int,
             backend: str | None, llama_bin: Path | None = None) -> Measured:
     """A short greedy run, launched as `serve` launches it: tau and acceptance per draft position."""
-    from ..runner.build import find_bin_dir
 
     server = dflash_server(target, draft, server_args=list(args), check=False,
                            bin_dir=find_bin_dir(backend, llama_bin))

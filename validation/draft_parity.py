@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
+from .reference import drafter_class
 from .server_steps import Step
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ def context_features(draft, target, ids: Sequence[int]):
     """The target's features (1, len(ids), k * hidden) at the drafter's `target_layer_ids`. The target
     is causal, so the first p rows are the features of `ids[:p]`: one forward serves every step of a
     prompt."""
+    # extra: [reference] (PyTorch, transformers, the z-lab model)
     import torch
     from dflash.model import extract_context_feature
 
@@ -47,6 +49,7 @@ def block_hidden(draft, target, context_ids: Sequence[int], block, mask_embeddin
     `target_layer_ids`; the first len(context_ids) rows of `features` where given) injected, the block
     at the positions after the context. `mask_embedding` stands in for the target's embedding row of
     the mask token (a drafter's own mask_embedding.pt)."""
+    # extra: [reference] (PyTorch, transformers, the z-lab model)
     import torch
     from dflash.model import _draft_value, _raw_input_embeddings
 
@@ -65,6 +68,7 @@ def block_logits(draft, target, context_ids: Sequence[int], id_last: int, n_draf
                  features=None):
     """The reference DFlash drafter's logits (n_draft, vocab) for the block `[id_last, mask x n_draft]`
     after `context_ids`: row i decides the i-th drafted token."""
+    # extra: [reference] (PyTorch, transformers, the z-lab model)
     import torch
     from dflash.model import _output_head
 
@@ -83,6 +87,7 @@ def _anchor_first(draft) -> bool:
 
 def drafted_states(draft, target, context_ids: Sequence[int], id_last: int, n_draft: int, features=None):
     """The drafter's output states (n_draft, hidden) that decide the n_draft drafted tokens."""
+    # extra: [reference] (PyTorch, transformers, the z-lab model)
     import torch
 
     width = n_draft if _anchor_first(draft) else n_draft + 1
@@ -110,6 +115,7 @@ def draft_scores(draft, target, states, predecessors) -> Scores:
     """The scores of each drafted position given its predecessor (the token before it in the block).
     DFlash: its logits. DSpark: its head's logits plus the Markov head's row. DFlash 2: its logits
     plus the candidate selector's predecessor-successor term, over its top-k candidates by logit."""
+    # extra: [reference] (PyTorch, transformers, the z-lab model)
     import torch
     from dflash.model import _output_head
 
@@ -130,6 +136,7 @@ def draft_scores(draft, target, states, predecessors) -> Scores:
 
 def greedy_block(draft, target, states, id_last: int) -> tuple[list[int], Scores]:
     """The reference's drafted tokens and the scores of its own path, row by row."""
+    # extra: [reference] (PyTorch, transformers, the z-lab model)
     import torch
 
     tokens, rows, previous = [], [], int(id_last)
@@ -164,6 +171,7 @@ def draft_steps(prompt_ids: Sequence[Sequence[int]], emitted: Sequence[Sequence[
 def _round_matmul_inputs(model) -> None:
     """Round every linear layer's input to float16, as llama.cpp's CPU matmul with F16 weights does
     (ggml converts the activations to the weights' dot type); the rest stays in float32."""
+    # extra: [reference] (PyTorch, transformers, the z-lab model)
     import torch
 
     def to_f16(_module, args):
@@ -175,6 +183,7 @@ def _round_matmul_inputs(model) -> None:
 
 
 def _finite_difference(a, b) -> float:
+    # extra: [reference] (PyTorch, transformers, the z-lab model)
     import torch
 
     both = torch.isfinite(a) & torch.isfinite(b)
@@ -185,10 +194,9 @@ def draft_parity(draft_dir: Path, target_dir: Path, prompt_ids: Sequence[Sequenc
                  emitted: Sequence[Sequence[int]], steps: Sequence[Sequence[Step]]) -> dict:
     """The parity report: shares of steps whose first token / whole block equal the reference's,
     the F16-vs-F32 noise, and the first step that differs with both drafts and their margins."""
+    # extra: [reference] (PyTorch, transformers, the z-lab model)
     import torch
     from transformers import AutoModelForCausalLM
-
-    from .reference import drafter_class
 
     cls = drafter_class(Path(draft_dir))
     models = {dtype: (cls.from_pretrained(str(draft_dir), dtype=dtype).eval().float(),

@@ -40,6 +40,7 @@ class ReferenceRun:
 def use_cpu_clock() -> None:
     """`dflash_generate(return_stats=True)` times with torch.cuda.synchronize(); without CUDA, use
     the wall clock."""
+    # extra: [reference] (PyTorch, transformers, the z-lab model)
     import torch
     from dflash import model as dflash_model
 
@@ -50,6 +51,7 @@ def use_cpu_clock() -> None:
 def drafter_class(draft_dir: Path):
     """The PyTorch class of a drafter folder, by its config.json's architecture."""
     require("reference", "the z-lab PyTorch reference")
+    # extra: [reference] (PyTorch, transformers, the z-lab model)
     from dflash import model as dflash_model
 
     opened = open_in(draft_dir, "config.json", "drafter config")
@@ -59,12 +61,14 @@ def drafter_class(draft_dir: Path):
         opened.close()
     arch = ((config.get("architectures") if isinstance(config, dict) else None) or [""])[0]
     if layout.ARCHITECTURES.get(arch) == layout.DSPARK:
+        # extra: [reference] (PyTorch, transformers, the z-lab model)
         from .dspark_reference import DSparkDraftModel
         return DSparkDraftModel
     return dflash_model.DFlash2DraftModel if arch == "DFlash2DraftModel" else dflash_model.DFlashDraftModel
 
 
 def _load(draft_dir: Path, target_dir: Path):
+    # extra: [reference] (PyTorch, transformers, the z-lab model)
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -95,6 +99,7 @@ def _folder_digest(folder: Path) -> dict[str, str]:
 
 
 def _cache_key(draft_dir: Path, target_dir: Path, prompts, n_new: int, stop_token_ids) -> str:
+    # extra: [reference] (PyTorch, transformers, the z-lab model)
     import torch  # the versions are part of what the runs depend on
 
     what = {"format": CACHE_FORMAT, "draft": _folder_digest(draft_dir), "target": _folder_digest(target_dir),
@@ -137,9 +142,11 @@ def _keep(key: str, runs: list[ReferenceRun]) -> None:
 def speculative_runs(draft, target, prompts: list[list[int]], n_new: int,
                      stop_token_ids: list[int] | None = None) -> list[ReferenceRun]:
     """The same, with the reference models already loaded."""
+    # extra: [reference] (PyTorch, transformers, the z-lab model)
     import torch
     from dflash import model as dflash_model
 
+    # extra: [reference] (PyTorch, transformers, the z-lab model)
     from .dspark_reference import DSparkDraftModel, dspark_generate
 
     use_cpu_clock()

@@ -12,6 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..runner.bindings import load_model
 from . import compare
 
 
@@ -28,7 +29,6 @@ class TeacherForcing:
         self._llm = None
 
     def __enter__(self) -> "TeacherForcing":
-        from ..runner.bindings import load_model
 
         kwargs = {"n_threads": self.threads} if self.threads else {}
         self._llm = load_model(self.target, backend=self.backend, bin_dir=self.bin_dir, n_ctx=self.n_ctx,

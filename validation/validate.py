@@ -35,7 +35,9 @@ from ..runner.launch import Launch, launch_recipe
 from ..runner.measure import (Progress, ServerRun, acceptance_rate, first_divergence, mean_acceptance_length,
                               measuring_launch)
 from ..runner.prompts import Prompt, size_bound, tokenize_prompts
+from .draft_parity import draft_parity
 from .lossless import MISMATCH, NUMERICAL, judge, noise_by_width
+from .reference import run_reference
 from .replay import Replay, ServerContext
 from .server_steps import DEBUG_ARGS, TaskSteps, read_steps
 
@@ -63,8 +65,6 @@ def _reference_parity(settings: ValidationSettings, prompt_ids: list[list[int]],
                       spec_tasks: list[TaskSteps], progress: Progress) -> dict | None:
     if settings.reference_draft is None:
         return None
-    from .draft_parity import draft_parity
-    from .reference import run_reference
 
     progress("reference: running the z-lab PyTorch drafter on the same token ids")
     runs = run_reference(settings.reference_draft, settings.reference_target, prompt_ids, settings.n_predict)

@@ -18,7 +18,7 @@ from ..runner.launch import with_rpc
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 from .distribution import DEFAULT_ALPHA
 from .validate import ValidationReport, ValidationSettings, is_report, validate, verdict
-from .validate_sampled import Sampling, validate_distribution
+from .validate_sampled import DistributionReport, Sampling, validate_distribution
 from .validate_sampled import verdict as sampled_verdict
 
 
@@ -130,18 +130,17 @@ def _print_table(report: ValidationReport) -> None:
                    "the debug log of the server's steps)")
 
 
-def _print_distribution(report: dict) -> None:
-    d, prompts = report["distribution"], report["prompts"]
-    relation = "<" if d["verdict"] == "different" else ">="
-    click.echo(f"distribution            {d['verdict']} (p = {d['p_value']:.3g} {relation} alpha {d['alpha']:g}; "
-               f"{d['tests']} prompt x position tests, {d['samples']} samples per set)")
-    for t in d["differing"][:10]:
-        prompt = prompts[t["prompt"]]["prompt"].replace("\n", "\\n")[:40]
-        click.echo(f"  differs at new token {t['position']} of prompt {t['prompt'] + 1} "
-                   f"(p = {t['p_value']:.3g}): {prompt}")
-    click.echo(f"mean acceptance length  {report['mean_acceptance_length']:.3f} tokens per target step (tau)")
-    click.echo(f"acceptance rate         {report['acceptance_rate']:.3f} ({report['accepted']} / {report['drafted']})")
-    click.echo(f"llama.cpp               {report['llama']['backend']} build {report['llama']['build']}")
+def _print_distribution(report: DistributionReport) -> None:
+    d, prompts = report.distribution, report.prompts
+    relation = "<" if d.verdict == "different" else ">="
+    click.echo(f"distribution            {d.verdict} (p = {d.p_value:.3g} {relation} alpha {d.alpha:g}; "
+               f"{d.tests} prompt x position tests, {d.samples} samples per set)")
+    for t in d.differing[:10]:
+        prompt = prompts[t.prompt].prompt.replace("\n", "\\n")[:40]
+        click.echo(f"  differs at new token {t.position} of prompt {t.prompt + 1} (p = {t.p_value:.3g}): {prompt}")
+    click.echo(f"mean acceptance length  {report.mean_acceptance_length:.3f} tokens per target step (tau)")
+    click.echo(f"acceptance rate         {report.acceptance_rate:.3f} ({report.accepted} / {report.drafted})")
+    click.echo(f"llama.cpp               {report.llama['backend']} build {report.llama['build']}")
 
 
 @click.command("validate", cls=ServerArgsCommand)
@@ -272,7 +271,7 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
     sampling = Sampling(temperature=temperature, **chosen)
     report = validate_distribution(target, draft, prompts, settings, sampling, baseline,
                                    progress=lambda msg: click.echo(msg, err=True))
-    _write(report, as_json, report_file, _print_distribution)
+    _write(report.to_dict(), as_json, report_file, lambda _: _print_distribution(report))
     sys.exit(sampled_verdict(report))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -75,10 +75,40 @@ def _sample(launch: Launch, prompts: list[list[int]] | Sequence[Prompt], samplin
     return per_prompt, prompts, command
 
 
+@dataclass(frozen=True)
+class SampledPrompt:
+    """One prompt's samples with the drafter (a row of the report's `prompts`)."""
+    prompt: str
+    samples: int
+    produced: int
+    draft_n: int
+    draft_n_accepted: int
+
+
+@dataclass(frozen=True)
+class DistributionReport:
+    """A validation at temperature > 0; `to_dict()` is the JSON `--json` prints and `--report` writes."""
+    distribution: distribution.DistributionTest
+    prompts: list[SampledPrompt]
+    mean_acceptance_length: float
+    acceptance_rate: float
+    drafted: int
+    accepted: int
+    produced: int
+    settings: dict
+    launch: dict  # serve's recipe, the user's arguments after --, both commands
+    llama: dict
+    warnings: list[str]
+    finished_at: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 def validate_distribution(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], settings: ValidationSettings,
                           sampling: Sampling, baseline: str | Path | None = None,
-                          progress: Progress | None = None) -> dict:
-    """Sample both servers and test their distributions (the JSON `--json` writes)."""
+                          progress: Progress | None = None) -> DistributionReport:
+    """Sample both servers and test their distributions."""
     progress = progress or (lambda msg: log.info(msg))
     target, draft = Path(target), Path(draft)
     baseline = Path(baseline) if baseline else target
@@ -93,30 +123,29 @@ def validate_distribution(target: str | Path, draft: str | Path, prompts: Sequen
     test = distribution.compare_samples(
         [distribution.pad([c.tokens for c in answers], sampling.positions) for answers in spec],
         [distribution.pad([c.tokens for c in answers], sampling.positions) for answers in alone], sampling.alpha)
-    results = [{"prompt": str(text), "samples": len(answers), "produced": sum(c.n_predicted for c in answers),
-                "draft_n": sum(c.draft_n for c in answers),
-                "draft_n_accepted": sum(c.draft_n_accepted for c in answers)}
+    results = [SampledPrompt(prompt=str(text), samples=len(answers), produced=sum(c.n_predicted for c in answers),
+                             draft_n=sum(c.draft_n for c in answers),
+                             draft_n_accepted=sum(c.draft_n_accepted for c in answers))
                for text, answers in zip(prompts, spec)]
-    produced = sum(r["produced"] for r in results)
-    drafted = sum(r["draft_n"] for r in results)
-    accepted = sum(r["draft_n_accepted"] for r in results)
-    return {
-        "distribution": test.to_dict(),
-        "prompts": results,
-        "mean_acceptance_length": round(mean_acceptance_length(
-            produced, accepted, len(prompts) * sampling.samples), 4),
-        "acceptance_rate": round(acceptance_rate(drafted, accepted), 4),
-        "drafted": drafted, "accepted": accepted, "produced": produced,
-        "settings": {"parallel": launch.parallel, **sampling.request(), "samples": sampling.samples,
-                     "positions": sampling.positions, "seed": sampling.seed, "alpha": sampling.alpha,
-                     "draft_max": launch.draft_length, "baseline": str(baseline)},
-        "launch": {**launch.summary(), "speculative_command": spec_command, "target_command": alone_command},
-        "llama": build_info(bin_dir, settings.backend),
-        "warnings": list(launch.warnings),
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    produced = sum(r.produced for r in results)
+    drafted = sum(r.draft_n for r in results)
+    accepted = sum(r.draft_n_accepted for r in results)
+    return DistributionReport(
+        distribution=test,
+        prompts=results,
+        mean_acceptance_length=round(mean_acceptance_length(produced, accepted, len(prompts) * sampling.samples), 4),
+        acceptance_rate=round(acceptance_rate(drafted, accepted), 4),
+        drafted=drafted, accepted=accepted, produced=produced,
+        settings={"parallel": launch.parallel, **sampling.request(), "samples": sampling.samples,
+                  "positions": sampling.positions, "seed": sampling.seed, "alpha": sampling.alpha,
+                  "draft_max": launch.draft_length, "baseline": str(baseline)},
+        launch={**launch.summary(), "speculative_command": spec_command, "target_command": alone_command},
+        llama=build_info(bin_dir, settings.backend),
+        warnings=list(launch.warnings),
+        finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
 
 
-def verdict(report: dict) -> int:
+def verdict(report: DistributionReport) -> int:
     """Exit status: 1 when the two sets differ, else 0."""
-    return 1 if report["distribution"]["verdict"] == distribution.DIFFERENT else 0
+    return 1 if report.distribution.verdict == distribution.DIFFERENT else 0

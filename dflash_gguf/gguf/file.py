@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
+from .. import typed_reader as values
 from ..errors import GGUFFormatError, InputError
 from ..inputs import open_regular
 from ..outputs import guard, named_for, partial_name
@@ -133,7 +134,6 @@ def general_metadata(kv: dict[str, KV], path: object) -> dict[str, Any]:
     """A GGUF's general.* values, each text value checked by the typed reader (dflash_gguf/typed_reader.py):
     a declared text key (GENERAL_STRINGS) of another type or holding control characters, or any text
     that is not valid UTF-8, is refused in one line naming the file and the key."""
-    from .. import typed_reader as values
 
     out = {}
     for key, entry in kv.items():

@@ -4,14 +4,14 @@ through the typed general.* metadata and judged by the one license parser (dflas
 from __future__ import annotations
 
 from ..licenses import License, license_ids, strictest
+from .file import GGUFFile
+from .keys import General
 
 
 def license_from_gguf(path, opened=None) -> License:
     """`general.license` (with `general.license.name` / `.link` for `other`) of a GGUF; the strictest
     when it names several. `opened`: the file already open as a GGUFFile, or its metadata as a dict
     (saves parsing it again)."""
-    from .file import GGUFFile
-    from .keys import General
 
     f = opened if opened is not None else GGUFFile(path)
     try:

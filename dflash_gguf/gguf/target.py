@@ -17,6 +17,7 @@ from ..inputs import parse_json
 from ..terminal import shown
 from . import config_values as cv
 from .file import KV, GGUFFile, tokenizer_metadata
+from .hf_vocab import tokenizer_metadata as hf_tokenizer_metadata
 from .keys import ARCH, LEGACY_ARCH, General, Model, Tokenizer, per_arch
 
 
@@ -129,7 +130,6 @@ def _text_config(config: object, source: Path) -> dict:
 
 
 def _from_hf_folder(path: Path, vocab_size_hint: int | None) -> TargetInfo:
-    from .hf_vocab import tokenizer_metadata
 
     config_path = path / "config.json"
     files = read_files(path)  # every file read from the folder, opened once
@@ -150,7 +150,7 @@ def _from_hf_folder(path: Path, vocab_size_hint: int | None) -> TargetInfo:
     rope_key = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
     rope = cv.read(config_path, rope_key, config.get(rope_key), {}, TargetError)
     name_or_path = cv.read(config_path, "_name_or_path", config.get("_name_or_path"), "", TargetError)
-    tokenizer_kv = tokenizer_metadata(path, vocab_size_hint or n_vocab, opened)  # the slow part, last
+    tokenizer_kv = hf_tokenizer_metadata(path, vocab_size_hint or n_vocab, opened)  # the slow part, last
     return TargetInfo(
         path=path,
         n_embd=n_embd,

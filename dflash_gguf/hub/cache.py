@@ -24,6 +24,7 @@ REF_LIMIT = 4096  # a ref file holds a commit id
 
 
 def cache_root() -> Path:
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import constants
 
     return Path(constants.HF_HUB_CACHE)

@@ -33,12 +33,14 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
+from importlib.metadata import version
 from urllib.parse import urlsplit
 
 from ..confined_reader import safe_name
 from ..errors import DflashError, HubError
 from ..inputs import parse_json
-from ..secrets import scrub
+from ..secrets import TOKEN_ENV, hub_token, scrub
+from ..signals import on_terminate
 from .names import COMMIT
 
 log = logging.getLogger(__name__)
@@ -300,6 +302,7 @@ def _clamp(timeout: float | None) -> float | None:
 
 
 def _make_backend():
+    # startup: only commands that reach the Hub load the HTTP stack
     import httpcore2
 
     class Stream(httpcore2.NetworkStream):
@@ -370,6 +373,7 @@ class _Budget:
 
 
 def _make_transport(endpoint: str):
+    # startup: only commands that reach the Hub load the HTTP stack
     import httpx2
 
     backend_class = _make_backend()
@@ -502,11 +506,11 @@ def private_hooks(transport):
     read that never returns (httpx's own timeouts are per read, not per request). Checked, so that an
     httpx2 without these internals (or without get_environment_proxies) is one line, not a traceback;
     tests/test_hub.py checks the installed version has them."""
+    # startup: only commands that reach the Hub load the HTTP stack
     import httpx2._utils
 
     pool = getattr(transport, "_pool", None)
     if not hasattr(pool, "_network_backend") or not hasattr(httpx2._utils, "get_environment_proxies"):
-        from importlib.metadata import version
 
         raise DflashError(f"httpx2 {version('httpx2')} lacks the internals the Hub guard needs (a transport's "
                           "_pool._network_backend, _utils.get_environment_proxies); install the httpx2 that "
@@ -517,6 +521,7 @@ def private_hooks(transport):
 def _proxy_mounts(transport_class) -> dict:
     """The proxies of the environment (HTTPS_PROXY, NO_PROXY...), each behind the guard, as httpx would
     mount them itself for a client without a transport of its own."""
+    # startup: only commands that reach the Hub load the HTTP stack
     import httpx2
     from httpx2._utils import get_environment_proxies
 
@@ -530,7 +535,6 @@ _installed = False
 def _resolve_token() -> None:
     """huggingface_hub reads the stored login itself (a FIFO there would block it forever): read it here
     as untrusted local state (secrets.hub_token) and hand it over as HF_TOKEN, which it reads first."""
-    from ..secrets import TOKEN_ENV, hub_token
 
     token = hub_token()
     if token and not any(os.environ.get(name, "").strip() for name in TOKEN_ENV):
@@ -543,13 +547,14 @@ def install() -> None:
     check_environment()
     if _installed:
         return
+    # startup: only commands that reach the Hub load the HTTP stack
     import httpx2
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import constants, set_client_factory
     from huggingface_hub.utils import logging as hf_logging
     # huggingface_hub's own request hook (offline mode, request ids), as its default client has it
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub.utils._http import hf_request_event_hook
-
-    from ..signals import on_terminate
 
     # Xet transfers go through hf_xet's own HTTP client (to a storage host a server names, with a token
     # it hands out) and into a blob store keyed by a hash the server gives: none of it passes the guard.

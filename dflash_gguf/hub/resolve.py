@@ -26,7 +26,7 @@ import os
 import re
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -34,6 +34,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from ..confined_reader import find_in, open_in, safe_name
 from ..errors import DflashError, HubError
 from ..gguf.checkpoint import INDEX_NAME, MASK_EMBEDDING_NAME
+from ..gguf.file import GGUFFile
 from ..licenses import LICENSE_FILE_NAMES
 from . import cache as hub_cache
 from . import client as hub_client
@@ -101,6 +102,7 @@ def as_model(value: str | os.PathLike | HubRef) -> Path | HubRef:
 def hub_endpoint() -> str:
     """The Hub this process talks to (HF_ENDPOINT, else the public Hub), without any user:password."""
     hub_client.install()
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import constants
 
     parts = urlsplit(constants.ENDPOINT.rstrip("/"))
@@ -148,6 +150,7 @@ def folder_name(folder: str | os.PathLike) -> str:
 
 def _offline() -> bool:
     hub_client.install()
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import constants
 
     return constants.is_offline_mode()
@@ -176,10 +179,13 @@ def hub_errors(ref: HubRef):
 
 def _worded(ref: HubRef, err: Exception) -> HubError | None:
     """The one line for a Hub or network error; None for an exception of another origin."""
+    # startup: only commands that reach the Hub load the HTTP stack
     import httpx2
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import errors
 
     if isinstance(err, errors.GatedRepoError):
+        # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
         from huggingface_hub import get_token
 
         who = "this token has no access" if get_token() else "no token is set"
@@ -261,7 +267,9 @@ def _exists(repo: str, revision: str = DEFAULT_REVISION) -> bool:
 def _fetch_model_info(repo: str, revision: str) -> hub_client.ModelInfo:
     """`/api/models/O/N/revision/R` (always at a revision: mirrors answer it where the bare form is
     refused), read through the typed reader."""
+    # startup: only commands that reach the Hub load the HTTP stack
     import httpx2
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import constants
     from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_backoff
 
@@ -293,6 +301,7 @@ def _first_line(err: Exception | str) -> str:
 @contextmanager
 def _quiet_progress():
     """huggingface_hub's progress bars only on a terminal (the library does not print otherwise)."""
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
     if sys.stderr.isatty() or are_progress_bars_disabled():
@@ -317,6 +326,7 @@ def _weight_files(folder: Path, ref: HubRef, revision: str) -> list[str]:
             return [safe_name(v, INDEX_NAME, "weight_map shard") for v in dict.fromkeys(weight_map.values())]
         except (DflashError, ValueError, AttributeError, TypeError, RecursionError):
             return []  # the checkpoint reader names what is wrong with it
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import get_cached_repo_tree
     from huggingface_hub.errors import CachedRepoTreeNotFoundError
 
@@ -335,6 +345,7 @@ def _weight_files(folder: Path, ref: HubRef, revision: str) -> list[str]:
 def fetch_folder(ref: HubRef, files: tuple[str, ...], weights: bool = False) -> Path:
     """The repository's snapshot folder in the cache holding `files` (those it has) and, with
     `weights`, its safetensors weights; fetched when missing."""
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import snapshot_download
 
     if ref.is_gguf:
@@ -358,6 +369,7 @@ def fetch_folder(ref: HubRef, files: tuple[str, ...], weights: bool = False) -> 
 def card_folder(repo: str, revision: str | None) -> Path:
     """The repository's card and license files (those it has) in the cache: what a GGUF repository
     declares of its license beside each file's `general.license`."""
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import snapshot_download
 
     ref = HubRef(repo, revision)
@@ -371,6 +383,7 @@ def download_file(repo: str, path: str, revision: str | None = None):
     """One file of a repository, fetched into the cache and opened through the confined reader
     (confine.Opened): a cached file linked out of the cache is refused, not read. huggingface_hub's
     errors are the caller's to word (`hub_errors`), or to expect (a missing card)."""
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import hf_hub_download
 
     hub_client.install()
@@ -447,6 +460,7 @@ class HubRangeFile(io.RawIOBase):
     stream is closed by `close()`, without reading the rest of the file."""
 
     def __init__(self, url: str, size: int, name: str, token: bool = True):
+        # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
         from huggingface_hub.utils import build_hf_headers
 
         self.url, self.size, self.name = url, size, name
@@ -494,6 +508,7 @@ class HubRangeFile(io.RawIOBase):
     def _fetch(self, start: int, length: int) -> bytes:
         """One range, retried after a dropped connection, a timeout, 429 or 5xx (RANGE_RETRIES times,
         waiting RETRY_WAIT_S doubled each time, or the server's Retry-After when shorter than 30 s)."""
+        # startup: only commands that reach the Hub load the HTTP stack
         import httpx2
 
         for attempt in range(RANGE_RETRIES + 1):
@@ -522,8 +537,8 @@ class HubRangeFile(io.RawIOBase):
     def _request(self, start: int, length: int) -> bytes | None:
         """Ask for bytes [start, start + length): their bytes on a 206; None on a 200 (the server
         ignored the range), whose answer is kept open as the stream to read from."""
-        from contextlib import ExitStack
 
+        # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
         from huggingface_hub.utils import get_session, hf_raise_for_status
 
         self._close_stream()
@@ -637,7 +652,6 @@ def _open_cached(ref: HubRef) -> HubGGUF | None:
 def _cached_gguf(folder: Path, name: str, source: HubSource) -> HubGGUF:
     """A GGUF of a cached snapshot, found through the confined reader (a link out of the cache is
     refused) and read where it really lies."""
-    from ..gguf.file import GGUFFile
 
     opened = find_in(folder, name, "cached GGUF")
     if opened is None:
@@ -657,6 +671,7 @@ def resolve_source(ref: HubRef) -> HubSource:
 
 def fetch_gguf(ref: HubRef) -> Path:
     """The whole GGUF `ref` names, in the Hub cache (fetched when it is not there): what llama.cpp loads."""
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import hf_hub_download
 
     if not ref.is_gguf:
@@ -675,9 +690,8 @@ def fetch_gguf(ref: HubRef) -> Path:
 def open_gguf(ref: HubRef) -> HubGGUF:
     """The GGUF `ref` names: from the cache if it is there, else its header and metadata only, read by
     range requests. Its provenance is the exact commit read."""
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
-
-    from ..gguf.file import GGUFFile
 
     if _offline():
         cached = _open_cached(ref)
