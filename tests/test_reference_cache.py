@@ -55,3 +55,21 @@ def test_a_changed_cache_file_is_not_believed(cache, monkeypatch, tampered):
     loads = _loads(monkeypatch)
     assert reference.run_reference(TRAINED / "dflash", TRAINED / "target", PROMPTS, N) == first
     assert len(loads) == 1 and json.loads(kept.read_text()) == [vars(r) for r in first]
+
+
+@pytest.mark.torch
+def test_the_reference_target_class_follows_the_family(tmp_path):
+    """A multimodal family with no causal-LM class (MuseGlimmer) runs as image-text-to-text on text alone;
+    a model transformers has no class for is one line, not a traceback."""
+    from dflash_gguf.errors import InputError
+
+    for model_type, expected in (("llama", "AutoModelForCausalLM"), ("muse_glimmer", "AutoModelForImageTextToText")):
+        folder = tmp_path / model_type
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+        assert reference.target_class(folder).__name__ == expected
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "config.json").write_text(json.dumps({"model_type": "no_such_model"}))
+    with pytest.raises(InputError, match="'no_such_model' has no causal-LM model in transformers"):
+        reference.target_class(odd)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
-from .reference import drafter_class
+from .reference import drafter_class, target_class
 from .server_steps import Step
 
 if TYPE_CHECKING:
@@ -196,11 +196,10 @@ def draft_parity(draft_dir: Path, target_dir: Path, prompt_ids: Sequence[Sequenc
     the F16-vs-F32 noise, and the first step that differs with both drafts and their margins."""
     # extra: [reference] (PyTorch, transformers, the z-lab model)
     import torch
-    from transformers import AutoModelForCausalLM
 
-    cls = drafter_class(Path(draft_dir))
+    cls, target_cls = drafter_class(Path(draft_dir)), target_class(Path(target_dir))
     models = {dtype: (cls.from_pretrained(str(draft_dir), dtype=dtype).eval().float(),
-                      AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype).eval().float())
+                      target_cls.from_pretrained(str(target_dir), dtype=dtype).eval().float())
               for dtype in (torch.float32, torch.float16)}
     for model in models[torch.float16]:
         _round_matmul_inputs(model)

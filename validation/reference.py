@@ -48,18 +48,23 @@ def use_cpu_clock() -> None:
         dflash_model._cuda_time = time.perf_counter
 
 
+def _config(folder: Path, what: str) -> dict:
+    opened = open_in(folder, "config.json", what)
+    try:
+        config = parse_json(opened.read(what=what), opened.path)
+    finally:
+        opened.close()
+    return config if isinstance(config, dict) else {}
+
+
 def drafter_class(draft_dir: Path):
     """The PyTorch class of a drafter folder, by its config.json's architecture."""
     require("reference", "the z-lab PyTorch reference")
     # extra: [reference] (PyTorch, transformers, the z-lab model)
     from dflash import model as dflash_model
 
-    opened = open_in(draft_dir, "config.json", "drafter config")
-    try:
-        config = parse_json(opened.read(what="drafter config"), opened.path)
-    finally:
-        opened.close()
-    arch = ((config.get("architectures") if isinstance(config, dict) else None) or [""])[0]
+    config = _config(draft_dir, "drafter config")
+    arch = (config.get("architectures") or [""])[0]
     if layout.ARCHITECTURES.get(arch) == layout.DSPARK:
         # extra: [reference] (PyTorch, transformers, the z-lab model)
         from .dspark_reference import DSparkDraftModel
@@ -70,12 +75,31 @@ def drafter_class(draft_dir: Path):
 def _load(draft_dir: Path, target_dir: Path):
     # extra: [reference] (PyTorch, transformers, the z-lab model)
     import torch
-    from transformers import AutoModelForCausalLM
 
     cls = drafter_class(draft_dir)
-    target = AutoModelForCausalLM.from_pretrained(str(target_dir), torch_dtype=torch.float32).eval()
+    target = target_class(target_dir).from_pretrained(str(target_dir), torch_dtype=torch.float32).eval()
     draft = cls.from_pretrained(str(draft_dir), torch_dtype=torch.float32).eval()
     return target, draft
+
+
+def target_class(target_dir: Path):
+    """transformers' class that runs the target on text: its causal LM, or for a multimodal family with
+    none (MuseGlimmer) the image-text-to-text model, which takes text alone and answers with the same
+    logits and hidden states."""
+    # extra: [reference] (PyTorch, transformers, the z-lab model)
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+
+    model_type = _config(Path(target_dir), "target config").get("model_type")
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return AutoModelForCausalLM
+    if model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return AutoModelForImageTextToText
+    raise InputError(f"{Path(target_dir) / 'config.json'}: model_type {str(model_type)[:60]!r} has no causal-LM model in "
+                     f"transformers {transformers.__version__}, so the PyTorch reference cannot run this target; "
+                     "leave out --reference-draft/--reference-target")
 
 
 def run_reference(draft_dir: str | Path, target_dir: str | Path, prompts: list[list[int]], n_new: int,
