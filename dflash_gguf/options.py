@@ -61,10 +61,15 @@ def prompts_option(default: str):
 
 exact_option = click.option(
     "--exact", is_flag=True,
-    help="Batch-invariant verification on the CPU build: llama-server --no-repack with ggml-cpu's reference "
-         "kernels (GGML_CPU_USE_REF=1, patch 0007), so every row of a verify batch is computed as one decoded "
+    help="Batch-invariant verification on the CPU build: ggml-cpu's reference kernels (GGML_CPU_USE_REF=1, "
+         "patch 0007; llama-server also --no-repack), so every row of a verify batch is computed as one decoded "
          "token is and speculative greedy output is token-identical to plain decoding, at some speed on "
-         "batches (docs/validate.md, \"Exact mode\").")
+         "batches; an rpc-server a head runs with --exact needs it too (docs/validate.md, \"Exact mode\").")
+backend_option = click.option(
+    "--backend", type=click.Choice(BACKENDS), default=None,
+    help="Which patched llama.cpp build: `dflash-gguf llama build` makes it, the other commands run it. Default: "
+         "metal on macOS, cuda when a CUDA toolkit (nvcc on PATH or CUDA_HOME) and an NVIDIA GPU are found, "
+         "else cpu.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")
 # --threads is the CPU threads of the llama.cpp program a command runs; llama-quantize's are another knob
 threads_option = click.option("--threads", type=click.IntRange(min=1), default=None,
@@ -82,10 +87,7 @@ def build_options(f):
         envvar="DFLASH_GGUF_LLAMA_BIN",
         help="The bin folder of another llama.cpp build to run instead of the patched one "
              "(env DFLASH_GGUF_LLAMA_BIN); overrides --backend.")(f)
-    return click.option(
-        "--backend", type=click.Choice(BACKENDS), default=None,
-        help="Which patched llama.cpp build to run (made by `dflash-gguf llama build`). Default: metal "
-             "on macOS, cuda when a CUDA toolkit and an NVIDIA driver are found, else cpu.")(f)
+    return backend_option(f)
 
 
 def parse_rpc(value: str, flag: str = "--rpc") -> tuple[str, ...]:

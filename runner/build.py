@@ -688,7 +688,7 @@ def read_manifest(path: Path) -> dict:
     """A build's build.json, read as untrusted input (another user's cache, or a tampered one): a regular
     file only (a FIFO is refused, not waited on), bounded in size and depth, and the values the
     tools use typed; LlamaBuildError naming the file and the field otherwise."""
-    fix = f"; remove {path.parent} or rebuild it with `dflash-gguf llama build --force`"
+    fix = f"; remove {path.parent} or rebuild it with `dflash-gguf llama build --rebuild`"
     try:
         manifest = values.mapping(path, "manifest", parse_json(read_bytes(path, "build record", MANIFEST_LIMIT), path),
                                   LlamaBuildError)

@@ -10,15 +10,11 @@ from pathlib import Path
 import click
 
 from ..errors import LlamaBuildError, ServerError
-from ..options import BACKENDS, build_options, json_option, threads_option
+from ..options import backend_option, build_options, exact_option, json_option, threads_option
 from . import build as _build
 from .rpc import RpcServer
 from .server import stop_on_signals
 
-_backend_option = click.option(
-    "--backend", type=click.Choice(BACKENDS), default=None,
-    help="GPU backend to compile in. Default: metal on macOS, cuda when nvcc is on PATH or "
-         "CUDA_HOME is set, else cpu.")
 _source_option = click.option(
     "--source", "source_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
     help="A llama.cpp checkout to patch and build instead of the pinned tree "
@@ -38,11 +34,11 @@ def llama_group() -> None:
 
 
 @llama_group.command("build")
-@_backend_option
+@backend_option
 @_source_option
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
               help="Parallel compile jobs. Default: the number of CPUs.")
-@click.option("--force", is_flag=True, help="Rebuild and republish even if this key is already built.")
+@click.option("--rebuild", "force", is_flag=True, help="Rebuild and republish even if this key is already built.")
 @click.option("--cuda-arch", default=None, metavar="CC[;CC...]",
               help="CUDA builds: the compute capabilities to compile for, e.g. 90 (H100/H200), "
                    "89 (RTX 40xx), 86 (RTX 30xx), or 80;86. Default: `native`, detected from the GPU "
@@ -91,7 +87,7 @@ def build_command(backend: str | None, source_dir: Path | None, jobs: int | None
 
 
 @llama_group.command("path")
-@_backend_option
+@backend_option
 @_source_option
 def path_command(backend: str | None, source_dir: Path | None) -> None:
     """Print the bin folder of the build for the current key (exit status 2, one line, when it
@@ -118,9 +114,7 @@ def path_command(backend: str | None, source_dir: Path | None) -> None:
 @click.option("--port", type=click.IntRange(1, 65535), default=50052, show_default=True, help="Port to listen on.")
 @threads_option
 @click.option("--device", default=None, help="The devices to offer, e.g. CUDA0 (rpc-server -d). Default: all.")
-@click.option("--exact", is_flag=True,
-              help="Compute with the batch-invariant CPU kernels (GGML_CPU_USE_REF=1, patch 0007): for a head that "
-                   "serves or validates with --exact.")
+@exact_option
 def rpc_server_command(backend: str | None, llama_bin: Path | None, host: str, port: int, threads: int | None,
                        device: str | None, exact: bool) -> None:
     """Offer this host's CPU or GPU to a llama-server elsewhere (ggml-rpc-server), until Ctrl-C.

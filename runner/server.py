@@ -157,7 +157,7 @@ class LlamaServer:
             bin_dir = _build.find_bin_dir(backend)
         exe = Path(bin_dir) / ("llama-server.exe" if sys.platform == "win32" else "llama-server")
         if not exe.is_file():
-            raise LlamaBuildError(f"{exe}: not found; rebuild with `dflash-gguf llama build --force`, "
+            raise LlamaBuildError(f"{exe}: not found; rebuild with `dflash-gguf llama build --rebuild`, "
                                   "or give --llama-bin the bin folder of a build with llama-server")
         self.exe = exe
         self.model = Path(model)

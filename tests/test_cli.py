@@ -106,9 +106,7 @@ def test_help_text_reads_as_written(name):
 # Options spelled alike whose definitions still differ between commands (type, range or help), each
 # with what differs; a new difference fails the test below, and one that is removed must leave here.
 KNOWN_DIFFERENCES = {
-    "--backend": "llama build/path: the build to compile or find; elsewhere: the build to run",
-    "--exact": "rpc-server: its own kernels; the others: the servers they start",
-    "--force": "what it replaces: an output file, a release folder, a build",
+    "--force": "what it replaces: an output file or a release folder (only one holding a release's files)",
     "--host": "rpc-server: a private address for the RPC protocol",
     "--license": "convert: general.license; release: the card's license",
     "--n-predict": "ranges: 1-4096, doctor 1-1024, generate unbounded",
