@@ -65,6 +65,10 @@ exact_option = click.option(
          "patch 0007; llama-server also --no-repack), so every row of a verify batch is computed as one decoded "
          "token is and speculative greedy output is token-identical to plain decoding, at some speed on "
          "batches; an rpc-server a head runs with --exact needs it too (docs/validate.md, \"Exact mode\").")
+host_option = click.option(
+    "--host", default=None,
+    help="Address to listen on. Default: 127.0.0.1 (this machine only); another address is reachable from "
+         "the network, and llama rpc-server's protocol has no authentication: give it a private address.")
 backend_option = click.option(
     "--backend", type=click.Choice(BACKENDS), default=None,
     help="Which patched llama.cpp build: `dflash-gguf llama build` makes it, the other commands run it. Default: "
@@ -116,7 +120,7 @@ def server_options(f):
     """The options of the commands that start llama-server. Host, port, slots and draft length may
     also be given after `--` in llama-server's own spelling; the runner then uses those."""
     for option in reversed([
-        click.option("--host", default=None, help="Address to listen on. Default: 127.0.0.1."),
+        host_option,
         click.option("--port", type=click.IntRange(0, 65535), default=None,
                      help="Port to listen on. Default: a free port."),
         click.option("--parallel", "-np", type=click.IntRange(min=1), default=None,

@@ -10,10 +10,10 @@ from pathlib import Path
 import click
 
 from ..errors import LlamaBuildError, ServerError
-from ..options import backend_option, build_options, exact_option, json_option, threads_option
+from ..options import backend_option, build_options, exact_option, host_option, json_option, threads_option
 from . import build as _build
 from .rpc import RpcServer
-from .server import stop_on_signals
+from .server import DEFAULT_HOST, stop_on_signals
 
 _source_option = click.option(
     "--source", "source_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
@@ -108,14 +108,12 @@ def path_command(backend: str | None, source_dir: Path | None) -> None:
 
 @llama_group.command("rpc-server")
 @build_options
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on: a private network address the head llama-server reaches (the RPC "
-                   "protocol has no authentication).")
+@host_option
 @click.option("--port", type=click.IntRange(1, 65535), default=50052, show_default=True, help="Port to listen on.")
 @threads_option
 @click.option("--device", default=None, help="The devices to offer, e.g. CUDA0 (rpc-server -d). Default: all.")
 @exact_option
-def rpc_server_command(backend: str | None, llama_bin: Path | None, host: str, port: int, threads: int | None,
+def rpc_server_command(backend: str | None, llama_bin: Path | None, host: str | None, port: int, threads: int | None,
                        device: str | None, exact: bool) -> None:
     """Offer this host's CPU or GPU to a llama-server elsewhere (ggml-rpc-server), until Ctrl-C.
 
@@ -130,8 +128,8 @@ def rpc_server_command(backend: str | None, llama_bin: Path | None, host: str, p
       dflash-gguf llama rpc-server --host 0.0.0.0 --backend cuda
     """
 
-    server = RpcServer(bin_dir=_build.find_bin_dir(backend, llama_bin), host=host, port=port, threads=threads,
-                       device=device, exact=exact)
+    server = RpcServer(bin_dir=_build.find_bin_dir(backend, llama_bin), host=host or DEFAULT_HOST, port=port,
+                       threads=threads, device=device, exact=exact)
     try:
         with stop_on_signals(), server:
             click.echo(server.address)

@@ -107,7 +107,6 @@ def test_help_text_reads_as_written(name):
 # with what differs; a new difference fails the test below, and one that is removed must leave here.
 KNOWN_DIFFERENCES = {
     "--force": "what it replaces: an output file or a release folder (only one holding a release's files)",
-    "--host": "rpc-server: a private address for the RPC protocol",
     "--license": "convert: general.license; release: the card's license",
     "--n-predict": "ranges: 1-4096, doctor 1-1024, generate unbounded",
     "--out": "a GGUF file (convert), a folder (release, train)",
