@@ -15,7 +15,7 @@ from ..gguf.file import GGUFFile
 from ..gguf.target import load_target
 from ..hub import resolve as hub
 from ..hub.model_param import HELP_FORMS, HELP_GGUF_FORMS, ModelParam
-from ..options import OUTPUT_FILE, force_option, json_option, target_option
+from ..options import OUTPUT_FILE, force_option, json_option, license_option, target_option
 from ..outputs import Input, Output, check_outputs
 from ..terminal import say, shown
 from .converter import OUTTYPES, convert as convert_checkpoint
@@ -63,10 +63,7 @@ def _default_out(src: Path | hub.HubRef, outtype: str) -> Path:
 @click.option("--outtype", type=click.Choice(OUTTYPES), default="auto", show_default=True,
               help="Tensor type for matrices (norms and conv kernels stay F32). auto: bf16 for a bf16 "
                    "checkpoint, f16 otherwise, as upstream's converter does.")
-@click.option("--license", "license_id",
-              help="Hub license id written as general.license when the checkpoint's README declares none or one "
-                   "this tool does not know; it never overrides a declared license (default: the README's "
-                   "`license:`, or stricter terms stated in its LICENSE files).")
+@license_option
 @force_option
 @json_option
 def convert(src: Path | hub.HubRef, target: Path | hub.HubRef | None, out: Path | None, outtype: str,

@@ -51,12 +51,14 @@ def draft_option(*, required: bool = True, help: str = "The drafter GGUF made fo
     return click.option("--draft", "-d", "draft", required=required, type=GGUF, help=help)
 
 
-def prompts_option(default: str):
-    """--prompts FILE (runner/prompts.py reads it); `default` says what is used without it."""
-    return click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+def prompts_option(*, required: bool = False):
+    """--prompts FILE (runner/prompts.py reads it)."""
+    return click.option("--prompts", "prompts_file", required=required,
+                        type=click.Path(exists=True, dir_okay=False, path_type=Path),
                         help=r"One prompt per line (\n for a newline), or JSONL (a .jsonl file): one object a "
                              'line, {"messages": [{"role": "user", "content": "..."}]} rendered by the target\'s '
-                             rf'chat template as llama-server renders it, or {{"prompt": "..."}}. Default: {default}')
+                             'chat template as llama-server renders it, or {"prompt": "..."}. Where it may be left '
+                             "out: a built-in mix of code, math, prose and chat.")
 
 
 exact_option = click.option(
@@ -65,6 +67,15 @@ exact_option = click.option(
          "patch 0007; llama-server also --no-repack), so every row of a verify batch is computed as one decoded "
          "token is and speculative greedy output is token-identical to plain decoding, at some speed on "
          "batches; an rpc-server a head runs with --exact needs it too (docs/validate.md, \"Exact mode\").")
+license_option = click.option(
+    "--license", "license_id", metavar="ID",
+    help="The drafter's Hub license id (written as general.license), when its README.md declares none or one "
+         "this tool does not know; it never overrides a declared license (default: the README's `license:`, or "
+         "stricter terms stated in its LICENSE files).")
+temperature_option = click.option(
+    "--temperature", type=click.FloatRange(0.0), default=0.0, show_default=True,
+    help="0: greedy. Above 0: the target samples (its sampler decides every token, so the output keeps its "
+         "distribution) while the drafter drafts greedily; validate then tests the distribution (see its help).")
 host_option = click.option(
     "--host", default=None,
     help="Address to listen on. Default: 127.0.0.1 (this machine only); another address is reachable from "

@@ -10,8 +10,8 @@ import click
 from ..errors import OptionError
 from ..hub.model_param import HELP_FORMS, HELP_GGUF_FORMS, ModelParam
 from ..hub.resolve import HubRef
-from ..options import (ServerArgsCommand, build_options, exact_option, json_option, quantize_threads_option,
-                       target_option)
+from ..options import (ServerArgsCommand, build_options, exact_option, json_option, license_option,
+                       quantize_threads_option, target_option)
 from ..quantize.cli import mib, progress, recipe_option
 from ..quantize.quantize import ALL_TYPES
 from ..terminal import say
@@ -43,9 +43,7 @@ from .sidecar import release_into
                    "them; the card and license files go into the folder <prefix>-<Target>/ and the repository's "
                    "README.md is left alone. The target defaults to the quant -hf runs by default (Q4_K_M, "
                    "else Q8_0, else the first). Skipped when it already holds this release (--force redoes it).")
-@click.option("--license", "license_id", metavar="ID",
-              help="The drafter's Hub license id, when its README.md declares none or one this tool does not "
-                   "know. It never overrides a license the card declares.")
+@license_option
 @click.option("--target-license", "target_license_id", metavar="ID",
               help="The target's Hub license id, when its README.md / general.license declares none or an "
                    "unknown one. It never overrides a declared license.")

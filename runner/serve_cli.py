@@ -18,6 +18,7 @@ from ..options import (
     json_option,
     server_options,
     target_option,
+    temperature_option,
 )
 from ..outputs import Input, Output, Replace, check_outputs
 from . import tuned_settings as tuned
@@ -167,9 +168,7 @@ def _pct(x: float | None) -> str:
 @draft_option(required=False)
 @click.option("-n", "--n-predict", type=click.IntRange(min=1), default=64, show_default=True,
               help="Tokens to generate per prompt.")
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="0 is greedy. Above 0 the target's sampler still decides (the output keeps "
-                   "the target's distribution); the drafter drafts greedily.")
+@temperature_option
 @click.option("--seed", type=int, default=None, help="Sampling seed (with --temperature > 0).")
 @click.option("--timeout", "request_timeout", type=click.FloatRange(min=0.1), default=600.0, show_default=True,
               help="Seconds to wait for each answer (and for a --url server to respond at all).")

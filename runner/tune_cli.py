@@ -65,7 +65,7 @@ def print_table(result: dict, saved: Path | None) -> None:
 @click.command("tune", cls=ServerArgsCommand)
 @target_option()
 @draft_option()
-@prompts_option("validate's built-in mix.")
+@prompts_option()
 @click.option("-n", "--n-predict", "n_predict", type=click.IntRange(1, 4096), default=None,
               help="New tokens per prompt per run. Default: 64 (--quick: 32).")
 @click.option("--rounds", type=click.IntRange(1, 50), default=None,

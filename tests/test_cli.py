@@ -107,16 +107,13 @@ def test_help_text_reads_as_written(name):
 # with what differs; a new difference fails the test below, and one that is removed must leave here.
 KNOWN_DIFFERENCES = {
     "--force": "what it replaces: an output file or a release folder (only one holding a release's files)",
-    "--license": "convert: general.license; release: the card's license",
     "--n-predict": "ranges: 1-4096, doctor 1-1024, generate unbounded",
     "--out": "a GGUF file (convert), a folder (release, train)",
     "--parallel": "validate: at most 64 requests in flight; serve/generate: slots",
     "--port": "rpc-server: no 0 (a free port)",
-    "--prompts": "train: prompts to distil; the others: prompts to run",
     "--rounds": "bench: rounds per level; tune: passes per setting",
     "--seed": "generate: any integer; validate, train: >= 0",
     "--target": "a GGUF (serve, tune, ...) or a model: GGUF, HF folder, repo id (convert, release, train)",
-    "--temperature": "generate and validate say what 0 means in their own terms",
 }
 
 

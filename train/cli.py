@@ -14,7 +14,7 @@ from ..errors import OptionError
 from ..extras import require
 from ..hub import resolve as hub
 from ..hub.model_param import ModelParam
-from ..options import build_options, force_option, json_option, target_option, threads_option
+from ..options import build_options, force_option, json_option, prompts_option, target_option, threads_option
 from ..outputs import Input, Output, check_outputs
 
 
@@ -55,10 +55,7 @@ class _StepBar:
 @target_option(kind=ModelParam(folder_ok=False),
                help="The target GGUF the drafter is for (any quantization), or a Hub repo id as for convert "
                     "(owner/name:QUANT, owner/name/file.gguf).")
-@click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help=r"The prompts to distil the target's answers from: one per line (\n for a newline), or JSONL "
-                   '({"messages": [...]} rendered by the target\'s chat template as llama-server renders it, '
-                   'or {"prompt": "..."}).')
+@prompts_option(required=True)
 @click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path),
               help="The drafter folder to write (z-lab layout: config.json, model.safetensors, README.md).")
 @click.option("--variant", type=click.Choice(("dflash", "dflash2")), default="dflash", show_default=True)

@@ -65,7 +65,7 @@ def print_curve(report: BenchReport) -> None:
 @click.option("--concurrency", "levels", default=",".join(map(str, DEFAULT_LEVELS)), show_default=True,
               callback=_levels, help="Concurrent streams to measure, comma-separated; each gets servers "
                                      "with that many slots (-np).")
-@prompts_option("validate's built-in mix.")
+@prompts_option()
 @click.option("-n", "--n-predict", "n_predict", type=click.IntRange(1, 4096), default=64, show_default=True,
               help="New tokens per request (greedy).")
 @click.option("--rounds", type=click.IntRange(1, 50), default=3, show_default=True,

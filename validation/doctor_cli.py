@@ -21,7 +21,7 @@ from .doctor import diagnose
 @draft_option()
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="The drafter's HF checkpoint folder: also check the GGUF against what it needs (sliding window).")
-@prompts_option("the built-in mix.")
+@prompts_option()
 @click.option("-n", "--n-predict", "n_predict", type=click.IntRange(1, 1024), default=64, show_default=True,
               help="New tokens per prompt in the measured run.")
 @click.option("--no-run", is_flag=True, help="Only the checks of files and arguments; start no server.")

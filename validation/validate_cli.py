@@ -12,7 +12,7 @@ from ..errors import OptionError
 from ..extras import require
 from ..hub.model_param import ModelParam
 from ..options import (GGUF, OUTPUT_FILE, ServerArgsCommand, build_options, draft_option, exact_option, json_option,
-                       prompts_option, rpc_option, target_option, threads_option)
+                       prompts_option, rpc_option, target_option, temperature_option, threads_option)
 from ..outputs import Input, Output, Replace, check_outputs, write_text
 from ..runner.launch import with_rpc
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
@@ -146,13 +146,12 @@ def _print_distribution(report: DistributionReport) -> None:
 @click.command("validate", cls=ServerArgsCommand)
 @target_option()
 @draft_option()
-@prompts_option("a built-in mix of code, math, prose and chat.")
+@prompts_option()
 @click.option("-n", "--n-predict", "n_predict", type=click.IntRange(1, 4096), default=64, show_default=True,
               help="New tokens per prompt (greedy; --positions with --temperature).")
 @click.option("--parallel", "-np", type=click.IntRange(1, 64), default=None,
               help="Requests in flight, one per llama-server slot. Default: 1, or -np given after --.")
-@click.option("--temperature", type=click.FloatRange(0.0), default=0.0, show_default=True,
-              help="0: greedy, every token checked. Above 0: the distribution test (see below).")
+@temperature_option
 @click.option("--top-k", type=click.IntRange(0), help="With --temperature: top-k sampling (default 0, off).")
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True),
               help="With --temperature: top-p sampling (default 1.0, off).")
