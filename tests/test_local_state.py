@@ -190,7 +190,7 @@ def test_a_tampered_build_json_is_one_line_naming_it(tmp_path: Path, content: st
     with pytest.raises(LlamaBuildError) as caught:
         _within(20, lambda: build.build_info(tmp_path / "k" / "bin", "cpu"))
     message = str(caught.value)
-    assert str(manifest) in message and "llama build --force" in message and "\n" not in message
+    assert str(manifest) in message and "llama build --rebuild" in message and "\n" not in message
 
 
 def test_a_sound_build_json_is_read(tmp_path: Path):
