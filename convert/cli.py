@@ -14,8 +14,8 @@ from ..gguf.describe import describe
 from ..gguf.file import GGUFFile
 from ..gguf.target import load_target
 from ..hub import resolve as hub
-from ..hub.model_param import HELP_FORMS, HELP_GGUF_FORMS, ModelParam
-from ..options import OUTPUT_FILE, force_option, json_option, license_option, target_option
+from ..hub.model_param import ModelParam
+from ..options import force_option, json_option, license_option, out_option, target_option
 from ..outputs import Input, Output, check_outputs
 from ..terminal import say, shown
 from .converter import OUTTYPES, convert as convert_checkpoint
@@ -54,12 +54,8 @@ def _default_out(src: Path | hub.HubRef, outtype: str) -> Path:
 
 @click.command()
 @click.argument("src", type=ModelParam(hub_gguf_ok=False))
-@target_option(required=False, kind=ModelParam(folder_ok=True),
-               help="The target model: its GGUF (tokenizer copied verbatim) or its Hugging Face folder "
-                    f"(config.json + tokenizer files; no weights needed); {HELP_FORMS}, or for a GGUF "
-                    f"{HELP_GGUF_FORMS} (only its metadata is read, by range requests). Optional for a "
-                    "legacy GGUF.")
-@click.option("-o", "--out", type=OUTPUT_FILE, help="Output GGUF (default: <src>[-TYPE].gguf).")
+@target_option(required=False, folder_ok=True)
+@out_option()
 @click.option("--outtype", type=click.Choice(OUTTYPES), default="auto", show_default=True,
               help="Tensor type for matrices (norms and conv kernels stay F32). auto: bf16 for a bf16 "
                    "checkpoint, f16 otherwise, as upstream's converter does.")
@@ -76,6 +72,11 @@ def convert(src: Path | hub.HubRef, target: Path | hub.HubRef | None, out: Path 
     a mask_embedding.pt beside them is honoured) or its Hub repo id owner/name[@revision] (only
     its config, weights, index and card are fetched, into the Hugging Face cache), or a legacy
     fork GGUF (general.architecture = dflash-draft) to migrate without touching its tensor bytes.
+
+    The target's GGUF gives the tokenizer (copied verbatim); its Hugging Face folder needs
+    config.json and the tokenizer files, no weights. A GGUF on the Hub is read in place (only its
+    metadata, by range requests). --target may be left out for a legacy GGUF. -o names the GGUF
+    to write (default: <src>[-TYPE].gguf here).
 
     The GGUF records the drafter's and the target's Hub repository and commit when they came
     from the Hub (general.source.*, general.base_model.0.*); --json reports them, and for a

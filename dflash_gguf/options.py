@@ -5,6 +5,9 @@
     --backend         which patched build         --llama-bin DIR   any build's bin folder instead
     --rpc H:P,...     the target over rpc-servers (llama-server --rpc; also honoured after --)
     --threads N       the llama.cpp program's CPU threads (-t)   --quantize-threads N  llama-quantize's
+    -n/--n-predict N  new tokens per prompt       --seed N          a random seed
+    --rounds N        paired measurement rounds   -o/--out PATH     the output (a file or a folder)
+    --port N          a port to listen on         --parallel/-np N  llama-server slots
     -- ARGS...        extra llama-server arguments, for every command that starts a server
 """
 
@@ -16,6 +19,7 @@ from pathlib import Path
 import click
 
 from .errors import ServerArgsError
+from .hub.model_param import ModelParam
 
 # Facts the options state, owned here so that the base needs nothing above it (runner/ imports them)
 BACKENDS = ("cpu", "cuda", "metal")  # the patched llama.cpp builds runner/build.py makes
@@ -26,25 +30,33 @@ SERVER_ARGS_METAVAR = "[-- LLAMA_SERVER_ARGS...]"
 
 
 class OutputFile(click.Path):
-    """A file to write. A name ending in a separator names a folder; Path() would drop the separator
-    and a file of the folder's name would be written."""
+    """A file to write, or with `folder` a folder to build. A file's name ending in a separator names a
+    folder; Path() would drop the separator and a file of the folder's name would be written."""
+
+    def __init__(self, folder: bool = False):
+        super().__init__(file_okay=not folder, path_type=Path)
+        self.folder, self.name = folder, "output"  # click names a Path "file" or "directory"
 
     def convert(self, value, param, ctx):
-        if isinstance(value, str) and value.endswith(("/", os.sep)):
+        if not self.folder and isinstance(value, str) and value.endswith(("/", os.sep)):
             self.fail(f"{value!r} ends with a separator, which names a folder; give a file name, e.g. "
                       f"{value}out.gguf", param, ctx)
         return super().convert(value, param, ctx)
 
 
-OUTPUT_FILE = OutputFile(path_type=Path)  # an existing folder: outputs.check_outputs says so
+OUTPUT_FILE = OutputFile()  # an existing folder: outputs.check_outputs says so
 
 
-def target_option(*, required: bool = True, folder_ok: bool = False, kind: click.ParamType | None = None,
-                  help: str = "The target model GGUF."):
-    """`kind`: another parameter type, e.g. dflash_gguf/hub/model_param.py's ModelParam, which takes a Hub repo
-    id too (the command resolves it); default: an existing GGUF file (or folder, with `folder_ok`)."""
-    kind = kind or click.Path(exists=True, dir_okay=folder_ok, path_type=Path)
-    return click.option("--target", "-t", "target", required=required, help=help, type=kind)
+TARGET_HELP = ("The target model: its GGUF file, or on the Hub owner/name[@revision]:QUANT or "
+               "owner/name[@revision]/path/file.gguf (fetched into the Hugging Face cache); convert and release "
+               "also take its Hugging Face folder, local or owner/name[@revision].")
+
+
+def target_option(*, required: bool = True, folder_ok: bool = False):
+    """--target / -t. A Hub repo id arrives as a hub.HubRef (nothing is fetched while parsing): the command
+    resolves it, hub.local_gguf where it runs the model. `folder_ok`: an HF folder or repository too."""
+    return click.option("--target", "-t", "target", required=required, help=TARGET_HELP,
+                        type=ModelParam(folder_ok=folder_ok))
 
 
 def draft_option(*, required: bool = True, help: str = "The drafter GGUF made for that target."):
@@ -92,7 +104,42 @@ threads_option = click.option("--threads", type=click.IntRange(min=1), default=N
                                    "Default: llama.cpp's own.")
 quantize_threads_option = click.option("--quantize-threads", type=click.IntRange(min=1), default=None,
                                        help="Threads for llama-quantize. Default: every CPU.")
-force_option = click.option("--force", is_flag=True, help="Replace the output if it exists.")
+force_option = click.option("--force", is_flag=True,
+                            help="Replace the output if it exists (a folder only when an earlier run of this "
+                                 "command wrote it).")
+seed_option = click.option("--seed", type=click.IntRange(0), default=None,
+                           help="Random seed: the same seed, the same result.")
+
+
+def n_predict_option(default: int | None = 64):
+    return click.option("-n", "--n-predict", "n_predict", type=click.IntRange(1, 16384), default=default,
+                        show_default=default is not None, help="New tokens per prompt.")
+
+
+def rounds_option(default: int | None = 3):
+    return click.option(
+        "--rounds", type=click.IntRange(1, 50), default=default, show_default=default is not None,
+        help="Paired rounds per setting measured: in each, every request goes to the target alone's server and "
+             "to the drafter's, one after the other (a ratio of two things measured side by side).")
+
+
+def out_option(*, required: bool = False, folder: bool = False, dest: str = "out"):
+    """-o/--out: the command's output, a file (convert) or a folder it builds (`folder`: release, train)."""
+    return click.option("-o", "--out", dest, required=required, type=OutputFile(folder),
+                        help="Where the output goes (the description above says what it is): built beside it and "
+                             "renamed into place when complete; an existing one is replaced only with --force (a "
+                             "folder only when an earlier run of this command wrote it).")
+
+
+def port_option(default: int | None = None):
+    return click.option("--port", type=click.IntRange(0, 65535), default=default, show_default=default is not None,
+                        help="Port to listen on; 0, or no default shown: a free one (the address is printed).")
+
+
+parallel_option = click.option(
+    "--parallel", "-np", type=click.IntRange(1, 256), default=None,
+    help="Server slots (requests decoded together). Default: 1; DFlash acceptance drops with many slots "
+         "(llama.cpp #27117).")
 
 
 def build_options(f):
@@ -132,11 +179,8 @@ def server_options(f):
     also be given after `--` in llama-server's own spelling; the runner then uses those."""
     for option in reversed([
         host_option,
-        click.option("--port", type=click.IntRange(0, 65535), default=None,
-                     help="Port to listen on. Default: a free port."),
-        click.option("--parallel", "-np", type=click.IntRange(min=1), default=None,
-                     help="Server slots (requests decoded together). Default: 1; DFlash acceptance drops "
-                          "with many slots (llama.cpp #27117)."),
+        port_option(),
+        parallel_option,
         click.option("--draft-max", type=click.IntRange(min=1), default=None,
                      help="Longest draft. Default: what the drafter was trained for "
                           "(dflash.block_size - 1; a whole block for anchor-first DSpark)."),

@@ -8,10 +8,10 @@ from pathlib import Path
 import click
 
 from ..errors import OptionError
-from ..hub.model_param import HELP_FORMS, HELP_GGUF_FORMS, ModelParam
+from ..hub.model_param import ModelParam
 from ..hub.resolve import HubRef
-from ..options import (ServerArgsCommand, build_options, exact_option, json_option, license_option,
-                       quantize_threads_option, target_option)
+from ..options import (ServerArgsCommand, build_options, exact_option, force_option, json_option, license_option,
+                       out_option, quantize_threads_option, target_option)
 from ..quantize.cli import mib, progress, recipe_option
 from ..quantize.quantize import ALL_TYPES
 from ..terminal import say
@@ -23,16 +23,10 @@ from .sidecar import release_into
 
 @click.command(cls=ServerArgsCommand)
 @click.argument("draft_dir", metavar="DRAFT_DIR", type=ModelParam(file_ok=False, hub_gguf_ok=False))
-@target_option(kind=ModelParam(folder_ok=True), required=False,
-               help="The target model: its GGUF or its Hugging Face folder (config.json, tokenizer, README.md); "
-                    f"{HELP_FORMS}, or for a GGUF {HELP_GGUF_FORMS}. Variants are validated beside a GGUF target "
-                    "only, and one named on the Hub only when it is in the Hugging Face cache (else only its "
-                    "metadata is read, in place).")
+@target_option(required=False, folder_ok=True)
 @click.option("--types", default="F16,Q8_0,Q4_K_M", show_default=True, metavar="T1,T2,...",
               help=f"Variants to write, comma-separated: {', '.join(ALL_TYPES)}.")
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Release folder to create (built beside it, renamed into place when complete). Required "
-                   "unless --push is given (then a temporary folder is used).")
+@out_option(folder=True, dest="out_dir")
 @click.option("--push", "push_repo", metavar="ORG/NAME",
               help="Upload the release to this Hub model repository in one commit, unless it already holds a "
                    "release of the same source revisions, types and dflash-gguf version (then nothing is done; "
@@ -58,9 +52,7 @@ from .sidecar import release_into
               help="Do not run the variants beside the target; the card says \"not validated\".")
 @build_options
 @quantize_threads_option
-@click.option("--force", is_flag=True,
-              help="Replace an earlier release folder (one holding only files a release writes); with --push, "
-                   "release again even if the repository holds this release.")
+@force_option
 @exact_option
 @json_option
 def release(draft_dir: Path | HubRef, target: Path | HubRef | None, types: str, out_dir: Path | None,
@@ -72,7 +64,11 @@ def release(draft_dir: Path | HubRef, target: Path | HubRef | None, types: str, 
     Converts DRAFT_DIR (a checkpoint folder, or its Hub repo id owner/name[@revision]) against
     the target, quantizes each requested type with the recipe, validates each variant beside
     the target (unless --skip-validate) as `validate` does, on the same build (--backend /
-    --llama-bin) and with the llama-server arguments after `--`, and writes
+    --llama-bin) and with the llama-server arguments after `--`, and writes the folder -o names
+    (required unless --push or --into is given; then a temporary folder is used). The target is
+    its GGUF or its Hugging Face folder (config.json, tokenizer, README.md); variants are
+    validated beside a GGUF target only, and one named on the Hub only when it is in the Hugging
+    Face cache (else only its metadata is read, in place).
 
     \b
       OUT/dflash-<Target>-<QUANT>.gguf  one file per type
@@ -92,7 +88,9 @@ def release(draft_dir: Path | HubRef, target: Path | HubRef | None, types: str, 
     With --push ORG/NAME the release is committed to that repository (HF_TOKEN), unless its
     card already records this release: the same drafter and target commits (or, for local
     sources, the same file sha256s), the requested types and this dflash-gguf version. That
-    check needs only the Hub's model info, so nothing is downloaded or built when it matches.
+    check needs only the Hub's model info, so nothing is downloaded or built when it matches;
+    --force releases again. Without --push, --force replaces an earlier release folder (only one
+    holding nothing but files a release writes).
 
     \b
     Examples:

@@ -10,7 +10,8 @@ from pathlib import Path
 import click
 
 from ..errors import LlamaBuildError, ServerError
-from ..options import backend_option, build_options, exact_option, host_option, json_option, threads_option
+from ..options import (backend_option, build_options, exact_option, host_option, json_option, port_option,
+                       threads_option)
 from . import build as _build
 from .rpc import RpcServer
 from .server import DEFAULT_HOST, stop_on_signals
@@ -109,7 +110,7 @@ def path_command(backend: str | None, source_dir: Path | None) -> None:
 @llama_group.command("rpc-server")
 @build_options
 @host_option
-@click.option("--port", type=click.IntRange(1, 65535), default=50052, show_default=True, help="Port to listen on.")
+@port_option(default=50052)
 @threads_option
 @click.option("--device", default=None, help="The devices to offer, e.g. CUDA0 (rpc-server -d). Default: all.")
 @exact_option
@@ -128,7 +129,7 @@ def rpc_server_command(backend: str | None, llama_bin: Path | None, host: str | 
       dflash-gguf llama rpc-server --host 0.0.0.0 --backend cuda
     """
 
-    server = RpcServer(bin_dir=_build.find_bin_dir(backend, llama_bin), host=host or DEFAULT_HOST, port=port,
+    server = RpcServer(bin_dir=_build.find_bin_dir(backend, llama_bin), host=host or DEFAULT_HOST, port=port or None,
                        threads=threads, device=device, exact=exact)
     try:
         with stop_on_signals(), server:

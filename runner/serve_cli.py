@@ -10,12 +10,15 @@ from pathlib import Path
 import click
 
 from ..errors import OptionError, ServerError
+from ..hub import resolve as hub
 from ..options import (
     ServerArgsCommand,
     build_options,
     draft_option,
     exact_option,
     json_option,
+    n_predict_option,
+    seed_option,
     server_options,
     target_option,
     temperature_option,
@@ -36,6 +39,7 @@ def _start(target: Path, draft: Path, *, backend: str | None, llama_bin: Path | 
     """The launch recipe for the pair (checked first; its warnings printed once) and its server.
     `use_tuned`: under the setting `tune` saved for the pair and build, if any (the launch may
     then be the target alone)."""
+    target = hub.local_gguf(target)
     if log_path is not None:
         check_outputs([Output(log_path, "--log", Replace.OWNED, owned=is_server_log, what="llama-server log")],
                       [Input(target, "--target"), Input(draft, "--draft")])
@@ -166,10 +170,9 @@ def _pct(x: float | None) -> str:
 @click.option("--url", default=None, help="A running llama-server (e.g. from `dflash-gguf serve`).")
 @target_option(required=False)
 @draft_option(required=False)
-@click.option("-n", "--n-predict", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Tokens to generate per prompt.")
+@n_predict_option()
 @temperature_option
-@click.option("--seed", type=int, default=None, help="Sampling seed (with --temperature > 0).")
+@seed_option
 @click.option("--timeout", "request_timeout", type=click.FloatRange(min=0.1), default=600.0, show_default=True,
               help="Seconds to wait for each answer (and for a --url server to respond at all).")
 @json_option

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import click
 
-from ..options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, prompts_option,
-                       rpc_option, target_option)
+from ..hub import resolve as hub
+from ..options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, n_predict_option,
+                       prompts_option, rounds_option, rpc_option, target_option)
 from . import tuned_settings as tuned
 from .launch import with_rpc
 from .prompts import BUILTIN_PROMPTS, read_prompts
@@ -66,12 +67,8 @@ def print_table(result: dict, saved: Path | None) -> None:
 @target_option()
 @draft_option()
 @prompts_option()
-@click.option("-n", "--n-predict", "n_predict", type=click.IntRange(1, 4096), default=None,
-              help="New tokens per prompt per run. Default: 64 (--quick: 32).")
-@click.option("--rounds", type=click.IntRange(1, 50), default=None,
-              help="Paired passes over the prompts per setting searched (each request sent to the setting's "
-                   "server and to the target alone's, one after the other); the confirmation runs twice as "
-                   "many. Default: 3 (--quick: 1, confirmation 3).")
+@n_predict_option(default=None)
+@rounds_option(default=None)
 @click.option("--quick", is_flag=True,
               help="A short search: the first 6 prompts, 32 tokens, one pass, coarse draft lengths and one "
                    "p_min.")
@@ -105,6 +102,8 @@ def tune_command(target: Path, draft: Path, prompts_file: Path | None, n_predict
     then measured again in fresh pairs: that ratio is the reported speedup, and drafting pays
     when it reaches --min-speedup. Progress goes to stderr; the table (or --json) to stdout.
     Two servers run at a time (the target's weights are shared when mapped from the file).
+    Defaults: -n 64 and --rounds 3 per setting searched, the confirmation twice as many rounds
+    (--quick: -n 32, one round, a confirmation of 3).
 
     \b
     What you fix after `--` is not swept (-t, --spec-draft-n-max, --spec-draft-p-min), and
@@ -121,6 +120,7 @@ def tune_command(target: Path, draft: Path, prompts_file: Path | None, n_predict
       dflash-gguf tune -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf
       dflash-gguf tune -t t.gguf -d d.gguf --quick --json -- -ngl 99
     """
+    target = hub.local_gguf(target)
     prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
     server_args = with_rpc(rpc, server_args)
     if quick:

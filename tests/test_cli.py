@@ -103,20 +103,6 @@ def test_help_text_reads_as_written(name):
     assert len(paragraphs) == len(set(paragraphs))
 
 
-# Options spelled alike whose definitions still differ between commands (type, range or help), each
-# with what differs; a new difference fails the test below, and one that is removed must leave here.
-KNOWN_DIFFERENCES = {
-    "--force": "what it replaces: an output file or a release folder (only one holding a release's files)",
-    "--n-predict": "ranges: 1-4096, doctor 1-1024, generate unbounded",
-    "--out": "a GGUF file (convert), a folder (release, train)",
-    "--parallel": "validate: at most 64 requests in flight; serve/generate: slots",
-    "--port": "rpc-server: no 0 (a free port)",
-    "--rounds": "bench: rounds per level; tune: passes per setting",
-    "--seed": "generate: any integer; validate, train: >= 0",
-    "--target": "a GGUF (serve, tune, ...) or a model: GGUF, HF folder, repo id (convert, release, train)",
-}
-
-
 def _spellings() -> dict[str, set]:
     """Every option spelling -> the (type, range, help) it has in each command."""
     from dflash_gguf.cli_docs import commands
@@ -133,10 +119,8 @@ def _spellings() -> dict[str, set]:
 
 
 def test_an_option_spelled_alike_means_one_thing():
-    """One spelling, one definition (options.py), except the differences listed above with their reason."""
+    """One spelling, one definition (options.py): the same type, range and help in every command."""
     found = _spellings()
-    long_names = {s: sigs for s, sigs in found.items() if s.startswith("--")}
-    differing = {s for s, sigs in long_names.items() if len(sigs) > 1}
-    assert differing - set(KNOWN_DIFFERENCES) == set(), "new options defined twice with different meanings"
-    assert set(KNOWN_DIFFERENCES) - differing == set(), "no longer different: remove them from KNOWN_DIFFERENCES"
+    differing = {s for s, sigs in found.items() if len(sigs) > 1}
+    assert differing == set(), {s: found[s] for s in differing}
     assert len(found["--threads"]) == 1 and len(found["--quantize-threads"]) == 1

@@ -382,6 +382,28 @@ def test_validate_reference_from_repo_ids(hub, fixtures, converted, target_gguf,
     assert _fetched(hub, "Qwen/tiny-target") == TARGET_FOLDER_FILES | {"model.safetensors"}
 
 
+
+@pytest.mark.integration
+def test_a_command_that_runs_the_target_fetches_it_from_the_hub(hub, fixtures, converted, target_gguf, llama_bin,
+                                                                tmp_path):
+    """--target means the same in every command: generate takes owner/name:QUANT as convert does, and runs
+    the whole file, fetched into the Hugging Face cache."""
+    _serve(hub, fixtures, target_gguf)
+    proc = dflash_gguf("generate", "-t", "org/tiny-target-GGUF:F16", "-d", converted["dflash-b16"], "-n", "4",
+                       "--backend", "cpu", "--json", "The capital of France is", env=hub_env(hub, tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["results"][0]["n_predicted"] == 4
+    assert hub.bytes_sent("/_lfs/" + Blob(target_gguf.read_bytes()).sha256) == target_gguf.stat().st_size
+
+
+def test_a_target_named_on_the_hub_must_be_a_gguf_where_it_runs(hub, fixtures, converted, target_gguf, tmp_path):
+    _serve(hub, fixtures, target_gguf)
+    proc = dflash_gguf("serve", "-t", "org/tiny-target-GGUF", "-d", converted["dflash-b16"], env=hub_env(hub, tmp_path))
+    assert_refused(proc, "org/tiny-target-GGUF: names a repository", "owner/name[@revision]:QUANT")
+    proc = dflash_gguf("validate", "-t", "org/missing-GGUF:Q4_K_M", "-d", converted["dflash-b16"],
+                       env=hub_env(hub, tmp_path))
+    assert_refused(proc, "org/missing-GGUF")
+
 # -- part 4: release --push skips a release the repository holds ----------------------------------------
 
 def test_push_commits_once_and_skips_what_the_repo_holds(hub, fixtures, target_gguf, tmp_path):

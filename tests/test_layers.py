@@ -1,13 +1,13 @@
-"""Layers import one way (issues 22, 34): base <- model (gguf/, hub/) <- convert <- runner <- quantize/validation
-<- release, train.
+"""Layers import one way (issues 22, 34): base <- model (gguf/, hub/) <- options <- convert <- runner <-
+quantize/validation <- release, train.
 
 Every module of the package is parsed (ast, nothing is imported) and each import it makes, at the
 top or inside a function, is resolved to the layer it reaches; an import of a higher layer fails
 this test, naming the file, the line and the layer. The base (dflash_gguf/*.py: errors, inputs, the
-confined and typed readers, the secret filter, licenses, hashing, options) imports nothing above
-it. The model layer is dflash_gguf/gguf/ (GGUF and checkpoint files, key names, describe, the
+confined and typed readers, the secret filter, licenses, hashing) imports nothing above it. The model layer is dflash_gguf/gguf/ (GGUF and checkpoint files, key names, describe, the
 target) and dflash_gguf/hub/ (repo ids, the Hub, its client and cache), which use each other: a
-target is read from a file or from the Hub, and the Hub reads a remote GGUF's header. Only the
+target is read from a file or from the Hub, and the Hub reads a remote GGUF's header. The command
+line's vocabulary (dflash_gguf/options.py) sits on the model layer: its --target takes a Hub repo id. Only the
 command line (dflash_gguf/cli.py, which gathers every command, and cli_docs.py, which documents
 them) sits on top. quantize/ may use runner/ (the llama-quantize binary comes from the build), not
 the reverse.
@@ -23,10 +23,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "dflash_gguf"
 # rank of each layer: a module may import its own layer and those of lower rank
-LAYERS = {"base": 0, "model": 1, "convert": 2, "runner": 3, "quantize": 4, "validation": 4, "release": 5, "train": 5,
+LAYERS = {"base": 0, "model": 1, "options": 1.5, "convert": 2, "runner": 3, "quantize": 4, "validation": 4, "release": 5, "train": 5,
           "ggml_patches": 0, "entry": 9}
 MODEL = ("gguf", "hub")  # dflash_gguf.gguf, dflash_gguf.hub: the model layer, folders inside dflash_gguf/
 ENTRY = {"dflash_gguf/cli.py", "dflash_gguf/cli_docs.py"}
+OPTIONS = "options"  # dflash_gguf/options.py
 
 
 def _package_dirs() -> dict[str, Path]:
@@ -46,6 +47,8 @@ def _layer_of_module(module: str) -> str | None:
     sub = parts[1]
     if sub in MODEL:
         return "model"
+    if sub == OPTIONS:
+        return "options"
     return sub if f"{PACKAGE}.{sub}" in _package_dirs() else "base"
 
 
@@ -54,7 +57,8 @@ def _modules() -> list[tuple[Path, str, str]]:
     out = []
     for path in sorted((REPO / PACKAGE).glob("*.py")):
         rel = path.relative_to(REPO).as_posix()
-        out.append((path, f"{PACKAGE}.{path.stem}", "entry" if rel in ENTRY else "base"))
+        out.append((path, f"{PACKAGE}.{path.stem}",
+                    "entry" if rel in ENTRY else "options" if path.stem == OPTIONS else "base"))
     for sub in MODEL:
         for path in sorted((REPO / PACKAGE / sub).glob("*.py")):
             out.append((path, f"{PACKAGE}.{sub}.{path.stem}", "model"))
@@ -98,7 +102,7 @@ def test_imports_go_down_the_layers(path, module, layer):
         reached = _layer_of_module(target)
         if reached is not None and LAYERS[reached] > LAYERS[layer]:
             wrong.append(f"{path.relative_to(REPO)}:{line} ({layer}) imports {target} ({reached})")
-    assert not wrong, "imports against the layers (base <- model <- convert <- runner <- quantize/validation <- release):\n" + \
+    assert not wrong, "imports against the layers (base <- model <- options <- convert <- runner <- quantize/validation <- release):\n" + \
         "\n".join(wrong)
 
 

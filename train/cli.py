@@ -13,8 +13,8 @@ import click
 from ..errors import OptionError
 from ..extras import require
 from ..hub import resolve as hub
-from ..hub.model_param import ModelParam
-from ..options import build_options, force_option, json_option, prompts_option, target_option, threads_option
+from ..options import (build_options, force_option, json_option, out_option, prompts_option, seed_option,
+                       target_option, threads_option)
 from ..outputs import Input, Output, check_outputs
 
 
@@ -52,12 +52,9 @@ class _StepBar:
 
 
 @click.command("train")
-@target_option(kind=ModelParam(folder_ok=False),
-               help="The target GGUF the drafter is for (any quantization), or a Hub repo id as for convert "
-                    "(owner/name:QUANT, owner/name/file.gguf).")
+@target_option()
 @prompts_option(required=True)
-@click.option("-o", "--out", "out", required=True, type=click.Path(path_type=Path),
-              help="The drafter folder to write (z-lab layout: config.json, model.safetensors, README.md).")
+@out_option(required=True, folder=True)
 @click.option("--variant", type=click.Choice(("dflash", "dflash2")), default="dflash", show_default=True)
 @click.option("--layers", type=click.IntRange(1, 16), help="Drafter layers. Default: as published drafters of a "
               "target that size (5 for billion-parameter targets, 2 below).")
@@ -79,7 +76,7 @@ class _StepBar:
               help="New tokens per held-out prompt in the measurement.")
 @click.option("--no-validate", "no_validate", is_flag=True, help="Skip the held-out llama.cpp measurement.")
 @threads_option
-@click.option("--seed", type=click.IntRange(0), default=None, help="Seed of the initialisation and the batches.")
+@seed_option
 @click.option("--checkpoint-minutes", type=click.FloatRange(0.0), default=3.0, show_default=True,
               help="How often training saves its state (0: after every step).")
 @build_options
@@ -95,7 +92,8 @@ def train_command(target, prompts_file, out, variant, layers, block_size, target
     tokens, streamed to a disk cache; torch then trains the drafter alone, the target's embedding
     and head frozen from the GGUF (no Hugging Face checkpoint, no transformers model). Training
     checkpoints every few minutes: rerun the same command after a kill or Ctrl-C and it continues.
-    -o is written whole when training ends, then held-out tau is measured by llama.cpp itself
+    -o gets a z-lab-layout checkpoint (config.json with dflash_config, model.safetensors, a
+    README.md card) written whole when training ends; then held-out tau is measured by llama.cpp itself
     (a greedy `validate` pass on prompts not trained on) and written to the drafter's card.
 
     \b
@@ -114,8 +112,7 @@ def train_command(target, prompts_file, out, variant, layers, block_size, target
     check_outputs([], [Input(target, "--target"), Input(prompts_file, "--prompts"), Input(init, "--init"),
                        Input(eval_prompts, "--eval-prompts")])
     check_outputs([Output(out, "-o", folder=True)], [Input(target, "--target"), Input(init, "--init")])
-    if isinstance(target, hub.HubRef):
-        target = hub.fetch_gguf(target)
+    target = hub.local_gguf(target)
     options = TrainOptions(variant=variant, layers=layers, block_size=block_size, target_layer_ids=target_layers,
                            init=init, minutes=minutes if minutes or steps else 10.0, steps=steps,
                            answer_tokens=answer_tokens, holdout=holdout, eval_prompts=eval_prompts,

@@ -9,8 +9,9 @@ from pathlib import Path
 import click
 
 from ..errors import OptionError
-from ..options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, prompts_option,
-                       target_option)
+from ..hub import resolve as hub
+from ..options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, n_predict_option,
+                       prompts_option, rounds_option, target_option)
 from .concurrency import ALONE, DEFAULT_LEVELS, DRAFTER, BenchReport, BenchSettings, concurrency_curve, verdict_line
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 
@@ -66,11 +67,8 @@ def print_curve(report: BenchReport) -> None:
               callback=_levels, help="Concurrent streams to measure, comma-separated; each gets servers "
                                      "with that many slots (-np).")
 @prompts_option()
-@click.option("-n", "--n-predict", "n_predict", type=click.IntRange(1, 4096), default=64, show_default=True,
-              help="New tokens per request (greedy).")
-@click.option("--rounds", type=click.IntRange(1, 50), default=3, show_default=True,
-              help="Rounds per level: in each, every stream's requests go to the target alone's server and to "
-                   "the drafter's, one pass after the other.")
+@n_predict_option()
+@rounds_option()
 @exact_option
 @build_options
 @json_option
@@ -106,6 +104,7 @@ def bench_command(target: Path, draft: Path, levels: tuple[int, ...], prompts_fi
       dflash-gguf bench -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf -- -t 8
       dflash-gguf bench -t t.gguf -d d.gguf --concurrency 1,4,16 --prompts p.txt -n 128 --json -- -ngl 99
     """
+    target = hub.local_gguf(target)
     prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
     settings = BenchSettings(levels=levels, n_predict=n_predict, rounds=rounds, backend=backend, llama_bin=llama_bin,
                              server_args=list(server_args), exact=exact)

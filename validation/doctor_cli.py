@@ -9,8 +9,9 @@ from pathlib import Path
 import click
 
 from ..terminal import shown
-from ..options import (ServerArgsCommand, build_options, draft_option, json_option, prompts_option,
-                       rpc_option, target_option)
+from ..hub import resolve as hub
+from ..options import (ServerArgsCommand, build_options, draft_option, json_option, n_predict_option,
+                       prompts_option, rpc_option, target_option)
 from ..runner.launch import with_rpc
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 from .doctor import diagnose
@@ -22,8 +23,7 @@ from .doctor import diagnose
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="The drafter's HF checkpoint folder: also check the GGUF against what it needs (sliding window).")
 @prompts_option()
-@click.option("-n", "--n-predict", "n_predict", type=click.IntRange(1, 1024), default=64, show_default=True,
-              help="New tokens per prompt in the measured run.")
+@n_predict_option()
 @click.option("--no-run", is_flag=True, help="Only the checks of files and arguments; start no server.")
 @build_options
 @rpc_option
@@ -50,6 +50,7 @@ def doctor_command(target, draft, checkpoint, prompts_file, n_predict, no_run, b
       dflash-gguf doctor -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf --checkpoint Qwen3-8B-DFlash-b16/
       dflash-gguf doctor -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf --json -- -ctkd q8_0 -np 8
     """
+    target = hub.local_gguf(target)
     prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
     server_args = with_rpc(rpc, server_args)
     report = diagnose(target, draft, list(server_args), checkpoint=checkpoint, prompts=prompts, n_predict=n_predict,

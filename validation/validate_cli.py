@@ -11,8 +11,10 @@ import click
 from ..errors import OptionError
 from ..extras import require
 from ..hub.model_param import ModelParam
+from ..hub import resolve as hub
 from ..options import (GGUF, OUTPUT_FILE, ServerArgsCommand, build_options, draft_option, exact_option, json_option,
-                       prompts_option, rpc_option, target_option, temperature_option, threads_option)
+                       n_predict_option, parallel_option, prompts_option, rpc_option, seed_option, target_option,
+                       temperature_option, threads_option)
 from ..outputs import Input, Output, Replace, check_outputs, write_text
 from ..runner.launch import with_rpc
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
@@ -147,10 +149,8 @@ def _print_distribution(report: DistributionReport) -> None:
 @target_option()
 @draft_option()
 @prompts_option()
-@click.option("-n", "--n-predict", "n_predict", type=click.IntRange(1, 4096), default=64, show_default=True,
-              help="New tokens per prompt (greedy; --positions with --temperature).")
-@click.option("--parallel", "-np", type=click.IntRange(1, 64), default=None,
-              help="Requests in flight, one per llama-server slot. Default: 1, or -np given after --.")
+@n_predict_option()
+@parallel_option
 @temperature_option
 @click.option("--top-k", type=click.IntRange(0), help="With --temperature: top-k sampling (default 0, off).")
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True),
@@ -160,8 +160,7 @@ def _print_distribution(report: DistributionReport) -> None:
               f"without the drafter (default {Sampling.samples}).")
 @click.option("--positions", type=click.IntRange(1, 256), help="With --temperature: tokens per continuation, each "
               f"position tested (default {Sampling.positions}).")
-@click.option("--seed", type=click.IntRange(0), help="With --temperature: first seed; every request gets its own "
-              "(default 0).")
+@seed_option
 @click.option("--alpha", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
               help=f"With --temperature: significance level of the test (default {DEFAULT_ALPHA}).")
 @click.option("--strict", is_flag=True, help="Fail unless the output is also identical to the target alone.")
@@ -221,8 +220,8 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
 
     With --temperature T > 0 speculative decoding promises the target's distribution, not its
     tokens, and validate tests that instead: every prompt gets --samples continuations of
-    --positions tokens with the drafter and as many without (each request its own seed, the same
-    T, top-k, top-p and min-p). At each position of each prompt, Pearson's chi-square test of
+    --positions tokens with the drafter and as many without (each request its own seed, counting
+    up from --seed, default 0; the same T, top-k, top-p and min-p). At each position of each prompt, Pearson's chi-square test of
     homogeneity compares the token counts of the two sets (tokens seen fewer than 10 times there
     pooled into one class, so every expected count is at least 5; a position where every
     continuation has the same token is not tested); Holm's correction over all those tests keeps
@@ -237,6 +236,7 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
       dflash-gguf validate -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf -- -ctkd q8_0 -fa on -np 8
       dflash-gguf validate -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf --temperature 0.7 --samples 200
     """
+    target = hub.local_gguf(target)
     check_outputs([Output(report_file, "--report", Replace.OWNED, owned=is_report, what="report")]
                   if report_file is not None else [],
                   [Input(target, "--target"), Input(draft, "--draft"), Input(prompts_file, "--prompts"),

@@ -27,6 +27,8 @@ class ModelParam(click.ParamType):
             if model.is_gguf and not self.hub_gguf_ok:
                 self.fail(f"{value}: names a GGUF file on the Hub; give the repository as owner/name[@revision]",
                           param, ctx)
+            if not model.is_gguf and not self.folder_ok:
+                self.fail(f"{value}: names a repository; name its GGUF as {HELP_GGUF_FORMS}", param, ctx)
             return model
         if not model.exists():
             self.fail(f"{value}: no such file or folder, and not a Hub repo id ({HELP_FORMS})", param, ctx)

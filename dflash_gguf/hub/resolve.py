@@ -687,6 +687,11 @@ def fetch_gguf(ref: HubRef) -> Path:
         return Path(hf_hub_download(ref.repo, source.file, revision=source.revision))
 
 
+def local_gguf(target: Path | HubRef) -> Path:
+    """A --target a command runs: the local file, or the Hub's GGUF fetched into the Hub cache."""
+    return fetch_gguf(target) if isinstance(target, HubRef) else target
+
+
 def open_gguf(ref: HubRef) -> HubGGUF:
     """The GGUF `ref` names: from the cache if it is there, else its header and metadata only, read by
     range requests. Its provenance is the exact commit read."""
