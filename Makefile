@@ -99,6 +99,14 @@ train-pair: setup
 train-smollm2: llama
 	$(PY) -m training.train_smollm2
 
+# The zoo's DFlash / DFlash 2 drafters committed under tests/fixtures/zoo (dflash-gguf train on each
+# family's F16 toy, about 4 minutes a drafter on one thread; resumable: trains only what is missing or
+# stale; training/train_zoo.py). ARCHS="qwen35 gemma4" limits it to those families.
+ARCHS ?=
+.PHONY: train-zoo
+train-zoo: llama
+	$(PY) -m training.train_zoo $(ARCHS)
+
 # docs/benchmarks.md + docs/benchmarks.png: conversion, decode speed, reference parity, quant recipes,
 # measured side by side in one run (about 5 minutes on 2 quiet cores; benchmarks/bench.py).
 .PHONY: bench bench-real

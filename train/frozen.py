@@ -67,6 +67,12 @@ class GGUFWeights:
         field = self.reader.fields.get(key)
         return default if field is None else field.contents()
 
+    def layer_value(self, key: str, default=None):
+        """A hyperparameter that hybrid targets store once per layer (LFM2's head_count_kv is 0 on
+        its convolution layers): the attention layers' value, the largest."""
+        value = self.field(key, default)
+        return max(value) if isinstance(value, list) and value else value
+
     def _need(self, key: str):
         value = self.field(key)
         if value is None:
@@ -76,12 +82,13 @@ class GGUFWeights:
     def _shape(self) -> TargetShape:
         arch = self._need("general.architecture")
         key = lambda name: per_arch(f"{{arch}}.{name}", arch)  # noqa: E731
-        n_embd, n_head = int(self._need(key("embedding_length"))), int(self._need(key("attention.head_count")))
+        n_embd = int(self._need(key("embedding_length")))
+        n_head = int(self.layer_value(key("attention.head_count"), self._need(key("attention.head_count"))))
         return TargetShape(
             arch=arch, n_embd=n_embd, n_layer=int(self._need(key("block_count"))), n_head=n_head,
-            n_head_kv=int(self.field(key("attention.head_count_kv"), n_head)),
+            n_head_kv=int(self.layer_value(key("attention.head_count_kv"), n_head)),
             head_dim=int(self.field(key("attention.key_length"), n_embd // n_head)),
-            n_ff=int(self._need(key("feed_forward_length"))),
+            n_ff=int(self.layer_value(key("feed_forward_length"), self._need(key("feed_forward_length")))),
             n_vocab=len(self._need("tokenizer.ggml.tokens")),
             # stored as float32: their shortest decimals (9.9999997e-06 -> 1e-05), as config.json had them
             rope_theta=float(str(np.float32(self.field(key("rope.freq_base"), 10000.0)))),
@@ -142,7 +149,9 @@ class FrozenTarget(nn.Module):
         self.embed_tokens = nn.Embedding.from_pretrained(embedding.to(dtype), freeze=True)
         head = weights.get("output.weight") if weights.has("output.weight") else embedding
         self.lm_head = _linear(head, dtype).requires_grad_(False)
-        norm = _norm(weights.get("output_norm.weight"), shape.rms_eps)
+        # LFM2 normalises its last hidden state with the norm llama.cpp names token_embd_norm
+        final = "output_norm.weight" if weights.has("output_norm.weight") else "token_embd_norm.weight"
+        norm = _norm(weights.get(final), shape.rms_eps)
         stack = [None] * shape.n_layer
         for bid in layers:
             stack[bid] = _layer(weights, bid, dtype)

@@ -1,0 +1,120 @@
+"""Train the zoo's drafters with `dflash-gguf train`: a DFlash and a DFlash 2 drafter for each target
+family's toy (tests/fixtures/families.py), committed under tests/fixtures/zoo/<arch>/<variant>/.
+
+    python -m training.train_zoo                    # every family and variant missing or stale (resumable)
+    python -m training.train_zoo qwen35 gemma4      # these families only
+    python -m training.train_zoo --force llama      # retrain even if current
+    python -m training.train_zoo --force --steps 3000 --variants dflash qwen35moe   # longer, one variant
+    python -m training.train_zoo --table            # the committed drafters' figures, as markdown
+
+Each drafter starts from the family's published geometry (tests/fixtures/family_drafters.py: its
+target layers, block size, sliding window, DFlash 2 shapes at toy width; `train --init`) and learns
+from the F16 target's own greedy answers, computed by the patched llama.cpp, to 200 chat prompts
+(training/smollm2_prompts.py, seed 7), 20 of them held out; `train` measures held-out tau with
+`validate` at the end and writes it to the card. `trained.json` beside the checkpoint records the
+target file it was trained for (sha256): the fixture uses the trained drafter only for that target,
+and tests/test_families.py fails when a fixture change leaves a drafter stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dflash_gguf.families import FAMILIES
+from dflash_gguf.hashing import sha256_file
+from tests.fixtures import families as zoo
+from tests.fixtures.family_drafters import VARIANTS, write_drafter
+from training.smollm2_prompts import build_prompts
+
+PROMPTS, SEED = 200, 7
+STEPS = 1000  # about 2 minutes of training a drafter on one thread of a 2-core machine
+ANSWER_TOKENS = 64
+
+
+def prompts_file(folder: Path) -> Path:
+    path = folder / "zoo-prompts.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in build_prompts(PROMPTS, SEED, [])), encoding="utf-8")
+    return path
+
+
+def current(arch: str, variant: str, target: Path) -> bool:
+    record = zoo.trained_record(arch, variant)
+    return record is not None and record["target_sha256"] == sha256_file(target)
+
+
+def train_one(arch: str, variant: str, family: Path, prompts: Path, steps: int = STEPS) -> dict:
+    fam = FAMILIES[arch]
+    out = zoo.ZOO / arch / variant
+    target = family / "target-F16.gguf"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        init = Path(tmp) / "init"
+        write_drafter(fam, variant, family / "hf", init, zoo.VOCABULARIES[fam.tokenizer].mask)
+        started = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "dflash_gguf.cli", "train", "-t", str(target), "--prompts", str(prompts),
+             "--init", str(init), "-o", str(out), "--steps", str(steps), "--answer-tokens", str(ANSWER_TOKENS),
+             "--threads", "1", "--force", "--json"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"train_zoo: {arch} {variant}: {proc.stderr.strip().splitlines()[-1]}")
+    summary = json.loads(proc.stdout)
+    record = {"arch": arch, "variant": variant, "target_sha256": sha256_file(target), "steps": summary["steps"],
+              "teacher_seconds": summary["teacher_seconds"], "train_seconds": summary["train_seconds"],
+              "wall_seconds": round(time.monotonic() - started, 1), "held_out": summary["held_out"]}
+    (out / zoo.TRAINED).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return record
+
+
+def table() -> str:
+    """docs/train.md's zoo table, from the committed trained.json records."""
+    lines = ["| family | variant | steps | teacher | training | held-out tau | acceptance | lossless |",
+             "|---|---|---|---|---|---|---|---|"]
+    for arch in FAMILIES:
+        for variant in VARIANTS:
+            rec = zoo.trained_record(arch, variant)
+            if rec is None:
+                continue
+            held = rec["held_out"]
+            lines.append(f"| {arch} | {variant} | {rec['steps']} | {rec['teacher_seconds']:.0f} s | "
+                         f"{rec['train_seconds']:.0f} s | {held['tau']:.2f} | {held['acceptance_rate']:.2f} | "
+                         f"{'yes' if held['lossless'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("archs", nargs="*", help="families (default: every one whose target converts)")
+    parser.add_argument("--force", action="store_true", help="retrain drafters that are current")
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"training steps a drafter (default {STEPS})")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated (default: both)")
+    parser.add_argument("--table", action="store_true", help="print the committed drafters' figures and stop")
+    args = parser.parse_args(argv)
+    if args.table:
+        print(table())
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        prompts = prompts_file(Path(tmp))
+        for arch in args.archs or list(FAMILIES):
+            family = zoo.family_folder(arch)
+            if not (family / "target-F16.gguf").is_file():
+                print(f"{arch:13} no F16 target: {json.loads((family / zoo.STATUS).read_text()).get('F16')}")
+                continue
+            for variant in args.variants.split(","):
+                if not args.force and current(arch, variant, family / "target-F16.gguf"):
+                    print(f"{arch:13} {variant:8} current")
+                    continue
+                record = train_one(arch, variant, family, prompts, args.steps)
+                held = record["held_out"]
+                print(f"{arch:13} {variant:8} tau {held['tau']:.2f}, acceptance {held['acceptance_rate']:.2f}, "
+                      f"lossless {held['lossless']}, {record['wall_seconds']:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
