@@ -167,7 +167,7 @@ def teacher_store(target: Path, prompt_ids: list[list[int]], plan: st.DrafterPla
                   progress: Progress) -> tuple[Path, float]:
     """The store of the teacher's answers (made, or found made), and the seconds spent making it."""
 
-    key = _sha("teacher-v1", _file_key(target), prompt_ids, plan.llama_taps, options.answer_tokens, st.TEACHER_TOP_K)
+    key = _sha("teacher-v3", _file_key(target), prompt_ids, plan.llama_taps, options.answer_tokens, st.TEACHER_TOP_K)
     folder = cache_dir() / "train" / key
     if store.info(folder) is not None:
         progress(f"teacher: using the answers already made in {folder}")
@@ -179,6 +179,9 @@ def teacher_store(target: Path, prompt_ids: list[list[int]], plan: st.DrafterPla
     n_ctx = max(map(len, prompt_ids)) + options.answer_tokens + 1
     with Teacher(target, plan.llama_taps, n_ctx=n_ctx, n_seq=options.parallel, top_k=st.TEACHER_TOP_K,
                  threads=options.threads, bin_dir=_bin_dir(options)) as teacher:
+        if teacher.recurrent:
+            progress("teacher: one conversation at a time (the target has recurrent state, and the pinned "
+                     "llama.cpp's batched steps of several such sequences are unreliable)")
         for index, rows in enumerate(groups):
             if store.shard_path(folder, index).is_file():
                 continue
@@ -189,6 +192,9 @@ def teacher_store(target: Path, prompt_ids: list[list[int]], plan: st.DrafterPla
             left = elapsed / made * options.answer_tokens * sum(len(g) for g in groups[index + 1:]) if made else 0
             progress(f"teacher: {rows[-1] + 1}/{len(prompt_ids)} prompts answered, {made / elapsed:.0f} answer "
                      f"tokens/s, ETA {_clock(left)}")
+        if teacher.answered_alone:
+            progress(f"teacher: {teacher.answered_alone} conversations answered again alone (llama.cpp gave "
+                     "non-finite logits to them in a batched step)")
     info = store.merge(folder, len(groups))
     progress(f"teacher: {info['rows']} answers, {info['bytes'] / 2**20:.0f} MiB on disk in {folder} "
              f"({time.time() - started:.0f} s)")

@@ -67,6 +67,7 @@ class Teacher:
         self.target, self.taps, self.top_k = Path(target), list(taps), top_k
         self.n_ctx, self.n_seq, self.threads, self.bin_dir = n_ctx, n_seq, threads, bin_dir
         self._lib = self._model = self._ctx = None
+        self.answered_alone = 0  # conversations answered again alone after non-finite logits in a batch
 
     def __enter__(self) -> "Teacher":
         engine.use_patched_library(bin_dir=self.bin_dir)
@@ -83,6 +84,12 @@ class Teacher:
         vocab = lib.llama_model_get_vocab(self._model)
         self.n_vocab = lib.llama_vocab_n_tokens(vocab)
         self._is_eog = lambda token: bool(lib.llama_vocab_is_eog(vocab, token))
+        # Batched steps of several sequences with recurrent state go wrong in the pinned llama.cpp (the
+        # LFM2 and Qwen3.5 toys: NaN logits, layer inputs past float16, a crash in llama_decode), while
+        # one sequence alone is right: such targets are answered one conversation at a time.
+        self.recurrent = bool(lib.llama_model_is_recurrent(self._model) or lib.llama_model_is_hybrid(self._model))
+        if self.recurrent:
+            self.n_seq = 1
         cparams = lib.llama_context_default_params()
         cparams.n_ctx, cparams.n_seq_max = self.n_ctx * self.n_seq, self.n_seq
         cparams.n_batch = cparams.n_ubatch = max(self.n_ctx, self.n_seq)
@@ -147,16 +154,20 @@ class Teacher:
         """Greedy answers of at most `new_tokens` (stopping at an end-of-generation token) to up
         to n_seq prompts at once, with the teacher's view of every token fed."""
         if len(prompts) > self.n_seq:
-            raise ValueError(f"{len(prompts)} prompts at once; the context holds {self.n_seq}")
+            return [answer for i in range(0, len(prompts), self.n_seq)
+                    for answer in self.answer(prompts[i:i + self.n_seq], new_tokens)]
         lib = self._lib
         lib.llama_memory_clear(lib.llama_get_memory(self._ctx), True)
         ids = [list(p) for p in prompts]
         taps: list[list[np.ndarray]] = [[] for _ in prompts]
         tops: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in prompts]
         nothing = (np.zeros(self.top_k, np.int32), np.zeros(self.top_k, np.float16))
-        pending = {}
+        pending, broken = {}, set()
         for seq, prompt in enumerate(prompts):
             rows, logits = self._decode([(t, i, seq, i == len(prompt) - 1) for i, t in enumerate(prompt)])
+            if not np.isfinite(logits[len(prompt) - 1]).all():
+                broken.add(seq)
+                continue
             taps[seq].append(rows)
             top_ids, top_logp, token = self._top(logits[len(prompt) - 1])
             tops[seq] += [nothing] * (len(prompt) - 1) + [(top_ids, top_logp)]
@@ -171,10 +182,24 @@ class Teacher:
             order = list(pending)
             rows, logits = self._decode([(pending[s], len(ids[s]) - 1, s, True) for s in order])
             for i, seq in enumerate(order):
+                if not np.isfinite(logits[i]).all():
+                    broken.add(seq)
+                    del pending[seq]
+                    continue
                 taps[seq].append(rows[i:i + 1])
                 top_ids, top_logp, pending[seq] = self._top(logits[i])
                 tops[seq].append((top_ids, top_logp))
-        return [Answer(ids=ids[s], prompt_len=len(prompts[s]), taps=np.concatenate(taps[s]),
-                       top_ids=np.stack([t[0] for t in tops[s]]), top_logp=np.stack([t[1] for t in tops[s]]))
-                for s in range(len(prompts))]
+        answers = [None if s in broken else
+                   Answer(ids=ids[s], prompt_len=len(prompts[s]), taps=np.concatenate(taps[s]),
+                          top_ids=np.stack([t[0] for t in tops[s]]), top_logp=np.stack([t[1] for t in tops[s]]))
+                   for s in range(len(prompts))]
+        # A conversation whose logits went non-finite in a batched step is answered again alone, and one
+        # that fails alone too is an error rather than a NaN in the store.
+        if broken and len(prompts) == 1:
+            raise TargetError(f"{self.target}: llama.cpp computed non-finite logits answering a prompt; "
+                              "the target's weights or this build cannot be taught from")
+        for seq in sorted(broken):
+            answers[seq] = self.answer([prompts[seq]], new_tokens)[0]
+            self.answered_alone += 1
+        return answers
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,7 @@ def train_one(arch: str, variant: str, family: Path, prompts: Path, steps: int =
     out = zoo.ZOO / arch / variant
     target = family / "target-F16.gguf"
     out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)  # an earlier drafter and its trained.json: train writes it anew
     with tempfile.TemporaryDirectory() as tmp:
         init = Path(tmp) / "init"
         write_drafter(fam, variant, family / "hf", init, zoo.VOCABULARIES[fam.tokenizer].mask)
