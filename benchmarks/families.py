@@ -57,8 +57,8 @@ LABELS = {"dflash": "DFlash", "dflash2": "DFlash 2"}
 
 def validate(folder: Path, variant: str, work: Path, *extra: str) -> tuple[dict | None, str]:
     """`dflash-gguf validate` on the family's pair: (report or None, why there is none)."""
-    prompts = work / "prompts.txt"
-    prompts.write_text("".join((folder / "prompts.txt").read_text().splitlines(keepends=True)[:PROMPTS]))
+    prompts = work / "prompts.jsonl"  # chat turns, as the zoo's drafters were trained
+    prompts.write_text("".join((folder / "prompts.jsonl").read_text().splitlines(keepends=True)[:PROMPTS]))
     report = work / f"{variant}{'-'.join(('',) + tuple(a.strip('-') for a in extra if a.startswith('--')))}.json"
     report.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "dflash_gguf.cli", "validate", "--target", str(folder / "target-F16.gguf"),

@@ -198,6 +198,10 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
         arch="qwen3moe", hf_architecture="Qwen3MoeForCausalLM", config_class="Qwen3MoeConfig",
         toy=_attention(num_hidden_layers=6, num_experts=TOY_EXPERTS, num_experts_per_tok=TOY_EXPERTS_USED,
                        moe_intermediate_size=TOY_EXPERT_FFN, tie_word_embeddings=False,
+                       # as Qwen3-30B-A3B ships it; llama.cpp's qwen3moe graph always renormalises the
+                       # chosen experts' weights, so with transformers' default (False) the GGUF computes
+                       # another model than the HF folder (drafts 80 % equal to the reference's)
+                       norm_topk_prob=True,
                        rope_parameters={"rope_theta": 10_000_000.0, "rope_type": "default"}),
         published=("z-lab/Qwen3-Coder-30B-A3B-DFlash",),
     ),

@@ -67,8 +67,8 @@ def test_pair_is_exact_in_patched_server(arch, variant, family, llama_bin, tmp_p
     checkpoint are replayed from the same restored state), with the zoo's trained drafter both
     accepted and rejected."""
     folder = family(arch)
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("".join((folder / "prompts.txt").read_text().splitlines(keepends=True)[:2]))
+    prompts = tmp_path / "prompts.jsonl"  # chat turns, as the drafters were trained
+    prompts.write_text("".join((folder / "prompts.jsonl").read_text().splitlines(keepends=True)[:2]))
     report = tmp_path / "report.json"
     proc = dflash_gguf("validate", "--target", folder / "target-F16.gguf", "--draft", folder / f"{variant}.gguf",
                        "--prompts", prompts, "-n", "24", "--backend", "cpu", "--threads", "1", "--exact",

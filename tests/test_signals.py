@@ -44,7 +44,7 @@ def test_runner_commands_stop_cleanly_on_signals(command, sig, status, converted
     target = tmp_path / "target.gguf"
     shutil.copyfile(target_gguf, target)  # its own path: the servers of this test are found by it
     args = {"validate": ["validate", "-t", target, "-d", converted["dflash-b16"], "-n", "4096", "--parallel", "4"],
-            "generate": ["generate", "-t", target, "-d", converted["dflash-b16"], "-n", "100000", "hello"]}[command]
+            "generate": ["generate", "-t", target, "-d", converted["dflash-b16"], "-n", "16384", "hello"]}[command]
     env = {**os.environ, "TMPDIR": str(tmp_path), "DFLASH_GGUF_TEST_LLAMA_BIN": str(llama_bin)}
     proc = subprocess.Popen([sys.executable, "-m", "dflash_gguf.cli", *map(str, args), "--backend", "cpu"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
