@@ -500,7 +500,9 @@ def test_convert_cleans_up_on_terminating_signals(base, tmp_path, sig, status):
     ckpt = sparse_checkpoint(_ckpt(base, tmp_path), 1 << 17)
     out = tmp_path / "big.gguf"
     proc = subprocess.Popen([sys.executable, "-m", "dflash_gguf.cli", "convert", ckpt, "--target", base["target"],
-                             "-o", out, "--outtype", "q8_0"], stderr=subprocess.PIPE, text=True)
+                             "-o", out, "--outtype", "q8_0"], stderr=subprocess.PIPE, text=True,
+                            # a suite started in the background inherits SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + HANG_LIMIT
     while not _leftovers([out]) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)

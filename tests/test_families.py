@@ -67,8 +67,11 @@ def test_pair_is_exact_in_patched_server(arch, variant, family, llama_bin, tmp_p
     checkpoint are replayed from the same restored state), with the zoo's trained drafter both
     accepted and rejected."""
     folder = family(arch)
-    prompts = tmp_path / "prompts.jsonl"  # chat turns, as the drafters were trained
-    prompts.write_text("".join((folder / "prompts.jsonl").read_text().splitlines(keepends=True)[:2]))
+    # a chat turn, as the drafters were trained (accepted), and a raw completion they never saw (rejected)
+    prompts = tmp_path / "prompts.jsonl"
+    chat = (folder / "prompts.jsonl").read_text().splitlines()[0]
+    raw = (folder / "prompts.txt").read_text().splitlines()[1]
+    prompts.write_text(f"{chat}\n{json.dumps({'prompt': raw})}\n")
     report = tmp_path / "report.json"
     proc = dflash_gguf("validate", "--target", folder / "target-F16.gguf", "--draft", folder / f"{variant}.gguf",
                        "--prompts", prompts, "-n", "24", "--backend", "cpu", "--threads", "1", "--exact",

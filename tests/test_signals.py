@@ -46,8 +46,10 @@ def test_runner_commands_stop_cleanly_on_signals(command, sig, status, converted
     args = {"validate": ["validate", "-t", target, "-d", converted["dflash-b16"], "-n", "4096", "--parallel", "4"],
             "generate": ["generate", "-t", target, "-d", converted["dflash-b16"], "-n", "16384", "hello"]}[command]
     env = {**os.environ, "TMPDIR": str(tmp_path), "DFLASH_GGUF_TEST_LLAMA_BIN": str(llama_bin)}
+    # a suite started in the background (`make test &`) inherits SIGINT ignored, and Python keeps it so
     proc = subprocess.Popen([sys.executable, "-m", "dflash_gguf.cli", *map(str, args), "--backend", "cpu"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not _server_pids(target) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
