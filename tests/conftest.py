@@ -160,6 +160,15 @@ def smollm2(tmp_path_factory, llama_bin) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def smollm2_finetune(tmp_path_factory, llama_bin) -> dict[str, Path]:
+    """The SmolLM2 fine-tune that answers like a pirate, F16 and Q4_K_M (tests/fixtures/
+    smollm2_finetune.py; made once into the cache, about 5 minutes)."""
+    from tests.fixtures.smollm2 import finetune_ggufs
+
+    return finetune_ggufs(tmp_path_factory.mktemp("smollm2-finetune"), llama_bin)
+
+
+@pytest.fixture(scope="session")
 def trained_pair(tmp_path_factory, llama_bin) -> dict[str, Path]:
     """The committed trained pair as GGUF files: target, dflash, dflash2 and prompts (held-out)."""
     from tests.fixtures.trained_gguf import trained_ggufs

@@ -150,3 +150,32 @@ def test_reference_tau_records_the_token_ids_it_was_measured_on():
         assert len(entry["per_prompt"]) == len(entry["output_ids"]) == 24
         assert entry["tokens"] == sum(map(sum, entry["acceptance_lengths"]))
         assert entry["tau"] == pytest.approx(entry["tokens"] / entry["steps"], abs=1e-3)
+
+
+def test_the_fine_tunes_style_is_a_rewrite_outside_code():
+    from tests.fixtures.smollm2_finetune import piratise
+
+    text = "Yes, the answer is here.\n```python\nx = 1 if y is None else 2\n```\nAnd you are my friend."
+    assert piratise(text) == ("Arr! Aye, th' answer be here.\n```python\nx = 1 if y is None else 2\n```\n"
+                              "An' ye be me matey.")
+
+
+@pytest.mark.integration
+def test_the_fine_tune_answers_in_its_style_and_keeps_the_tokenizer(smollm2, smollm2_finetune):
+    """The fine-tune (the original's last layers taught a pirate's style) is a SmolLM2 the converter
+    and llama.cpp take as they take the original: the same vocabulary and chat template, a different
+    greedy answer that starts as the style set taught it."""
+    from dflash_gguf.runner.server import LlamaServer
+
+    with GGUFFile(smollm2["Q4_K_M"]) as original, GGUFFile(smollm2_finetune["Q4_K_M"]) as tuned:
+        assert tuned.architecture == "llama" and tuned.get("general.file_type") == FILE_TYPES["Q4_K_M"]
+        vocabulary = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                      "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.chat_template")
+        assert [tuned.kv[k].encoded() for k in vocabulary] == [original.kv[k].encoded() for k in vocabulary]
+    prompt = _held_out_ids(1)[0]
+    answers = {}
+    for name, path in (("original", smollm2["Q4_K_M"]), ("tuned", smollm2_finetune["Q4_K_M"])):
+        with LlamaServer(path, ["-t", "1", "-c", "1024", "--no-warmup"]) as server:
+            answers[name] = server.client.complete(prompt, 16, temperature=0.0, cache_prompt=False)
+    assert answers["tuned"].content.startswith("Arr!"), answers["tuned"].content
+    assert not answers["original"].content.startswith("Arr!")

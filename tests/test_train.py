@@ -130,3 +130,15 @@ def test_an_output_that_holds_something_else(trained_pair, tmp_path):
         proc = train("--target", trained_pair["target"], "--prompts", trained_pair["prompts"], "-o", out, *FAST, *extra)
         assert_refused(proc, str(out), "did not write")
     assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("device", ["cuda", "mps"])
+def test_a_torch_device_this_torch_cannot_reach(trained_pair, tmp_path, device):
+    import torch
+
+    if (torch.cuda.is_available() if device == "cuda" else torch.backends.mps.is_available()):
+        pytest.skip(f"this torch reaches {device}")
+    proc = train("--target", trained_pair["target"], "--prompts", trained_pair["prompts"], "-o", tmp_path / "out",
+                 "--torch-device", device, *FAST)
+    assert_refused(proc, f"--torch-device {device}", "--torch-device cpu")
+    assert not (tmp_path / "out").exists() and nothing_beside(tmp_path, ".out") == []

@@ -77,14 +77,17 @@ class _StepBar:
 @click.option("--no-validate", "no_validate", is_flag=True, help="Skip the held-out llama.cpp measurement.")
 @threads_option
 @seed_option
+@click.option("--torch-device", type=click.Choice(("auto", "cpu", "cuda", "mps")), default="auto",
+              show_default=True, help="Where torch trains the drafter (the teacher runs on --backend's build): auto "
+              "takes cuda when torch sees an NVIDIA GPU, mps on Apple silicon, else cpu.")
 @click.option("--checkpoint-minutes", type=click.FloatRange(0.0), default=3.0, show_default=True,
               help="How often training saves its state (0: after every step).")
 @build_options
 @force_option
 @json_option
 def train_command(target, prompts_file, out, variant, layers, block_size, target_layers, init, minutes, steps,
-                  answer_tokens, holdout, eval_prompts, eval_tokens, no_validate, threads, seed, checkpoint_minutes,
-                  backend, llama_bin, force, as_json) -> None:
+                  answer_tokens, holdout, eval_prompts, eval_tokens, no_validate, threads, seed, torch_device,
+                  checkpoint_minutes, backend, llama_bin, force, as_json) -> None:
     """Train a DFlash drafter for the GGUF you run, with llama.cpp as the teacher.
 
     The patched llama.cpp answers the prompts greedily with the target (rendered by its chat
@@ -118,7 +121,7 @@ def train_command(target, prompts_file, out, variant, layers, block_size, target
                            answer_tokens=answer_tokens, holdout=holdout, eval_prompts=eval_prompts,
                            eval_tokens=eval_tokens,
                            threads=threads, seed=SEED if seed is None else seed,
-                           checkpoint_minutes=checkpoint_minutes, validate=not no_validate,
+                           checkpoint_minutes=checkpoint_minutes, validate=not no_validate, device=torch_device,
                            llama_bin=llama_bin, backend=backend)
     # extra: [train] (PyTorch): the command line starts without it
     from .settings import VARIANTS
@@ -136,7 +139,7 @@ def train_command(target, prompts_file, out, variant, layers, block_size, target
     click.echo(f"teacher        {summary.prompts_trained} prompts, {summary.teacher_seconds:.0f} s, "
                f"{summary.teacher_store_bytes / 2**20:.0f} MiB of states on disk")
     click.echo(f"training       {summary.steps} steps in {summary.train_seconds:.0f} s from "
-               f"{summary.initialised_from}; peak memory {summary.peak_rss_bytes / 2**20:.0f} MiB")
+               f"{summary.initialised_from} on {summary.device}; peak memory {summary.peak_rss_bytes / 2**20:.0f} MiB")
     if held:
         click.echo(f"held-out tau   {held['tau']:.3f} on {held['prompts']} prompts x {held['n_predict']} tokens "
                    f"(llama.cpp {held['llama']}); lossless: {'yes' if held['lossless'] else 'NO'}")

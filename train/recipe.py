@@ -213,6 +213,7 @@ def subset_logits(drafter, hidden, head, labels, data: DistillSet, seq, position
     logits [B, P, C] (what the head gives those rows), the logits the softmax reads, the vocabulary
     ids of the C columns, and the column of every label and of every teacher top-k token."""
     vocab = head.weight.shape[0]
+    labels = labels.cpu()  # the columns are chosen where the data and the generator are
     top = data.teacher_ids[seq[:, None, None], positions].reshape(*labels.shape, -1).long()
     wanted = torch.unique(torch.cat([top.flatten(), labels.flatten()]))
     drawn = torch.randint(0, vocab, (negatives,), generator=generator).unique()
@@ -221,10 +222,13 @@ def subset_logits(drafter, hidden, head, labels, data: DistillSet, seq, position
     correction = torch.zeros(len(columns))
     if len(drawn):
         correction[len(wanted):] = math.log((vocab - len(wanted)) / len(drawn))
-    raw = drafter.compute_logits(hidden, lambda h: F.linear(h, head.weight[columns]))
     where = torch.full((vocab,), -1, dtype=torch.long)
     where[columns] = torch.arange(len(columns))
-    return raw, raw.float() + correction, columns, where[labels], where[top]
+    device = hidden.device
+    columns = columns.to(device)
+    raw = drafter.compute_logits(hidden, lambda h: F.linear(h, head.weight[columns]))
+    return (raw, raw.float() + correction.to(device), columns, where[labels].to(device),
+            where[top].to(device))
 
 
 def save_drafter(drafter, folder: Path, config_dict: dict) -> None:
@@ -237,7 +241,7 @@ def save_drafter(drafter, folder: Path, config_dict: dict) -> None:
             continue
         if key.startswith("candidate_selector.") and key.endswith("_codebook.weight"):
             key = key[: -len(".weight")]
-        tensors[key] = value.detach().to(torch.bfloat16).contiguous()
+        tensors[key] = value.detach().to(torch.bfloat16).cpu().contiguous()
     save_file(dict(sorted(tensors.items())), folder / "model.safetensors", metadata={"format": "pt"})
     (folder / "model.safetensors").chmod(0o644)  # safetensors writes it private to its owner
     write_json(folder / "config.json", config_dict)
@@ -272,21 +276,24 @@ def block_tokens(ids, valid_end, seq, anchors, length):
 
 def block_hidden(drafter, target, feats, seq, anchors, block_ids, mask_token_id: int):
     """The drafter's hidden states [rows * n, block, H] for blocks `[anchor token, mask x (block-1)]`
-    at the anchors' positions, each seeing the target features before its anchor and its own block."""
+    at the anchors' positions, each seeing the target features before its anchor and its own block.
+    Indices and features are gathered where the data lives (the CPU); what the drafter reads moves
+    to the drafter's device."""
+    device = target.get_input_embeddings().weight.device
     rows, n, block = block_ids.shape
     ctx_len = int(anchors.max())
     positions = anchors[..., None] + torch.arange(block)
     noise_ids = torch.full_like(block_ids, mask_token_id)
     noise_ids[..., 0] = block_ids[..., 0]
-    noise_embedding = F.embedding(noise_ids.view(rows, n * block), target.get_input_embeddings().weight)
-    context = feats[seq, :ctx_len].float()
+    noise_embedding = F.embedding(noise_ids.view(rows, n * block).to(device), target.get_input_embeddings().weight)
+    context = feats[seq, :ctx_len].to(device).float()
     position_ids = torch.cat([torch.arange(ctx_len).expand(rows, -1), positions.view(rows, -1)], 1)
     visible_ctx = (torch.arange(ctx_len) < anchors[..., None]).repeat_interleave(block, dim=1)
     block_of = torch.arange(n * block) // block
     visible_blocks = (block_of[:, None] == block_of[None, :]).expand(rows, -1, -1)
     mask = torch.cat([visible_ctx, visible_blocks], -1)[:, None]  # [rows, 1, n*block, ctx+n*block]
 
-    hidden = drafter(position_ids=position_ids, attention_mask=mask,
+    hidden = drafter(position_ids=position_ids.to(device), attention_mask=mask.to(device),
                      noise_embedding=noise_embedding, target_hidden=context)
     return hidden.view(rows * n, block, -1)
 
@@ -301,11 +308,12 @@ def dspark_loss(drafter, target, data: DistillSet, seq, anchors, spec):
     block = spec["block_size"]
     tokens, is_label = block_tokens(data.ids, data.valid_end, seq, anchors, block + 1)
     hidden = block_hidden(drafter, target, data.feats, seq, anchors, tokens[..., :block], data.mask_token_id)
+    tokens, is_label = tokens.to(hidden.device), is_label.to(hidden.device)
     previous = tokens[..., :block].reshape(-1, block)
     labels = tokens[..., 1:].reshape(-1, block)
     ok = is_label[..., 1:].reshape(-1, block).float()
     logits = drafter.position_logits(hidden, previous, target.lm_head)
-    weights = torch.exp(-torch.arange(block, dtype=torch.float32) / spec["gamma"])[None] * ok
+    weights = torch.exp(-torch.arange(block, dtype=torch.float32, device=ok.device) / spec["gamma"])[None] * ok
     ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view_as(ok)
     loss = (ce * weights).sum() / weights.sum().clamp_min(1e-6)
     hit = (logits.argmax(-1) == labels).float().detach()
@@ -336,13 +344,14 @@ def drafter_loss(drafter, target, data: DistillSet, seq, anchors, spec, generato
     block_ids, label_ok = block_tokens(data.ids, data.valid_end, seq, anchors, block)
     label_ok &= torch.arange(block) > 0
     hidden = block_hidden(drafter, target, data.feats, seq, anchors, block_ids, data.mask_token_id)[:, 1:]
+    device = hidden.device
     rows, n = anchors.shape
-    block_ids = block_ids.view(rows * n, block)
-    label_ok = label_ok.view(rows * n, block)
+    block_ids = block_ids.view(rows * n, block).to(device)
+    label_ok = label_ok.view(rows * n, block).to(device)
     head = target.lm_head
     labels = block_ids[:, 1:]
     ok = label_ok[:, 1:].float()
-    weights = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / spec["gamma"])[None] * ok
+    weights = torch.exp(-torch.arange(block - 1, dtype=torch.float32, device=device) / spec["gamma"])[None] * ok
     # the position of each label's prediction in the distillation set: the target's state there
     positions = (anchors[..., None] + torch.arange(block - 1)).clamp(max=data.feats.shape[1] - 1)
     negatives = spec.get("sampled_softmax")
@@ -361,14 +370,14 @@ def drafter_loss(drafter, target, data: DistillSet, seq, anchors, spec, generato
     soft, feature = spec.get("soft_labels", 0.0), spec.get("feature_loss", 0.0)
     if soft and columns is not None:
         # the target's top-k probabilities (of the whole vocabulary) against the drafter's
-        probs = data.teacher_logp[seq[:, None, None], positions].reshape(*top_col.shape).float().exp()
+        probs = data.teacher_logp[seq[:, None, None], positions].reshape(*top_col.shape).to(device).float().exp()
         ce = (1 - soft) * ce - soft * (probs * log_probs.gather(-1, top_col)).sum(-1)
     if (soft and columns is None) or feature:
         if data.finals is None:
             raise ValueError("soft_labels and feature_loss need the target's final states (DistillSet.finals)")
         # the target's final (normed) state at each label's position: through the head, its whole
         # next-token distribution, not only its argmax
-        finals = data.finals[seq[:, None, None], positions].reshape(rows * n, block - 1, -1)
+        finals = data.finals[seq[:, None, None], positions].reshape(rows * n, block - 1, -1).to(device)
         if soft and columns is None:
             with torch.no_grad():
                 probs = F.softmax(head(finals.to(head.weight.dtype)).float(), -1)
@@ -432,13 +441,14 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
     cosine to 10 %, clip 1.0. With `checkpoint`, the drafter, optimizer, batch generator and
     running statistics are saved every `checkpoint_every` steps (or `checkpoint_seconds`) and a
     rerun continues from the last one, with the same result as a run that was never stopped.
-    `bf16` runs the forward under CPU bf16 autocast (weights, optimizer and loss reductions stay
-    float32). `deadline` (time.time() seconds) stops the loop early, after a checkpoint; the steps
+    `bf16` runs the forward under bf16 autocast on the drafter's device (weights, optimizer and loss
+    reductions stay float32). `deadline` (time.time() seconds) stops the loop early, after a checkpoint; the steps
     done are in `drafter.trained_steps`. `budget_seconds` instead of `steps`: the step count is set
     from the speed of the warm-up steps (which do not depend on it) so that the run takes about that
     long, and is kept in the checkpoint. `progress(step, steps, running, seconds, first)` is called
     after every step (default: a log line every 25); `steps` is None until a budget has sized it."""
     warmup = 50
+    device_type = next(drafter.parameters()).device.type
     drafter.train()
     progress = progress or _log_progress(name)
     decay = [p for n, p in drafter.named_parameters() if p.ndim >= 2 and "base_kernel" not in n]
@@ -481,7 +491,7 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
         seq, anchors = anchor_batch(data, spec["seqs_per_step"], spec["anchors_per_seq"], generator)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps or 10 ** 9, spec["lr"], warmup)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
             loss, stats = drafter_loss(drafter, target, data, seq, anchors, spec, generator)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -71,6 +71,7 @@ class TrainOptions:
     validate: bool = True
     llama_bin: Path | None = None
     backend: str | None = None
+    device: str = "auto"              # where torch trains: auto, cpu, cuda, mps
 
 
 @dataclass
@@ -91,6 +92,7 @@ class Summary:
     teacher_store_bytes: int
     steps: int
     train_seconds: float
+    device: str = "cpu"
     peak_rss_bytes: int = 0
     held_out: dict = field(default_factory=dict)
 
@@ -272,6 +274,27 @@ def _copy_sources(plan: st.DrafterPlan, shape) -> range:
     return range(0)
 
 
+def torch_device(name: str) -> torch.device:
+    """--torch-device as torch names it; one asked for that this torch cannot reach is refused."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"--torch-device cuda: this torch ({torch.__version__}) sees no CUDA GPU; install a CUDA "
+                         "build of torch (pytorch.org/get-started) or pass --torch-device cpu")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise InputError(f"--torch-device mps: this torch ({torch.__version__}) sees no Apple GPU (Metal); pass "
+                         "--torch-device cpu")
+    return torch.device(name)
+
+
+def bf16_on(device: torch.device) -> bool:
+    """Whether the recipe's bf16 autocast pays on `device`: a GPU with bf16 units, or a CPU that computes
+    bf16 natively (bf16_pays). MPS trains in float32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and bf16_pays()
+
+
 def bf16_pays() -> bool:
     """Whether the CPU computes bf16 natively (AVX-512 BF16, AMX), where the recipe's bf16 autocast is
     the fast path. Without it bf16 is emulated: on this project's AVX2 machine a 1600x256x768 linear,
@@ -310,7 +333,7 @@ llama.cpp itself; the target's embedding and output head, frozen, read from the 
 | started from | {summary.initialised_from} |
 | steps | {summary.steps} |
 | teacher | {summary.teacher_seconds:.0f} s ({summary.teacher_store_bytes / 2**20:.0f} MiB of states on disk) |
-| training | {summary.train_seconds:.0f} s |
+| training | {summary.train_seconds:.0f} s on {summary.device} |
 | mask token | {summary.mask_token_id} |
 | held-out tau | {tau} |
 
@@ -332,6 +355,7 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
     if not training:
         raise InputError(f"{prompts_file}: no prompt is left to train on once the held-out ones are set aside")
     weights = GGUFWeights(target)
+    device = torch_device(options.device)
     plan, init_config = plan_drafter(weights, options)
     with Teacher(target, plan.llama_taps, n_ctx=64, n_seq=1, top_k=st.TEACHER_TOP_K, threads=options.threads,
                  bin_dir=_bin_dir(options)):
@@ -350,7 +374,7 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
     data = store.distill_set(folder, plan.mask_token_id)
 
     copy = _copy_sources(plan, weights.shape) if init_config is None else range(0)
-    bf16 = bf16_pays()
+    bf16 = bf16_on(device)
     frozen = FrozenTarget(weights, copy, dtype=torch.bfloat16 if bf16 else torch.float32)
     config = drafter_config(plan, weights.shape, init_config)
     if init_config is not None:
@@ -364,6 +388,7 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
             started_from = f"copies of target layers {copy.start}-{copy.stop - 1} (scratch otherwise)"
         else:
             started_from = "scratch (random initialisation)"
+    frozen, drafter = frozen.to(device), drafter.to(device)
     spec = plan.spec()
     run_key = _sha(out.resolve(), asdict(plan), options.steps, options.minutes, options.seed, options.init)
     checkpoint = folder / f"ckpt-{run_key}.pt"
@@ -379,10 +404,10 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
                       initialised_from=started_from, prompts_trained=len(usable), prompts_held_out=len(held_out),
                       answer_tokens=options.answer_tokens, teacher_seconds=round(teacher_seconds, 1),
                       teacher_store_bytes=store.info(folder)["bytes"], steps=drafter.trained_steps,
-                      train_seconds=round(train_seconds, 1))
+                      train_seconds=round(train_seconds, 1), device=str(device))
     with built_beside(out) as tmp:
         recipe.save_drafter(drafter, tmp, config)
-        if held_out:
+        if held_out and options.validate:
             summary.held_out = measure(target, tmp, held_out, options, progress)
         summary.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         (tmp / "README.md").write_text(card(summary, target), encoding="utf-8")

@@ -1,0 +1,132 @@
+"""SmolLM2-135M-Instruct Q4_K_M drafters trained from scratch by `dflash-gguf train`, measured beside
+the drafters today's recipe made (training/train_smollm2.py, committed in tests/fixtures/smollm2/).
+
+    python -m training.smollm2_vs_recipe --minutes 90 [--variants dflash dflash2] [--answer-tokens 128]
+
+The teacher is the Q4_K_M GGUF (llama.cpp, 2 threads) on the recipe's 1,500 training prompts (its
+`prompts` stage, the same seed); the store is shared by the variants. Then each variant trains in its
+own process, one thread each, side by side (2 cores: one each), for `--minutes`; `train` itself
+measures held-out tau on the recipe's held-out prompts (tests/fixtures/smollm2/eval_prompts.jsonl).
+Last, every drafter, the recipe's included, is measured by `dflash-gguf validate` (greedy, 64 new
+tokens, one thread) on both held-out sets: the recipe's, and 24 first turns of ShareGPT conversations
+(training/public_prompts.py), written by people who never saw the training prompts.
+
+Outputs: build/smollm2-vs-recipe/<variant>-<minutes>min/ (the drafters, their train logs) and
+results-<minutes>min.json (one row per drafter and held-out set), printed as a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.fixtures import smollm2 as fixture
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "build" / "smollm2-vs-recipe"
+CLI = [sys.executable, "-m", "dflash_gguf.cli"]
+
+
+def log(message: str) -> None:
+    print(time.strftime("%H:%M:%S"), message, file=sys.stderr, flush=True)
+
+
+def training_prompts() -> Path:
+    """The recipe's training prompts as `train` reads them ({"messages": ...} a line)."""
+    from training import train_smollm2
+
+    train_smollm2.stage_prompts()
+    rows = [json.loads(line) for line in (train_smollm2.work_dir() / "prompts.jsonl").read_text().splitlines()]
+    out = OUT / "prompts-recipe.jsonl"
+    out.write_text("".join(json.dumps({"messages": r["messages"]}, ensure_ascii=False) + "\n" for r in rows),
+                   encoding="utf-8")
+    return out
+
+
+def public_prompts() -> Path:
+    out = OUT / "sharegpt-24.jsonl"
+    if not out.is_file():
+        subprocess.run([sys.executable, "-m", "training.public_prompts", "-o", str(out)], check=True, cwd=REPO)
+    return out
+
+
+def train_args(target: Path, prompts: Path, variant: str, budget: list[str], answer_tokens: int, out: Path,
+               threads: int, extra: list[str]) -> list[str]:
+    return [*CLI, "train", "-t", str(target), "--prompts", str(prompts), "--eval-prompts", str(fixture.EVAL_PROMPTS),
+            "-o", str(out), "--variant", variant, *budget, "--answer-tokens", str(answer_tokens),
+            "--threads", str(threads), "--json", *extra]
+
+
+def measure(target: Path, drafter_dir: Path, prompts: Path) -> dict:
+    """`validate` of the drafter (converted against the target) on `prompts`, greedy, 64 tokens."""
+    with tempfile.TemporaryDirectory() as work:
+        gguf = Path(work) / "drafter.gguf"
+        subprocess.run([*CLI, "convert", str(drafter_dir), "--target", str(target), "-o", str(gguf)], check=True,
+                       capture_output=True, cwd=REPO)
+        proc = subprocess.run([*CLI, "validate", "-t", str(target), "--draft", str(gguf), "--prompts", str(prompts),
+                               "-n", "64", "--threads", "1", "--json"], capture_output=True, text=True, cwd=REPO)
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"validate {drafter_dir} failed:\n{proc.stderr[-2000:]}")
+    report = json.loads(proc.stdout)
+    return {"tau": report["mean_acceptance_length"], "acceptance_rate": report["acceptance_rate"],
+            "lossless": report["lossless"], "prompts": len(report["prompts"])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, required=True)
+    parser.add_argument("--steps", type=int, help="train exactly this many steps (what --minutes sized on a quiet "
+                        "machine, the train log says), so that other load does not shorten the run")
+    parser.add_argument("--variants", nargs="+", default=["dflash", "dflash2"], choices=["dflash", "dflash2"])
+    parser.add_argument("--answer-tokens", type=int, default=128)
+    parser.add_argument("--measure-only", action="store_true", help="Measure drafters already trained.")
+    args = parser.parse_args(argv)
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    target = fixture.smollm2_ggufs()["Q4_K_M"]
+    prompts, public = training_prompts(), public_prompts()
+    tag = f"{args.minutes:g}min"
+    runs = {v: OUT / f"{v}-{tag}" for v in args.variants}
+    if not args.measure_only:
+        # the teacher once, on both cores (a store the variants share: same prompts, taps, answer length)
+        log("teacher: the target's answers to the training prompts (2 threads)")
+        subprocess.run(train_args(target, prompts, args.variants[0], ["--steps", "1"], args.answer_tokens,
+                                  OUT / "teacher-probe", 2, ["--no-validate", "--force"]),
+                       check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+        procs = {}
+        for variant, out in runs.items():
+            log(f"{variant}: training for {args.minutes:g} minutes{f' ({args.steps} steps)' if args.steps else ''} "
+                "(one thread)")
+            logfile = open(OUT / f"{variant}-{tag}.log", "w")
+            budget = ["--steps", str(args.steps)] if args.steps else ["--minutes", str(args.minutes)]
+            procs[variant] = (subprocess.Popen(train_args(target, prompts, variant, budget, args.answer_tokens,
+                                                          out, 1, ["--force"]),
+                                               cwd=REPO, stdout=subprocess.PIPE, stderr=logfile, text=True), logfile)
+        for variant, (proc, logfile) in procs.items():
+            stdout, _ = proc.communicate()
+            logfile.close()
+            if proc.returncode != 0:
+                raise RuntimeError(f"train {variant} failed: see {OUT / f'{variant}-{tag}.log'}")
+            (OUT / f"{variant}-{tag}.json").write_text(stdout)
+    rows = []
+    drafters = {**{f"recipe {v}": fixture.COMMITTED / v for v in args.variants},
+                **{f"train {tag} {v}": out for v, out in runs.items()}}
+    for name, folder in drafters.items():
+        for held, path in (("recipe's held-out", fixture.EVAL_PROMPTS), ("ShareGPT", public)):
+            log(f"measuring {name} on {held}")
+            rows.append({"drafter": name, "held_out": held, **measure(target, folder, path)})
+    (OUT / f"results-{tag}.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print("| drafter | held-out prompts | tau | acceptance | lossless |\n|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['drafter']} | {r['held_out']} ({r['prompts']}) | {r['tau']:.2f} | "
+              f"{r['acceptance_rate']:.2f} | {'yes' if r['lossless'] else 'no'} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
