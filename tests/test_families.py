@@ -92,7 +92,7 @@ INDEPENDENT = {
     "qwen35": {"num_hidden_layers": 6, "layer_types": ["linear_attention", "linear_attention", "full_attention"] * 2},
     "gemma4": {"num_hidden_layers": 5, "layer_types": ["sliding_attention"] * 2 + ["full_attention"] +
                ["sliding_attention"] + ["full_attention"], "sliding_window": 8},
-    "gpt-oss": {"num_hidden_layers": 4, "layer_types": ["full_attention", "sliding_attention"] * 2, "sliding_window": 8},
+    "gpt-oss": {"num_hidden_layers": 6, "layer_types": ["full_attention", "sliding_attention"] * 3, "sliding_window": 8},
     "lfm2": {"num_hidden_layers": 6, "full_attn_idxs": [1, 4]},
 }
 
