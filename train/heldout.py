@@ -1,8 +1,9 @@
 """A trained drafter's held-out measurement: a greedy `validate` pass in a process of its own.
 
 The process that trained the drafter has run torch's kernels beside libllama's; there, the replay of
-the verify batches (libllama in-process) died with SIGILL in libggml-cpu (SmolLM2 Q4_K_M, after
-1,862 steps of `train --init`; the same `validate` in a fresh process passed). A spawned process
+the verify batches (libllama in-process) died with SIGILL ("invalid opcode") in libggml-cpu on an
+AMX machine (SmolLM2 Q4_K_M, after 1,862 bf16 steps of `train --init`; the same `validate` in a fresh
+process passed). A spawned process
 that never imports torch loads libllama alone, as `dflash-gguf validate` does.
 """
 
