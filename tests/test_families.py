@@ -85,6 +85,23 @@ def test_pair_is_exact_in_patched_server(arch, variant, family, llama_bin, tmp_p
     assert 0 < result["accepted"] < result["drafted"], (result["accepted"], result["drafted"])
 
 
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("arch", [a for a in ARCHS if not FAMILIES[a].limitation])
+def test_every_committed_zoo_drafter_met_the_ten_minute_goal(arch, variant):
+    """What `make train-zoo` recorded of each committed drafter (train's own held-out `validate`, 20
+    prompts it never saw): lossless, at least 1.5 tokens a target step, in under 10 minutes of
+    teacher and training on one thread. A toy change that leaves a family unlearnable (Muse Glimmer's
+    sandwich norm at the mixers' gain: tau 1.03) fails here, not only in the figures."""
+    from tests.fixtures.families import trained_record
+
+    record = trained_record(arch, variant)
+    assert record is not None, f"no trained drafter for {arch} {variant}: make train-zoo ARCHS={arch}"
+    held = record["held_out"]
+    assert held["lossless"] and held["prompts"] >= 20, held
+    assert held["tau"] >= 1.5, held
+    assert record["teacher_seconds"] + record["train_seconds"] < 600, record
+
+
 # Targets built apart from the zoo: the family's config class at another geometry, and transformers'
 # own initialisation (std 0.02) in place of the zoo's learnable scales; its next-token distribution
 # is nearly flat, so greedy choices are near-ties, the hardest case for a replay to agree with.
