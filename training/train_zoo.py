@@ -6,11 +6,13 @@ family's toy (tests/fixtures/families.py), committed under tests/fixtures/zoo/<a
     python -m training.train_zoo --force llama      # retrain even if current
     python -m training.train_zoo --force --steps 3000 --variants dflash qwen35moe   # longer, one variant
     python -m training.train_zoo --table            # the committed drafters' figures, as markdown
+    python -m training.train_zoo --force --prompts 800 --variants dflash lfm2   # more answers to learn from
 
 Each drafter starts from the family's published geometry (tests/fixtures/family_drafters.py: its
 target layers, block size, sliding window, DFlash 2 shapes at toy width; `train --init`) and learns
 from the F16 target's own greedy answers, computed by the patched llama.cpp, to 200 chat prompts
-(training/smollm2_prompts.py, seed 7), 20 of them held out; `train` measures held-out tau with
+(training/smollm2_prompts.py, seed 7), 20 of them held out (`--prompts N`: N of the same generator,
+the same 20 held out); `train` measures held-out tau with
 `validate` at the end and writes it to the card. `trained.json` beside the checkpoint records the
 target file it was trained for (sha256): the fixture uses the trained drafter only for that target,
 and tests/test_families.py fails when a fixture change leaves a drafter stale.
@@ -38,10 +40,24 @@ STEPS = 1000  # about 2 minutes of training a drafter on one thread of a 2-core 
 ANSWER_TOKENS = 64
 
 
-def prompts_file(folder: Path) -> Path:
-    path = folder / "zoo-prompts.jsonl"
-    path.write_text("".join(json.dumps(p) + "\n" for p in build_prompts(PROMPTS, SEED, [])), encoding="utf-8")
-    return path
+def prompts_files(folder: Path, count: int = PROMPTS) -> tuple[Path, Path]:
+    """(training, held out): the held-out prompts are always the 20 that `train` holds out of the first
+    PROMPTS (so every drafter of the table is measured on the same ones); training takes `count` prompts
+    of the same generator without them."""
+    from dflash_gguf.runner.prompts import read_prompts
+    from dflash_gguf.train.run import TrainOptions, split_prompts
+
+    def write(name: str, conversations: list[dict]) -> Path:
+        path = folder / name
+        path.write_text("".join(json.dumps(c) + "\n" for c in conversations), encoding="utf-8")
+        return path
+
+    base = build_prompts(PROMPTS, SEED, [])
+    _, held = split_prompts(read_prompts(write("zoo-base.jsonl", base)), TrainOptions(), folder)
+    held_texts = {str(p) for p in held}
+    held_rows = [c for c, p in zip(base, read_prompts(folder / "zoo-base.jsonl")) if str(p) in held_texts]
+    rows = [c for c in build_prompts(count, SEED, []) if c not in held_rows]
+    return write("zoo-prompts.jsonl", rows), write("zoo-held-out.jsonl", held_rows)
 
 
 def current(arch: str, variant: str, target: Path) -> bool:
@@ -49,7 +65,7 @@ def current(arch: str, variant: str, target: Path) -> bool:
     return record is not None and record["target_sha256"] == sha256_file(target)
 
 
-def train_one(arch: str, variant: str, family: Path, prompts: Path, steps: int = STEPS) -> dict:
+def train_one(arch: str, variant: str, family: Path, prompts: tuple[Path, Path], steps: int = STEPS) -> dict:
     fam = FAMILIES[arch]
     out = zoo.ZOO / arch / variant
     target = family / "target-F16.gguf"
@@ -60,13 +76,14 @@ def train_one(arch: str, variant: str, family: Path, prompts: Path, steps: int =
         write_drafter(fam, variant, family / "hf", init, zoo.VOCABULARIES[fam.tokenizer].mask)
         started = time.monotonic()
         proc = subprocess.run(
-            [sys.executable, "-m", "dflash_gguf.cli", "train", "-t", str(target), "--prompts", str(prompts),
-             "--init", str(init), "-o", str(out), "--steps", str(steps), "--answer-tokens", str(ANSWER_TOKENS),
+            [sys.executable, "-m", "dflash_gguf.cli", "train", "-t", str(target), "--prompts", str(prompts[0]),
+             "--eval-prompts", str(prompts[1]), "--init", str(init), "-o", str(out), "--steps", str(steps), "--answer-tokens", str(ANSWER_TOKENS),
              "--threads", "1", "--force", "--json"], capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"train_zoo: {arch} {variant}: {proc.stderr.strip().splitlines()[-1]}")
     summary = json.loads(proc.stdout)
     record = {"arch": arch, "variant": variant, "target_sha256": sha256_file(target), "steps": summary["steps"],
+              "prompts": summary["prompts_trained"],
               "teacher_seconds": summary["teacher_seconds"], "train_seconds": summary["train_seconds"],
               "wall_seconds": round(time.monotonic() - started, 1), "held_out": summary["held_out"]}
     (out / zoo.TRAINED).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
@@ -75,15 +92,15 @@ def train_one(arch: str, variant: str, family: Path, prompts: Path, steps: int =
 
 def table() -> str:
     """docs/train.md's zoo table, from the committed trained.json records."""
-    lines = ["| family | variant | steps | teacher | training | held-out tau | acceptance | lossless |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| family | variant | prompts | steps | teacher | training | held-out tau | acceptance | lossless |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for arch in FAMILIES:
         for variant in VARIANTS:
             rec = zoo.trained_record(arch, variant)
             if rec is None:
                 continue
             held = rec["held_out"]
-            lines.append(f"| {arch} | {variant} | {rec['steps']} | {rec['teacher_seconds']:.0f} s | "
+            lines.append(f"| {arch} | {variant} | {rec.get('prompts', PROMPTS - 20)} | {rec['steps']} | {rec['teacher_seconds']:.0f} s | "
                          f"{rec['train_seconds']:.0f} s | {held['tau']:.2f} | {held['acceptance_rate']:.2f} | "
                          f"{'yes' if held['lossless'] else 'no'} |")
     return "\n".join(lines)
@@ -95,13 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="retrain drafters that are current")
     parser.add_argument("--steps", type=int, default=STEPS, help=f"training steps a drafter (default {STEPS})")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated (default: both)")
+    parser.add_argument("--prompts", type=int, default=PROMPTS,
+                        help=f"training prompts of the generator (default {PROMPTS}, {PROMPTS - 20} after the held-out "
+                             "20; more: more of the teacher's time, more answers to learn from)")
     parser.add_argument("--table", action="store_true", help="print the committed drafters' figures and stop")
     args = parser.parse_args(argv)
     if args.table:
         print(table())
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        prompts = prompts_file(Path(tmp))
+        prompts = prompts_files(Path(tmp), args.prompts)
         for arch in args.archs or list(FAMILIES):
             family = zoo.family_folder(arch)
             if not (family / "target-F16.gguf").is_file():
