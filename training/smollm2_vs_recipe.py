@@ -2,10 +2,12 @@
 the drafters today's recipe made (training/train_smollm2.py, committed in tests/fixtures/smollm2/).
 
     python -m training.smollm2_vs_recipe --minutes 90 [--variants dflash dflash2] [--answer-tokens 128]
+                                         [--prompts N] [--tag NAME] [--measure-only]
 
 The teacher is the Q4_K_M GGUF (llama.cpp, 2 threads) on the recipe's 1,500 training prompts (its
 `prompts` stage, the same seed); the store is shared by the variants. Then each variant trains in its
-own process, one thread each, side by side (2 cores: one each), for `--minutes`; `train` itself
+own process, one thread each, side by side (2 cores: one each), for `--minutes`; `--prompts N` takes N
+prompts of the recipe's generator instead (more answers, more of the teacher's time); `train` itself
 measures held-out tau on the recipe's held-out prompts (tests/fixtures/smollm2/eval_prompts.jsonl).
 Last, every drafter, the recipe's included, is measured by `dflash-gguf validate` (greedy, 64 new
 tokens, one thread) on both held-out sets: the recipe's, and 24 first turns of ShareGPT conversations
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.fixtures import smollm2 as fixture
@@ -36,13 +39,18 @@ def log(message: str) -> None:
     print(time.strftime("%H:%M:%S"), message, file=sys.stderr, flush=True)
 
 
-def training_prompts() -> Path:
-    """The recipe's training prompts as `train` reads them ({"messages": ...} a line)."""
+def training_prompts(count: int | None) -> Path:
+    """The recipe's training prompts as `train` reads them ({"messages": ...} a line); with `count`,
+    that many from the recipe's generator instead of its 1,500."""
     from training import train_smollm2
 
-    train_smollm2.stage_prompts()
-    rows = [json.loads(line) for line in (train_smollm2.work_dir() / "prompts.jsonl").read_text().splitlines()]
-    out = OUT / "prompts-recipe.jsonl"
+    if count is None:
+        train_smollm2.stage_prompts()
+        rows = [json.loads(line) for line in (train_smollm2.work_dir() / "prompts.jsonl").read_text().splitlines()]
+        out = OUT / "prompts-recipe.jsonl"
+    else:
+        rows = train_smollm2.prompt_records(count)
+        out = OUT / f"prompts-{count}.jsonl"
     out.write_text("".join(json.dumps({"messages": r["messages"]}, ensure_ascii=False) + "\n" for r in rows),
                    encoding="utf-8")
     return out
@@ -84,13 +92,17 @@ def main(argv: list[str] | None = None) -> int:
                         "machine, the train log says), so that other load does not shorten the run")
     parser.add_argument("--variants", nargs="+", default=["dflash", "dflash2"], choices=["dflash", "dflash2"])
     parser.add_argument("--answer-tokens", type=int, default=128)
+    parser.add_argument("--prompts", type=int, help="train on this many prompts of the recipe's generator "
+                        "(its seed and held-out exclusions) instead of the recipe's own 1,500: more of the "
+                        "teacher's time, more answers")
+    parser.add_argument("--tag", help="name the runs and results by this instead of '<minutes>min'")
     parser.add_argument("--measure-only", action="store_true", help="Measure drafters already trained.")
     args = parser.parse_args(argv)
 
     OUT.mkdir(parents=True, exist_ok=True)
     target = fixture.smollm2_ggufs()["Q4_K_M"]
-    prompts, public = training_prompts(), public_prompts()
-    tag = f"{args.minutes:g}min"
+    prompts, public = training_prompts(args.prompts), public_prompts()
+    tag = args.tag or f"{args.minutes:g}min"
     runs = {v: OUT / f"{v}-{tag}" for v in args.variants}
     if not args.measure_only:
         # the teacher once, on both cores (a store the variants share: same prompts, taps, answer length)
@@ -113,13 +125,18 @@ def main(argv: list[str] | None = None) -> int:
             if proc.returncode != 0:
                 raise RuntimeError(f"train {variant} failed: see {OUT / f'{variant}-{tag}.log'}")
             (OUT / f"{variant}-{tag}.json").write_text(stdout)
-    rows = []
     drafters = {**{f"recipe {v}": fixture.COMMITTED / v for v in args.variants},
                 **{f"train {tag} {v}": out for v, out in runs.items()}}
-    for name, folder in drafters.items():
-        for held, path in (("recipe's held-out", fixture.EVAL_PROMPTS), ("ShareGPT", public)):
-            log(f"measuring {name} on {held}")
-            rows.append({"drafter": name, "held_out": held, **measure(target, folder, path)})
+    jobs = [(name, folder, held, path) for name, folder in drafters.items()
+            for held, path in (("recipe's held-out", fixture.EVAL_PROMPTS), ("ShareGPT", public))]
+
+    def one(job) -> dict:
+        name, folder, held, path = job
+        log(f"measuring {name} on {held}")
+        return {"drafter": name, "held_out": held, **measure(target, folder, path)}
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # one validate a core, one thread each
+        rows = list(pool.map(one, jobs))
     (OUT / f"results-{tag}.json").write_text(json.dumps(rows, indent=2) + "\n")
     print("| drafter | held-out prompts | tau | acceptance | lossless |\n|---|---|---|---|---|")
     for r in rows:

@@ -128,11 +128,9 @@ def load_target(dtype=torch.float32):
 
 # --- stage: prompts ------------------------------------------------------------------------
 
-def stage_prompts(count: int = PROMPT_POOL) -> None:
-    out = work_dir() / "prompts.jsonl"
-    if out.is_file():
-        log(f"prompts: {out} exists")
-        return
+def prompt_records(count: int) -> list[dict]:
+    """`count` training conversations of the recipe's generator (its seed, the held-out prompts and
+    their subjects left out, rendered prompts of at most MAX_PROMPT_TOKENS), with their token ids."""
     tokenizer = load_tokenizer()
     held_out = [m["content"] for c in _read_jsonl(fixture.EVAL_PROMPTS) for m in c["messages"]]
     log(f"prompts: pools {json.dumps(prompt_counts())}")
@@ -141,7 +139,15 @@ def stage_prompts(count: int = PROMPT_POOL) -> None:
         ids = render(tokenizer, conversation["messages"])
         if len(ids) <= MAX_PROMPT_TOKENS:
             records.append({**conversation, "ids": ids})
-    records = records[:count]
+    return records[:count]
+
+
+def stage_prompts(count: int = PROMPT_POOL) -> None:
+    out = work_dir() / "prompts.jsonl"
+    if out.is_file():
+        log(f"prompts: {out} exists")
+        return
+    records = prompt_records(count)
     tmp = out.with_suffix(".partial")
     tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
     tmp.replace(out)
