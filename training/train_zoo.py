@@ -77,8 +77,9 @@ def train_one(arch: str, variant: str, family: Path, prompts: tuple[Path, Path],
         started = time.monotonic()
         proc = subprocess.run(
             [sys.executable, "-m", "dflash_gguf.cli", "train", "-t", str(target), "--prompts", str(prompts[0]),
-             "--eval-prompts", str(prompts[1]), "--init", str(init), "-o", str(out), "--steps", str(steps), "--answer-tokens", str(ANSWER_TOKENS),
-             "--threads", "1", "--force", "--json"], capture_output=True, text=True)
+             "--eval-prompts", str(prompts[1]), "--init", str(init), "-o", str(out), "--steps", str(steps),
+             "--answer-tokens", str(ANSWER_TOKENS), "--threads", "1", "--force", "--json"],
+            capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"train_zoo: {arch} {variant}: {proc.stderr.strip().splitlines()[-1]}")
     summary = json.loads(proc.stdout)
