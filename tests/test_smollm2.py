@@ -107,8 +107,8 @@ def test_lossless_on_held_out_chat_prompts(drafter, qtype, smollm2, held_out, tm
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert data["positions_checked"] == data["produced"] == N_PROMPTS * N
     assert not [d for d in data["divergences"] if d["kind"] == "mismatch"]
-    # the drafter drafted at every step; the committed drafters are weak (replayed reference tau 1.46 and
-    # 1.63, training/README.md), so the F16 comparison with the reference is what holds tau
+    # the drafter drafted at every step; the committed drafters are weak (replayed reference tau 1.56 and
+    # 1.81, reference_tau.json), so the F16 comparison with the reference is what holds tau
     assert data["drafted"] > 0, data
     if reference:
         ref = data["reference"]["mean_acceptance_length"]

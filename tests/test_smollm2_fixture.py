@@ -127,7 +127,7 @@ def test_derived_model_agrees_with_llama_cpp(smollm2):
 def test_trained_drafter_drafts_in_the_patched_server(drafter, smollm2):
     """Each committed drafter, converted against the target, loads in llama-server, drafts on a
     held-out prompt, and leaves the F16 target's greedy answer unchanged. (Its acceptance is low:
-    tau 1.46-1.63, what 90 minutes of CPU training gave, training/README.md; reference_tau.json has the figures.)"""
+    tau 1.6-1.9, what 90 minutes of `train` on 2 cores gave, docs/train.md; reference_tau.json has the figures.)"""
     from dflash_gguf.runner.launch import speculative_args
     from dflash_gguf.runner.server import LlamaServer
 

@@ -86,9 +86,10 @@ def test_a_killed_run_resumes_to_the_same_drafter(trained_pair, tmp_path):
     first.wait()
     assert first.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     assert not (tmp_path / "resumed").exists()  # no partial drafter folder
-    again = train(*args, "-o", tmp_path / "resumed")
+    again = train(*args, "-o", tmp_path / "resumed", "--json")
     assert again.returncode == 0, again.stderr
     assert "resuming at step" in again.stderr
+    assert json.loads(again.stdout)["teacher_reused"]  # the first runs' answers, not a teacher time of 0 s
     assert (tmp_path / "resumed" / "model.safetensors").read_bytes() == \
         (tmp_path / "whole" / "model.safetensors").read_bytes()
 

@@ -136,7 +136,8 @@ def train_command(target, prompts_file, out, variant, layers, block_size, target
     held = summary.held_out
     click.echo(f"drafter        {out} ({summary.variant}, {summary.layers} layers, block {summary.block_size}, "
                f"taps {summary.target_layer_ids})")
-    click.echo(f"teacher        {summary.prompts_trained} prompts, {summary.teacher_seconds:.0f} s, "
+    reused = " (answers reused from an earlier run)" if summary.teacher_reused else ""
+    click.echo(f"teacher        {summary.prompts_trained} prompts, {summary.teacher_seconds:.0f} s{reused}, "
                f"{summary.teacher_store_bytes / 2**20:.0f} MiB of states on disk")
     click.echo(f"training       {summary.steps} steps in {summary.train_seconds:.0f} s from "
                f"{summary.initialised_from} on {summary.device}; peak memory {summary.peak_rss_bytes / 2**20:.0f} MiB")

@@ -89,13 +89,14 @@ class Summary:
     prompts_trained: int
     prompts_held_out: int
     answer_tokens: int
-    teacher_seconds: float
+    teacher_seconds: float  # what making the answers took (recorded in the store when reused; 0 if unknown)
     teacher_store_bytes: int
     steps: int
     train_seconds: float
     device: str = "cpu"
     peak_rss_bytes: int = 0
     held_out: dict = field(default_factory=dict)
+    teacher_reused: bool = False
 
 
 def _sha(*parts: object) -> str:
@@ -167,14 +168,16 @@ def _bin_dir(options: TrainOptions) -> Path:
 # --- teacher ----------------------------------------------------------------------------------
 
 def teacher_store(target: Path, prompt_ids: list[list[int]], plan: st.DrafterPlan, options: TrainOptions,
-                  progress: Progress) -> tuple[Path, float]:
-    """The store of the teacher's answers (made, or found made), and the seconds spent making it."""
+                  progress: Progress) -> tuple[Path, float, bool]:
+    """The store of the teacher's answers (made, or found made), the seconds making it took, and
+    whether an earlier run made it."""
 
     key = _sha("teacher-v3", _file_key(target), prompt_ids, plan.llama_taps, options.answer_tokens, st.TEACHER_TOP_K)
     folder = cache_dir() / "train" / key
-    if store.info(folder) is not None:
+    made_before = store.info(folder)
+    if made_before is not None:
         progress(f"teacher: using the answers already made in {folder}")
-        return folder, 0.0
+        return folder, made_before.get("seconds", 0.0), True
     folder.mkdir(parents=True, exist_ok=True)
     groups = [list(range(i, min(i + options.parallel, len(prompt_ids))))
               for i in range(0, len(prompt_ids), options.parallel)]
@@ -198,10 +201,11 @@ def teacher_store(target: Path, prompt_ids: list[list[int]], plan: st.DrafterPla
         if teacher.answered_alone:
             progress(f"teacher: {teacher.answered_alone} conversations answered again alone (llama.cpp gave "
                      "non-finite logits to them in a batched step)")
-    info = store.merge(folder, len(groups))
+    seconds = time.time() - started
+    info = store.merge(folder, len(groups), seconds)
     progress(f"teacher: {info['rows']} answers, {info['bytes'] / 2**20:.0f} MiB on disk in {folder} "
-             f"({time.time() - started:.0f} s)")
-    return folder, time.time() - started
+             f"({seconds:.0f} s)")
+    return folder, seconds, False
 
 
 def _clock(seconds: float) -> str:
@@ -312,6 +316,9 @@ def card(summary: Summary, target: Path) -> str:
            f"({held['n_predict']} new tokens each, greedy, llama.cpp {held['llama']}; lossless: "
            f"{'yes' if held['lossless'] else 'no'})") if held else "not measured (--no-validate)"
     variant = {"dflash": "DFlash", "dflash2": "DFlash 2"}[summary.variant]
+    teacher = f"{summary.teacher_seconds:.0f} s" if summary.teacher_seconds else "time not recorded"
+    if summary.teacher_reused:
+        teacher += ", answers made by an earlier run and reused"
     return f"""---
 tags:
 - dflash
@@ -333,7 +340,7 @@ llama.cpp itself; the target's embedding and output head, frozen, read from the 
 |---|---|
 | started from | {summary.initialised_from} |
 | steps | {summary.steps} |
-| teacher | {summary.teacher_seconds:.0f} s ({summary.teacher_store_bytes / 2**20:.0f} MiB of states on disk) |
+| teacher | {teacher} ({summary.teacher_store_bytes / 2**20:.0f} MiB of states on disk) |
 | training | {summary.train_seconds:.0f} s on {summary.device} |
 | mask token | {summary.mask_token_id} |
 | held-out tau | {tau} |
@@ -371,7 +378,7 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
     if not usable:
         raise InputError(f"{prompts_file}: no prompt fits the target's context of {weights.shape.n_ctx_train} "
                          f"tokens with {options.answer_tokens} answer tokens")
-    folder, teacher_seconds = teacher_store(target, usable, plan, options, progress)
+    folder, teacher_seconds, teacher_reused = teacher_store(target, usable, plan, options, progress)
     data = store.distill_set(folder, plan.mask_token_id)
 
     copy = _copy_sources(plan, weights.shape) if init_config is None else range(0)
@@ -403,6 +410,7 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
                       target_layer_ids=list(plan.target_layer_ids), mask_token_id=plan.mask_token_id,
                       initialised_from=started_from, prompts_trained=len(usable), prompts_held_out=len(held_out),
                       answer_tokens=options.answer_tokens, teacher_seconds=round(teacher_seconds, 1),
+                      teacher_reused=teacher_reused,
                       teacher_store_bytes=store.info(folder)["bytes"], steps=drafter.trained_steps,
                       train_seconds=round(train_seconds, 1), device=str(device))
     with built_beside(out) as tmp:

@@ -41,8 +41,9 @@ def write_shard(folder: Path, index: int, answers: Sequence[Answer]) -> None:
     os.replace(tmp, out)
 
 
-def merge(folder: Path, shards: int) -> dict:
-    """Lay the shards out as padded, memory-mappable arrays (one shard in memory at a time)."""
+def merge(folder: Path, shards: int, seconds: float) -> dict:
+    """Lay the shards out as padded, memory-mappable arrays (one shard in memory at a time);
+    `seconds`, what making them took, is recorded for the runs that reuse the store."""
     lengths, prompt_lengths, widths = [], [], {}
     for i in range(shards):
         with np.load(shard_path(folder, i)) as shard:
@@ -67,6 +68,7 @@ def merge(folder: Path, shards: int) -> dict:
     for array in out.values():
         array.flush()
     info = {"rows": rows, "width": width, "lengths": lengths, "prompt_lengths": prompt_lengths,
+            "seconds": round(seconds, 1),
             "bytes": sum(os.path.getsize(folder / f"{name}.npy") for name in ARRAYS)}
     tmp = folder / ".store.json.partial"
     tmp.write_text(json.dumps(info), encoding="utf-8")

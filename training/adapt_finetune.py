@@ -1,13 +1,13 @@
-"""A published drafter adapted to a fine-tune by `dflash-gguf train --init`: the SmolLM2 drafters the
-recipe made (tests/fixtures/smollm2/) on the pirate fine-tune (tests/fixtures/smollm2_finetune.py,
+"""A published drafter adapted to a fine-tune by `dflash-gguf train --init`: the committed SmolLM2
+drafters (tests/fixtures/smollm2/) on the pirate fine-tune (tests/fixtures/smollm2_finetune.py,
 build/fixtures/smollm2/finetune-Q4_K_M.gguf), before and after.
 
     python -m training.adapt_finetune [--variants dflash2] [--minutes 20 | --steps N] [--prompts 400]
 
-Before: `dflash-gguf validate` of the recipe's drafter on the fine-tune (greedy, 64 new tokens, one
-thread) on the recipe's held-out prompts, and, for comparison, on the original target. After:
-`dflash-gguf train --init <the recipe's drafter>` with the fine-tune as the teacher, on the first
-`--prompts` of the recipe's training prompts, for `--minutes` (or exactly `--steps`), one thread; then
+Before: `dflash-gguf validate` of the committed drafter on the fine-tune (greedy, 64 new tokens, one
+thread) on the project's held-out prompts, and, for comparison, on the original target. After:
+`dflash-gguf train --init <the committed drafter>` with the fine-tune as the teacher, on the first
+`--prompts` of training/train_smollm2.py's generator (its first 1,500, as the runs of docs/train.md), for `--minutes` (or exactly `--steps`), one thread; then
 the same measurement. Outputs under build/adapt-finetune/: the adapted drafters, the train logs and
 results.json, printed as a table.
 """
@@ -20,7 +20,8 @@ import subprocess
 import sys
 
 from tests.fixtures import smollm2 as fixture
-from training.smollm2_vs_recipe import CLI, REPO, log, measure, training_prompts
+from training.smollm2_vs_recipe import CLI, REPO, log, measure
+from training.train_smollm2 import prompts_file
 
 OUT = REPO / "build" / "adapt-finetune"
 
@@ -31,14 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--minutes", type=float, default=20.0)
     budget.add_argument("--steps", type=int)
-    parser.add_argument("--prompts", type=int, default=400, help="training prompts (the recipe's first N)")
+    parser.add_argument("--prompts", type=int, default=400, help="training prompts (the generator's first N)")
     parser.add_argument("--answer-tokens", type=int, default=128)
     args = parser.parse_args(argv)
 
     OUT.mkdir(parents=True, exist_ok=True)
     original = fixture.smollm2_ggufs()["Q4_K_M"]
     tuned = fixture.finetune_ggufs()["Q4_K_M"]
-    lines = training_prompts().read_text(encoding="utf-8").splitlines()[: args.prompts]
+    lines = prompts_file(1500).read_text(encoding="utf-8").splitlines()[: args.prompts]
     prompts = OUT / f"prompts-{len(lines)}.jsonl"
     prompts.write_text("\n".join(lines) + "\n", encoding="utf-8")
     budget_args = ["--steps", str(args.steps)] if args.steps else ["--minutes", str(args.minutes)]
@@ -46,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     for variant in args.variants:
         published = fixture.COMMITTED / variant
         for label, target in (("original target", original), ("fine-tune", tuned)):
-            log(f"before: the recipe's {variant} on the {label}")
-            rows.append({"drafter": f"recipe {variant}", "target": label,
+            log(f"before: the committed {variant} on the {label}")
+            rows.append({"drafter": f"committed {variant}", "target": label,
                          **measure(target, published, fixture.EVAL_PROMPTS)})
         out = OUT / f"{variant}-adapted"
         log(f"train --init {published} on the fine-tune ({' '.join(budget_args)}, one thread)")

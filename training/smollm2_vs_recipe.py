@@ -1,16 +1,18 @@
 """SmolLM2-135M-Instruct Q4_K_M drafters trained from scratch by `dflash-gguf train`, measured beside
-the drafters today's recipe made (training/train_smollm2.py, committed in tests/fixtures/smollm2/).
+the committed drafters (tests/fixtures/smollm2/, `make train-smollm2`; until 2026-12-03 those were the
+HF-teacher recipe's, whose figures docs/train.md keeps).
 
     python -m training.smollm2_vs_recipe --minutes 90 [--variants dflash dflash2] [--answer-tokens 128]
-                                         [--prompts N] [--tag NAME] [--measure-only]
+                                         [--prompts N] [--tag NAME] [--threads N] [--measure-only]
 
-The teacher is the Q4_K_M GGUF (llama.cpp, 2 threads) on the recipe's 1,500 training prompts (its
-`prompts` stage, the same seed); the store is shared by the variants. Then each variant trains in its
-own process, one thread each, side by side (2 cores: one each), for `--minutes`; `--prompts N` takes N
-prompts of the recipe's generator instead (more answers, more of the teacher's time); `train` itself
-measures held-out tau on the recipe's held-out prompts (tests/fixtures/smollm2/eval_prompts.jsonl).
-Last, every drafter, the recipe's included, is measured by `dflash-gguf validate` (greedy, 64 new
-tokens, one thread) on both held-out sets: the recipe's, and 24 first turns of ShareGPT conversations
+The teacher is the Q4_K_M GGUF (llama.cpp, 2 threads) on the first 1,500 prompts of the generator
+training/train_smollm2.py uses (its seed); the store is shared by the variants. Then each variant trains in its
+own process, one thread each, side by side (2 cores: one each; a variant trained alone gets both,
+`--threads` says otherwise), for `--minutes`; `--prompts N` takes N
+prompts instead (more answers, more of the teacher's time); `train` itself
+measures held-out tau on the project's held-out prompts (tests/fixtures/smollm2/eval_prompts.jsonl).
+Last, every drafter, the committed ones included, is measured by `dflash-gguf validate` (greedy, 64 new
+tokens, one thread) on both held-out sets: the project's, and 24 first turns of ShareGPT conversations
 (training/public_prompts.py), written by people who never saw the training prompts.
 
 Outputs: build/smollm2-vs-recipe/<variant>-<minutes>min/ (the drafters, their train logs) and
@@ -29,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.fixtures import smollm2 as fixture
+from training import train_smollm2
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "build" / "smollm2-vs-recipe"
@@ -37,23 +40,6 @@ CLI = [sys.executable, "-m", "dflash_gguf.cli"]
 
 def log(message: str) -> None:
     print(time.strftime("%H:%M:%S"), message, file=sys.stderr, flush=True)
-
-
-def training_prompts(count: int | None) -> Path:
-    """The recipe's training prompts as `train` reads them ({"messages": ...} a line); with `count`,
-    that many from the recipe's generator instead of its 1,500."""
-    from training import train_smollm2
-
-    if count is None:
-        train_smollm2.stage_prompts()
-        rows = [json.loads(line) for line in (train_smollm2.work_dir() / "prompts.jsonl").read_text().splitlines()]
-        out = OUT / "prompts-recipe.jsonl"
-    else:
-        rows = train_smollm2.prompt_records(count)
-        out = OUT / f"prompts-{count}.jsonl"
-    out.write_text("".join(json.dumps({"messages": r["messages"]}, ensure_ascii=False) + "\n" for r in rows),
-                   encoding="utf-8")
-    return out
 
 
 def public_prompts() -> Path:
@@ -92,18 +78,21 @@ def main(argv: list[str] | None = None) -> int:
                         "machine, the train log says), so that other load does not shorten the run")
     parser.add_argument("--variants", nargs="+", default=["dflash", "dflash2"], choices=["dflash", "dflash2"])
     parser.add_argument("--answer-tokens", type=int, default=128)
-    parser.add_argument("--prompts", type=int, help="train on this many prompts of the recipe's generator "
-                        "(its seed and held-out exclusions) instead of the recipe's own 1,500: more of the "
+    parser.add_argument("--prompts", type=int, default=1500, help="train on this many prompts of the generator "
+                        "(its seed and held-out exclusions; the committed drafters had 2,100): more of the "
                         "teacher's time, more answers")
     parser.add_argument("--tag", help="name the runs and results by this instead of '<minutes>min'")
+    parser.add_argument("--threads", type=int, help="training threads per variant (default: the machine's two "
+                        "cores shared out: 1 each for two variants, 2 for one)")
     parser.add_argument("--measure-only", action="store_true", help="Measure drafters already trained.")
     args = parser.parse_args(argv)
 
     OUT.mkdir(parents=True, exist_ok=True)
     target = fixture.smollm2_ggufs()["Q4_K_M"]
-    prompts, public = training_prompts(args.prompts), public_prompts()
+    prompts, public = train_smollm2.prompts_file(args.prompts), public_prompts()
     tag = args.tag or f"{args.minutes:g}min"
     runs = {v: OUT / f"{v}-{tag}" for v in args.variants}
+    threads = args.threads or max(1, 2 // len(args.variants))
     if not args.measure_only:
         # the teacher once, on both cores (a store the variants share: same prompts, taps, answer length)
         log("teacher: the target's answers to the training prompts (2 threads)")
@@ -113,11 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         procs = {}
         for variant, out in runs.items():
             log(f"{variant}: training for {args.minutes:g} minutes{f' ({args.steps} steps)' if args.steps else ''} "
-                "(one thread)")
+                f"({threads} thread{'s' if threads > 1 else ''})")
             logfile = open(OUT / f"{variant}-{tag}.log", "w")
             budget = ["--steps", str(args.steps)] if args.steps else ["--minutes", str(args.minutes)]
             procs[variant] = (subprocess.Popen(train_args(target, prompts, variant, budget, args.answer_tokens,
-                                                          out, 1, ["--force"]),
+                                                          out, threads, ["--force"]),
                                                cwd=REPO, stdout=subprocess.PIPE, stderr=logfile, text=True), logfile)
         for variant, (proc, logfile) in procs.items():
             stdout, _ = proc.communicate()
@@ -125,10 +114,10 @@ def main(argv: list[str] | None = None) -> int:
             if proc.returncode != 0:
                 raise RuntimeError(f"train {variant} failed: see {OUT / f'{variant}-{tag}.log'}")
             (OUT / f"{variant}-{tag}.json").write_text(stdout)
-    drafters = {**{f"recipe {v}": fixture.COMMITTED / v for v in args.variants},
+    drafters = {**{f"committed {v}": fixture.COMMITTED / v for v in args.variants},
                 **{f"train {tag} {v}": out for v, out in runs.items()}}
     jobs = [(name, folder, held, path) for name, folder in drafters.items()
-            for held, path in (("recipe's held-out", fixture.EVAL_PROMPTS), ("ShareGPT", public))]
+            for held, path in (("project's held-out", fixture.EVAL_PROMPTS), ("ShareGPT", public))]
 
     def one(job) -> dict:
         name, folder, held, path = job
