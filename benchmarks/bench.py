@@ -223,7 +223,7 @@ def _validate(models: Models, draft: Path, n_predict: int, parallel: int, refere
     if reference:
         settings.reference_draft = models.reference_drafters[reference]
         settings.reference_target = models.reference_target
-    return validate(models.target, draft, models.prompts, settings, progress=lambda m: progress("    " + m))
+    return validate(models.target, draft, models.prompts, settings, progress=lambda m: progress("    " + m)).to_dict()
 
 
 def _row(report: dict) -> dict:

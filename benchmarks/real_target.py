@@ -80,7 +80,7 @@ def _validate(target: Path, draft: Path, prompts, backend: str, server_args: lis
     from dflash_gguf.validation.validate import ValidationSettings, validate
 
     settings = ValidationSettings(n_predict=N_PREDICT, parallel=1, backend=backend, server_args=server_args)
-    reports = [validate(target, draft, prompts, settings, progress=lambda m: progress("      " + m))
+    reports = [validate(target, draft, prompts, settings, progress=lambda m: progress("      " + m)).to_dict()
                for _ in range(repeats)]
     mid = _median_run(reports)
     kinds = [d["kind"] for r in reports for d in r["divergences"]]
