@@ -44,8 +44,13 @@ $(CONFORMANCE_STAMP): $(STAMP) pyproject.toml
 # One pytest worker per core (every llama-server a test starts runs -t 1), a test file per worker so
 # its module fixtures are made once; the tests marked serial measure the machine, so they run alone.
 # Each part ends with where its time went, per file and per kind (tests/timing.py).
+# A worker that crashes ends the run, naming its test: xdist 3.8 replacing a crashed worker under
+# --dist loadfile can wait forever (pytest-dev/pytest-xdist#784, #1323); a test that hangs has its
+# stacks dumped and its worker ended after CRASH_AFTER seconds (fixtures made from nothing included).
+CRASH_AFTER := 1500
+PYTEST_GUARDS := --max-worker-restart=0 -o faulthandler_timeout=$(CRASH_AFTER) -o faulthandler_exit_on_timeout=true
 test: llama $(CONFORMANCE_STAMP)
-	$(PY) -m pytest -q -n auto --dist loadfile -m "not serial" --durations=30
+	$(PY) -m pytest -q -n auto --dist loadfile $(PYTEST_GUARDS) -m "not serial" --durations=30
 	$(PY) -m pytest -q -m serial
 
 # The inner loop: no llama.cpp, no upstream converter, no PyTorch (tests/tiers.py), in under a minute
