@@ -8,6 +8,7 @@ and `llama-server` share one engine.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from pathlib import Path
@@ -51,6 +52,18 @@ def bindings():
         raise LlamaBuildError(f"the llama-cpp-python bindings in {root} do not import ({err}); "
                               "reinstall dflash-gguf to get their dependencies") from None
     return llama_cpp
+
+
+_QUIET_LOG = []
+
+
+def quiet_logs(lib) -> None:
+    """Drop llama.cpp's log messages in this process. The callback lives as long as the process:
+    llama.cpp keeps the pointer after its owner is gone, and one freed with a Replay or a Teacher
+    crashed the next model load in the same process (a segfault in llama_model_load_from_file)."""
+    if not _QUIET_LOG:
+        _QUIET_LOG.append(lib.llama_log_callback(lambda level, text, user: None))
+    lib.llama_log_set(_QUIET_LOG[0], ctypes.c_void_p(0))
 
 
 def load_model(path: str | Path, *, backend: str | None = None, bin_dir: Path | None = None, **kwargs):

@@ -26,3 +26,26 @@ def test_a_loaded_library_is_not_switched_silently(monkeypatch, tmp_path):
     assert engine.use_patched_library(bin_dir=tmp_path / "first") == tmp_path / "first"
     with pytest.raises(LlamaBuildError, match="already loaded libllama from .*first.*new process"):
         engine.use_patched_library(bin_dir=tmp_path / "second")
+
+
+@pytest.mark.integration
+def test_a_model_loads_after_a_replay_is_gone(trained_pair, llama_bin):
+    """llama.cpp keeps the log callback it is given after its owner is gone: the Replay's own callback,
+    freed with it, crashed the next in-process model load (a segfault in llama_model_load_from_file:
+    stop 41's CI, tests/test_benchmark_rows.py then tests/test_teacher_forcing.py in one worker). Run
+    in a process of its own, so a crash is an exit status this test reads."""
+    import subprocess
+
+    script = (
+        "import gc, sys\n"
+        "from dflash_gguf.runner.bindings import load_model\n"
+        "from dflash_gguf.validation.replay import Replay, ServerContext\n"
+        "target, bin_dir = sys.argv[1], sys.argv[2]\n"
+        "with Replay(target, ServerContext(n_ctx=64), bin_dir=bin_dir):\n"
+        "    pass\n"
+        "gc.collect()\n"
+        "load_model(target, bin_dir=bin_dir, n_ctx=64).close()\n"
+        "print('loaded')\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(trained_pair["target"]), str(llama_bin)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "loaded", proc.stderr[-2000:]

@@ -57,18 +57,6 @@ def _bind(lib) -> dict:
     return functions
 
 
-_QUIET_LOG = []
-
-
-def _quiet_log(lib):
-    """A log callback that drops llama.cpp's messages, alive as long as the process: llama.cpp keeps the
-    pointer after the teacher is gone (one owned by the Teacher crashed the next model load in the same
-    process, e.g. a test after a teacher test)."""
-    if not _QUIET_LOG:
-        _QUIET_LOG.append(lib.llama_log_callback(lambda level, text, user: None))
-    return _QUIET_LOG[0]
-
-
 class Teacher:
     """The target loaded once for answering conversations; use as a context manager.
 
@@ -85,7 +73,7 @@ class Teacher:
         engine.use_patched_library(bin_dir=self.bin_dir)
         lib = self._lib = engine.bindings()
         self._layer_inp = _bind(lib)
-        lib.llama_log_set(_quiet_log(lib), ctypes.c_void_p(0))
+        engine.quiet_logs(lib)
         lib.llama_backend_init()
         self._model = lib.llama_model_load_from_file(str(self.target).encode(), lib.llama_model_default_params())
         if not self._model:

@@ -148,9 +148,7 @@ class Replay:
     def __enter__(self) -> "Replay":
         engine.use_patched_library(bin_dir=self.bin_dir)
         lib = self._lib = engine.bindings()
-        quiet = lib.llama_log_callback(lambda level, text, user: None)
-        self._quiet = quiet  # kept alive: llama.cpp calls it
-        lib.llama_log_set(quiet, ctypes.c_void_p(0))
+        engine.quiet_logs(lib)
         lib.llama_backend_init()
         mparams = lib.llama_model_default_params()
         mparams.use_extra_bufts = self.context.repack
