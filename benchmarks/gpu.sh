@@ -6,26 +6,30 @@
 #   benchmarks/gpu.sh --cpu           # the same sections on the CPU build (writes build/gpu-run/benchmarks-cpu.md)
 #   benchmarks/gpu.sh --cpu --out F   # ... or to F
 #   benchmarks/gpu.sh --minutes 15    # another wall-time budget (default 9)
+#   benchmarks/gpu.sh --python PY     # an interpreter whose environment already holds dflash-gguf (and,
+#                                     # for the train section, its [train] and [reference] extras): no set-up
 #
 # Stages, each printing its progress with the time since the start:
 #   1. set-up        .venv with the base install and matplotlib (no PyTorch), unless one is there
 #   2. build         dflash-gguf llama build --backend cuda --cuda-arch <compute capability of GPU 0>
 #   3. fixtures      the trained pair as GGUF files (build/fixtures/trained)
 #   4. sections      benchmarks/gpu_run.py: validate, memory-bound widening, SmolLM2 (when present),
-#                    concurrency; a section that would not end before the deadline is skipped and
-#                    the page says so
+#                    concurrency, train (when torch is there); a section that would not end before
+#                    the deadline is skipped and the page says so
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 backend=cuda
 out=""
 minutes=9
+py=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu) backend=cpu ;;
     --out) out="$2"; shift ;;
     --minutes) minutes="$2"; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --python) py="$2"; shift ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "gpu.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -49,6 +53,7 @@ if [ "$backend" = cuda ]; then
   rounds=3
   out=${out:-docs/benchmarks-cuda.md}
   shared=()
+  train_args=()
 else
   say "CPU build, $cores cores"
   build_args=(--backend cpu)
@@ -58,13 +63,14 @@ else
   out=${out:-build/gpu-run/benchmarks-cpu.md}
   # on a machine with as few cores as this one, other work shares them
   shared=(); [ "$cores" -le 4 ] && shared=(--shared)
+  train_args=(--train-threads "$(( cores / 2 > 0 ? cores / 2 : 1 ))")
 fi
 
 say "1/4 set-up"
-if [ ! -x .venv/bin/python ]; then
-  make setup-run
+if [ -z "$py" ]; then
+  [ -x .venv/bin/python ] || make setup-run
+  py=.venv/bin/python
 fi
-py=.venv/bin/python
 
 say "2/4 llama.cpp build (${build_args[*]}, $cores jobs)"
 bin=$($py -m dflash_gguf.cli llama build "${build_args[@]}" -j "$cores")
@@ -76,5 +82,6 @@ $py -m tests.fixtures.trained_gguf | while read -r line; do say "   $line"; done
 say "4/4 sections (deadline in $(( deadline - $(date +%s) )) s)"
 # each section is planned against the time left; one validate section takes ~1 min on 2 shared cores
 $py -m benchmarks.gpu_run --backend "$backend" --out "$out" --deadline "$deadline" --levels "$levels" --rounds "$rounds" \
-  --estimate "$([ "$backend" = cuda ] && echo 20 || echo 60)" ${shared[@]+"${shared[@]}"} -- "${server_args[@]}"
+  --estimate "$([ "$backend" = cuda ] && echo 20 || echo 60)" ${shared[@]+"${shared[@]}"} \
+  ${train_args[@]+"${train_args[@]}"} -- "${server_args[@]}"
 say "done: $out ($(( $(date +%s) - start )) s of the $(( minutes * 60 )) s budget)"

@@ -9,6 +9,8 @@ Sections, each skipped (and said so on the page) when the deadline would pass be
                   proven to give the original's tokens (validate --baseline), then each drafter
   SmolLM2         the real target and its drafter, when build/fixtures/smollm2 has both
   concurrency     `dflash-gguf bench`'s curve on each of those targets (benchmarks/concurrency.py)
+  train           `dflash-gguf train` on the trained pair's target (when the [train] extra is installed):
+                  the teacher on this build, torch on the best device it sees, held-out tau at the end
 
 Every speedup is a ratio measured side by side in one run (validate: the target alone and the
 speculative server on the same prompts, one after the other; concurrency: rounds of passes).
@@ -20,6 +22,8 @@ import argparse
 import json
 import os
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -103,7 +107,59 @@ def validate_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> dict:
+TRAIN_PROMPTS = 200  # of training/smollm2_prompts.py's generator (seed 7), as the zoo's drafters learn from
+
+
+def train_section(pair: dict[str, Path], args: argparse.Namespace) -> dict:
+    """`dflash-gguf train --variant dflash` on the trained pair's target for a fixed number of steps, its
+    held-out tau measured on the pair's held-out prompts: what the teacher and a training step cost here
+    (the same command on another machine is the comparison)."""
+    from dflash_gguf.extras import missing
+    from tests.fixtures.trained_gguf import held_out_prompts
+    from training.smollm2_prompts import build_prompts
+
+    absent = missing("reference")
+    if absent:
+        return {"missing": absent}
+    held = held_out_prompts()
+    with tempfile.TemporaryDirectory() as tmp:
+        prompts, evals = Path(tmp) / "prompts.jsonl", Path(tmp) / "held-out.jsonl"
+        prompts.write_text("".join(json.dumps(c) + "\n" for c in build_prompts(TRAIN_PROMPTS, 7, held)))
+        evals.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in held[: args.prompts]))
+        cmd = [sys.executable, "-m", "dflash_gguf.cli", "train", "-t", str(pair["target"]), "--prompts", str(prompts),
+               "--eval-prompts", str(evals), "--variant", "dflash", "--steps", str(args.train_steps),
+               "--answer-tokens", str(args.n_predict), "--eval-tokens", str(args.n_predict), "--backend", args.backend,
+               "-o", str(Path(tmp) / "drafter"), "--json"]
+        cmd += ["--llama-bin", str(args.llama_bin)] if args.llama_bin else []
+        cmd += ["--threads", str(args.train_threads)] if args.train_threads else []
+        started = time.time()
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True)
+        if proc.returncode != 0:
+            return {"failed": f"exit {proc.returncode}", "command": " ".join(cmd[2:])}
+    summary = json.loads(proc.stdout)
+    return {"prompts": summary["prompts_trained"], "answer_tokens": summary["answer_tokens"],
+            "teacher_seconds": summary["teacher_seconds"], "steps": summary["steps"],
+            "train_seconds": summary["train_seconds"], "device": summary["device"],
+            "peak_rss_mib": round(summary["peak_rss_bytes"] / 2**20), "held_out": summary["held_out"],
+            "wall_seconds": round(time.time() - started, 1)}
+
+
+def train_text(t: dict) -> list[str]:
+    if "missing" in t:
+        return [f"Not run: the [train] extra is not installed ({', '.join(t['missing'])} missing)."]
+    if "failed" in t:
+        return [f"**Failed** ({t['failed']}): `dflash-gguf {t['command']}`."]
+    held = t["held_out"]
+    return [f"`dflash-gguf train --variant dflash --steps {t['steps']}` on the trained pair's target: "
+            f"{t['prompts']} prompts answered by this build's llama.cpp in {t['teacher_seconds']:.1f} s (at most "
+            f"{t['answer_tokens']} tokens each), {t['steps']} steps on torch's `{t['device']}` in "
+            f"{t['train_seconds']:.1f} s ({1000 * t['train_seconds'] / max(t['steps'], 1):.0f} ms a step), "
+            f"{t['wall_seconds']:.0f} s in all with the held-out measurement; peak memory {t['peak_rss_mib']} MiB.",
+            "", f"Held-out tau {held['tau']:.2f} on {held['prompts']} prompts x {held['n_predict']} tokens, "
+            f"lossless: {'yes' if held['lossless'] else '**NO**'} (llama.cpp {held['llama']})."]
+
+
+def run(args: argparse.Namespace, save) -> dict:
     from benchmarks.regimes import memory_bound_target
     from dflash_gguf.runner.prompts import BUILTIN_PROMPTS, read_prompts
     from tests.fixtures.trained_gguf import trained_ggufs
@@ -118,9 +174,16 @@ def run(args: argparse.Namespace) -> dict:
     progress("(1) validate: the trained pair")
     results["sections"]["validate"] = validate_rows(pair["target"], drafts, prompts, args.n_predict, args.backend,
                                                     server_args, llama_bin=args.llama_bin)
+    save(results)
+    # before the slower sections: a short deadline still measures what training costs here
+    if args.train_steps and clock.fits("train", args.estimate * 2):
+        progress(f"(2) train: {args.train_steps} steps on the trained pair's target")
+        results["sections"]["train"] = train_section(pair, args)
+        progress(f"  -> {json.dumps(results['sections']['train'])}")
+        save(results)
     wide = memory_bound_target(pair["target"], REPO / "build" / "bench" / "trained" / "regimes")
     if clock.fits("memory-bound", args.estimate * 3):
-        progress(f"(2) memory-bound: {wide.name} ({wide.stat().st_size / 2**20:.0f} MiB), tokens against the original")
+        progress(f"(3) memory-bound: {wide.name} ({wide.stat().st_size / 2**20:.0f} MiB), tokens against the original")
         bound_args = [*server_args, *concurrency.MEMORY_BOUND_ARGS]
         proof = validate_rows(wide, {"dflash": drafts["dflash"]}, prompts, args.n_predict, args.backend, bound_args,
                               baseline=pair["target"], llama_bin=args.llama_bin)
@@ -131,14 +194,15 @@ def run(args: argparse.Namespace) -> dict:
     smol = concurrency.smollm2_pair()
     if smol is None:
         results["sections"]["smollm2"] = None
-        progress(f"(3) SmolLM2: not under {concurrency.SMOLLM2}; left out")
+        progress(f"(4) SmolLM2: not under {concurrency.SMOLLM2}; left out")
     elif clock.fits("SmolLM2", args.estimate):
-        progress(f"(3) SmolLM2: {smol[0].name} + {smol[1].name}")
+        progress(f"(4) SmolLM2: {smol[0].name} + {smol[1].name}")
         results["sections"]["smollm2"] = validate_rows(smol[0], {"dflash2": smol[1]}, list(BUILTIN_PROMPTS),
                                                        args.n_predict, args.backend, server_args,
                                                        llama_bin=args.llama_bin)
+    save(results)
     if clock.fits("concurrency", args.estimate):
-        progress(f"(4) concurrency {args.levels}")
+        progress(f"(5) concurrency {args.levels}")
         results["sections"]["concurrency"] = concurrency.concurrency_section(
             False, args.backend, progress, tuple(int(x) for x in args.levels.split(",")), args.n_predict,
             args.rounds, server_args, llama_bin=args.llama_bin,
@@ -185,6 +249,8 @@ def render(results: dict, args: argparse.Namespace, machine: dict, load: dict) -
                          "**not every stream identical to the target alone's one-slot answers** (batching "
                          "numerics unless the run was --exact: docs/validate.md)."),
                       "", concurrency.curve_table(subject), ""]
+    if s.get("train"):
+        lines += ["## Training a drafter (`dflash-gguf train`)", "", *train_text(s["train"]), ""]
     if results["skipped"]:
         lines += ["## Skipped for time", "", *[f"- {x}" for x in results["skipped"]], ""]
     return "\n".join(lines)
@@ -201,18 +267,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-n", "--n-predict", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--llama-bin", type=Path, default=None, help="another build's bin folder")
+    parser.add_argument("--train-steps", type=int, default=1000, help="steps of the train section (0: leave it out)")
+    parser.add_argument("--train-threads", type=int, default=None, help="the train section's --threads")
     parser.add_argument("--shared", action="store_true", help="say on the page that the machine was shared")
     parser.add_argument("server_args", nargs="*", help="llama-server arguments for every run (after --)")
     args = parser.parse_args(argv)
     load = {"start": os.getloadavg()}
-    results = run(args)
-    load["end"] = os.getloadavg()
-    results["seconds"] = round(time.time() - _T0, 1)
     raw = REPO / "build" / "gpu-run" / f"results-{args.backend}.json"
-    raw.parent.mkdir(parents=True, exist_ok=True)
-    raw.write_text(json.dumps(results, indent=2, default=str))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(results, args, machine_info(), load))
+    machine = machine_info()
+
+    def save(results: dict) -> None:
+        """The page and the raw numbers as they stand: a run stopped later keeps what it measured."""
+        load["end"] = os.getloadavg()
+        results["seconds"] = round(time.time() - _T0, 1)
+        raw.parent.mkdir(parents=True, exist_ok=True)
+        raw.write_text(json.dumps(results, indent=2, default=str))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(render(results, args, machine, load))
+
+    save(run(args, save))
     progress(f"wrote {args.out} (raw numbers: {raw})")
 
 

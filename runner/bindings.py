@@ -45,6 +45,7 @@ def bindings():
         return loaded
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
+    _cxx_runtime_first()
     try:
         # after: LLAMA_CPP_LIB_PATH names the patched library (the bindings load it when imported)
         import llama_cpp
@@ -52,6 +53,20 @@ def bindings():
         raise LlamaBuildError(f"the llama-cpp-python bindings in {root} do not import ({err}); "
                               "reinstall dflash-gguf to get their dependencies") from None
     return llama_cpp
+
+
+def _cxx_runtime_first() -> None:
+    """Put the C++ runtime in the process's global symbol scope before libllama loads, as it is in
+    llama-server (whose executable links it). The libraries carry weak copies of the standard
+    library's templates, and in a Python process, where nothing global defines them, libllama's
+    references bind to the first library of its own load order that has one: on a CUDA build that
+    was libggml-cuda's copy of `std::ostream::_M_insert<long>`, and every model load segfaulted in
+    `llama_model::print_info` (H200, CUDA 13.0, GCC 13: docs/benchmarks-cuda.md)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+        except OSError:  # a libc++ toolchain: its runtime comes with libllama, as before
+            pass
 
 
 _QUIET_LOG = []
