@@ -90,8 +90,9 @@ def test_pair_is_exact_in_patched_server(arch, variant, family, llama_bin, tmp_p
 def test_every_committed_zoo_drafter_met_the_ten_minute_goal(arch, variant):
     """What `make train-zoo` recorded of each committed drafter (train's own held-out `validate`, 20
     prompts it never saw): lossless, at least 1.5 tokens a target step, in under 10 minutes of
-    teacher and training on one thread. A toy change that leaves a family unlearnable (Muse Glimmer's
-    sandwich norm at the mixers' gain: tau 1.03) fails here, not only in the figures."""
+    teacher and training on the 2-core machine (one or two threads, as recorded). A toy change that
+    leaves a family unlearnable (Muse Glimmer's sandwich norm at the mixers' gain: tau 1.03) fails
+    here, not only in the figures."""
     from tests.fixtures.families import trained_record
 
     record = trained_record(arch, variant)

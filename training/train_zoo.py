@@ -7,6 +7,7 @@ family's toy (tests/fixtures/families.py), committed under tests/fixtures/zoo/<a
     python -m training.train_zoo --force --steps 3000 --variants dflash qwen35moe   # longer, one variant
     python -m training.train_zoo --table            # the committed drafters' figures, as markdown
     python -m training.train_zoo --force --prompts 800 --variants dflash lfm2   # more answers to learn from
+    python -m training.train_zoo --force --threads 2 qwen35moe   # both cores for one drafter (the teacher and torch)
 
 Each drafter starts from the family's published geometry (tests/fixtures/family_drafters.py: its
 target layers, block size, sliding window, DFlash 2 shapes at toy width; `train --init`) and learns
@@ -65,7 +66,8 @@ def current(arch: str, variant: str, target: Path) -> bool:
     return record is not None and record["target_sha256"] == sha256_file(target)
 
 
-def train_one(arch: str, variant: str, family: Path, prompts: tuple[Path, Path], steps: int = STEPS) -> dict:
+def train_one(arch: str, variant: str, family: Path, prompts: tuple[Path, Path], steps: int = STEPS,
+              threads: int = 1) -> dict:
     fam = FAMILIES[arch]
     out = zoo.ZOO / arch / variant
     target = family / "target-F16.gguf"
@@ -78,13 +80,13 @@ def train_one(arch: str, variant: str, family: Path, prompts: tuple[Path, Path],
         proc = subprocess.run(
             [sys.executable, "-m", "dflash_gguf.cli", "train", "-t", str(target), "--prompts", str(prompts[0]),
              "--eval-prompts", str(prompts[1]), "--init", str(init), "-o", str(out), "--steps", str(steps),
-             "--answer-tokens", str(ANSWER_TOKENS), "--threads", "1", "--force", "--json"],
+             "--answer-tokens", str(ANSWER_TOKENS), "--threads", str(threads), "--force", "--json"],
             capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"train_zoo: {arch} {variant}: {proc.stderr.strip().splitlines()[-1]}")
     summary = json.loads(proc.stdout)
     record = {"arch": arch, "variant": variant, "target_sha256": sha256_file(target), "steps": summary["steps"],
-              "prompts": summary["prompts_trained"],
+              "prompts": summary["prompts_trained"], "threads": threads,
               "teacher_seconds": summary["teacher_seconds"], "train_seconds": summary["train_seconds"],
               "wall_seconds": round(time.monotonic() - started, 1), "held_out": summary["held_out"]}
     (out / zoo.TRAINED).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
@@ -93,15 +95,16 @@ def train_one(arch: str, variant: str, family: Path, prompts: tuple[Path, Path],
 
 def table() -> str:
     """docs/train.md's zoo table, from the committed trained.json records."""
-    lines = ["| family | variant | prompts | steps | teacher | training | held-out tau | acceptance | lossless |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| family | variant | prompts | steps | threads | teacher | training | held-out tau | acceptance | lossless |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for arch in FAMILIES:
         for variant in VARIANTS:
             rec = zoo.trained_record(arch, variant)
             if rec is None:
                 continue
             held = rec["held_out"]
-            lines.append(f"| {arch} | {variant} | {rec.get('prompts', PROMPTS - 20)} | {rec['steps']} | {rec['teacher_seconds']:.0f} s | "
+            lines.append(f"| {arch} | {variant} | {rec.get('prompts', PROMPTS - 20)} | {rec['steps']} | {rec.get('threads', 1)} | "
+                         f"{rec['teacher_seconds']:.0f} s | "
                          f"{rec['train_seconds']:.0f} s | {held['tau']:.2f} | {held['acceptance_rate']:.2f} | "
                          f"{'yes' if held['lossless'] else 'no'} |")
     return "\n".join(lines)
@@ -116,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=PROMPTS,
                         help=f"training prompts of the generator (default {PROMPTS}, {PROMPTS - 20} after the held-out "
                              "20; more: more of the teacher's time, more answers to learn from)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads of the teacher and of torch (default 1: two families can train side by side)")
     parser.add_argument("--table", action="store_true", help="print the committed drafters' figures and stop")
     args = parser.parse_args(argv)
     if args.table:
@@ -132,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.force and current(arch, variant, family / "target-F16.gguf"):
                     print(f"{arch:13} {variant:8} current")
                     continue
-                record = train_one(arch, variant, family, prompts, args.steps)
+                record = train_one(arch, variant, family, prompts, args.steps, args.threads)
                 held = record["held_out"]
                 print(f"{arch:13} {variant:8} tau {held['tau']:.2f}, acceptance {held['acceptance_rate']:.2f}, "
                       f"lossless {held['lossless']}, {record['wall_seconds']:.0f} s", flush=True)
