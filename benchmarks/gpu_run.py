@@ -9,7 +9,7 @@ Sections, each skipped (and said so on the page) when the deadline would pass be
                   proven to give the original's tokens (validate --baseline), then each drafter
   SmolLM2         the real target and its drafter, when build/fixtures/smollm2 has both
   concurrency     `dflash-gguf bench`'s curve on each of those targets (benchmarks/concurrency.py)
-  train           `dflash-gguf train` on the trained pair's target (when the [train] extra is installed):
+  train           `dflash-gguf train` on the trained pair's target (when the [reference] extra is installed):
                   the teacher on this build, torch on the best device it sees, held-out tau at the end
 
 Every speedup is a ratio measured side by side in one run (validate: the target alone and the
@@ -146,7 +146,8 @@ def train_section(pair: dict[str, Path], args: argparse.Namespace) -> dict:
 
 def train_text(t: dict) -> list[str]:
     if "missing" in t:
-        return [f"Not run: the [train] extra is not installed ({', '.join(t['missing'])} missing)."]
+        absent = ", ".join(t["missing"])
+        return [f"Not run: `dflash-gguf train` needs the [reference] extra ({absent} not installed)."]
     if "failed" in t:
         return [f"**Failed** ({t['failed']}): `dflash-gguf {t['command']}`."]
     held = t["held_out"]

@@ -95,18 +95,19 @@ def train_one(arch: str, variant: str, family: Path, prompts: tuple[Path, Path],
 
 def table() -> str:
     """docs/train.md's zoo table, from the committed trained.json records."""
-    lines = ["| family | variant | prompts | steps | threads | teacher | training | held-out tau | acceptance | lossless |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    header = ("family", "variant", "prompts", "steps", "threads", "teacher", "training", "held-out tau", "acceptance",
+              "lossless")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for arch in FAMILIES:
         for variant in VARIANTS:
             rec = zoo.trained_record(arch, variant)
             if rec is None:
                 continue
             held = rec["held_out"]
-            lines.append(f"| {arch} | {variant} | {rec.get('prompts', PROMPTS - 20)} | {rec['steps']} | {rec.get('threads', 1)} | "
-                         f"{rec['teacher_seconds']:.0f} s | "
-                         f"{rec['train_seconds']:.0f} s | {held['tau']:.2f} | {held['acceptance_rate']:.2f} | "
-                         f"{'yes' if held['lossless'] else 'no'} |")
+            cells = (arch, variant, rec.get("prompts", PROMPTS - 20), rec["steps"], rec.get("threads", 1),
+                     f"{rec['teacher_seconds']:.0f} s", f"{rec['train_seconds']:.0f} s", f"{held['tau']:.2f}",
+                     f"{held['acceptance_rate']:.2f}", "yes" if held["lossless"] else "no")
+            lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
 
