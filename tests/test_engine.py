@@ -49,3 +49,33 @@ def test_a_model_loads_after_a_replay_is_gone(trained_pair, llama_bin):
     proc = subprocess.run([sys.executable, "-c", script, str(trained_pair["target"]), str(llama_bin)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "loaded", proc.stderr[-2000:]
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the dynamic linker's global scope: Linux")
+def test_the_cxx_runtime_is_global_before_libllama_loads(llama_bin):
+    """In a Python process nothing global defines the C++ runtime's template instances, and libllama's
+    references bound to a weak copy in libggml-cuda (a segfault in every in-process model load on the
+    first GPU run, docs/speed.md). Once the bindings are loaded, `std::ostream::_M_insert<long>`
+    must resolve in the global scope, to libstdc++ itself. In a process of its own: the test's
+    interpreter may already hold what it checks."""
+    import subprocess
+
+    script = (
+        "import ctypes, sys\n"
+        "from dflash_gguf.runner import bindings\n"
+        "bindings.use_patched_library(bin_dir=sys.argv[1])\n"
+        "bindings.bindings()\n"
+        "class Info(ctypes.Structure):\n"
+        "    _fields_ = [('fname', ctypes.c_char_p), ('fbase', ctypes.c_void_p), ('sname', ctypes.c_char_p),"
+        " ('saddr', ctypes.c_void_p)]\n"
+        "dl = ctypes.CDLL(None)\n"
+        "dl.dlsym.restype = ctypes.c_void_p\n"
+        "dl.dlsym.argtypes = [ctypes.c_void_p, ctypes.c_char_p]\n"
+        "addr = dl.dlsym(None, b'_ZNSo9_M_insertIlEERSoT_')\n"
+        "info = Info()\n"
+        "found = addr and dl.dladdr(ctypes.c_void_p(addr), ctypes.byref(info))\n"
+        "print(info.fname.decode() if found else 'unresolved')\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(llama_bin)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "libstdc++" in proc.stdout, proc.stdout
