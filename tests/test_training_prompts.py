@@ -1,5 +1,6 @@
 """The SmolLM2 drafters' training prompts (training/smollm2_prompts.py): built offline, half code
-and half chat, and never a held-out prompt or one naming a held-out prompt's subject."""
+and half chat, and never a held-out prompt or one naming a held-out prompt's subject; ShareGPT's
+training draw (training/public_prompts.py), never one of its held-out turns."""
 
 from __future__ import annotations
 
@@ -30,3 +31,24 @@ def test_training_prompts_avoid_the_held_out_subjects_and_are_seeded():
     assert build_prompts(600, 8, held) != conversations
     code = sum("python" in t.lower() or "```" in t for t in texts)
     assert 0.4 < code / len(texts) < 0.75  # half code requests (some chat prompts name Python too)
+
+
+def test_public_training_turns_are_never_a_held_out_turn_however_typed():
+    import pytest
+
+    from training import public_prompts
+
+    def norm(text: str) -> str:
+        return " ".join(text.lower().split())
+
+    base = [f"How do I sort a list of {n} numbers?" for n in range(300)]
+    # ShareGPT holds the same request typed again: other case, other spacing
+    turns = sorted(set(base) | {t.upper() for t in base} | {"  " + t.replace(" ", "   ") for t in base})
+    held = {norm(t) for t in public_prompts.held_out(turns)}
+    free = 300 - len(held)
+    picked = public_prompts.training_turns(turns, free)
+    assert len({norm(t) for t in picked}) == free  # every request once
+    assert not [t for t in picked if norm(t) in held]
+    assert public_prompts.training_turns(turns, free) == picked  # seeded
+    with pytest.raises(SystemExit, match=f"{free + 1} training turns asked, {free} usable ones not held out"):
+        public_prompts.training_turns(turns, free + 1)

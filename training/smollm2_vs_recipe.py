@@ -3,7 +3,7 @@ the committed drafters (tests/fixtures/smollm2/, `make train-smollm2`; until 202
 HF-teacher recipe's, whose figures docs/train.md keeps).
 
     python -m training.smollm2_vs_recipe --minutes 90 [--variants dflash dflash2] [--answer-tokens 128]
-                                         [--prompts N] [--tag NAME] [--threads N] [--measure-only]
+                                         [--prompts N] [--public N] [--tag NAME] [--threads N] [--measure-only]
 
 The teacher is the Q4_K_M GGUF (llama.cpp, 2 threads) on the first 1,500 prompts of the generator
 training/train_smollm2.py uses (its seed); the store is shared by the variants. Then each variant trains in its
@@ -11,6 +11,9 @@ own process, one thread each, side by side (2 cores: one each; a variant trained
 `--threads` says otherwise), for `--minutes`; `--prompts N` takes N
 prompts instead (more answers, more of the teacher's time); `train` itself
 measures held-out tau on the project's held-out prompts (tests/fixtures/smollm2/eval_prompts.jsonl).
+`--public N`: N of the prompts are ShareGPT first turns instead (training/public_prompts.py's
+`--train` draw: other conversations than the 24 held out, so that held-out set is then the same
+source's, not another's).
 Last, every drafter, the committed ones included, is measured by `dflash-gguf validate` (greedy, 64 new
 tokens, one thread) on both held-out sets: the project's, and 24 first turns of ShareGPT conversations
 (training/public_prompts.py), written by people who never saw the training prompts.
@@ -49,6 +52,22 @@ def public_prompts() -> Path:
     return out
 
 
+def training_prompts(count: int, public: int) -> Path:
+    """The generator's first `count - public` conversations, then `public` ShareGPT first turns."""
+    if not public:
+        return train_smollm2.prompts_file(count)
+    from training import public_prompts as sharegpt
+    out = OUT / f"prompts-{count}-public{public}.jsonl"
+    if not out.is_file():
+        OUT.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".partial")
+        sharegpt.write_prompts(tmp, sharegpt.training_turns(sharegpt.first_turns(), public))
+        generated = train_smollm2.prompts_file(count - public).read_text(encoding="utf-8")
+        tmp.write_text(generated + tmp.read_text(encoding="utf-8"), encoding="utf-8")
+        tmp.replace(out)
+    return out
+
+
 def train_args(target: Path, prompts: Path, variant: str, budget: list[str], answer_tokens: int, out: Path,
                threads: int, extra: list[str]) -> list[str]:
     return [*CLI, "train", "-t", str(target), "--prompts", str(prompts), "--eval-prompts", str(fixture.EVAL_PROMPTS),
@@ -81,15 +100,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=1500, help="train on this many prompts of the generator "
                         "(its seed and held-out exclusions; the committed drafters had 2,100): more of the "
                         "teacher's time, more answers")
+    parser.add_argument("--public", type=int, default=0, help="of --prompts, this many are ShareGPT first turns "
+                        "(never the held-out 24) instead of the generator's")
     parser.add_argument("--tag", help="name the runs and results by this instead of '<minutes>min'")
     parser.add_argument("--threads", type=int, help="training threads per variant (default: the machine's two "
                         "cores shared out: 1 each for two variants, 2 for one)")
+    parser.add_argument("--compare", nargs="*", type=Path, default=[], metavar="DIR",
+                        help="more drafters measured in the same run, e.g. the recipe's: `git archive 9e7a6c5 "
+                        "tests/fixtures/smollm2 | tar -x -C DIR` (its last commit), then DIR/tests/fixtures/smollm2/dflash2")
     parser.add_argument("--measure-only", action="store_true", help="Measure drafters already trained.")
     args = parser.parse_args(argv)
 
     OUT.mkdir(parents=True, exist_ok=True)
     target = fixture.smollm2_ggufs()["Q4_K_M"]
-    prompts, public = train_smollm2.prompts_file(args.prompts), public_prompts()
+    prompts, public = training_prompts(args.prompts, args.public), public_prompts()
     tag = args.tag or f"{args.minutes:g}min"
     runs = {v: OUT / f"{v}-{tag}" for v in args.variants}
     threads = args.threads or max(1, 2 // len(args.variants))
@@ -115,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"train {variant} failed: see {OUT / f'{variant}-{tag}.log'}")
             (OUT / f"{variant}-{tag}.json").write_text(stdout)
     drafters = {**{f"committed {v}": fixture.COMMITTED / v for v in args.variants},
+                **{f"{folder}": folder for folder in args.compare},
                 **{f"train {tag} {v}": out for v, out in runs.items()}}
     jobs = [(name, folder, held, path) for name, folder in drafters.items()
             for held, path in (("project's held-out", fixture.EVAL_PROMPTS), ("ShareGPT", public))]
