@@ -103,6 +103,17 @@ def test_every_committed_zoo_drafter_met_the_ten_minute_goal(arch, variant):
     assert record["teacher_seconds"] + record["train_seconds"] < 600, record
 
 
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("arch", [a for a in ARCHS if not FAMILIES[a].limitation])
+def test_every_committed_zoo_drafter_is_both_accepted_and_rejected(arch, variant):
+    """The zoo's goal for its drafters: on held-out prompts, between 20 % and 95 % of the drafted
+    tokens accepted, so that both the accepted path and the rollback run in every family's tests."""
+    from tests.fixtures.families import trained_record
+
+    held = trained_record(arch, variant)["held_out"]
+    assert 0.20 <= held["acceptance_rate"] <= 0.95, held
+
+
 # Targets built apart from the zoo: the family's config class at another geometry, and transformers'
 # own initialisation (std 0.02) in place of the zoo's learnable scales; its next-token distribution
 # is nearly flat, so greedy choices are near-ties, the hardest case for a replay to agree with.

@@ -94,6 +94,18 @@ def test_a_killed_run_resumes_to_the_same_drafter(trained_pair, tmp_path):
         (tmp_path / "whole" / "model.safetensors").read_bytes()
 
 
+def test_the_learning_rate_is_the_one_asked_for_and_carded(trained_pair, tmp_path):
+    args = ["--target", trained_pair["target"], "--prompts", trained_pair["prompts"], "--steps", "4",
+            "--no-validate", *FAST, "--json"]
+    default = train(*args, "-o", tmp_path / "default")
+    faster = train(*args, "-o", tmp_path / "faster", "--lr", "3e-3")
+    assert default.returncode == 0 and faster.returncode == 0, default.stderr + faster.stderr
+    assert json.loads(default.stdout)["lr"] == 1.5e-3 and json.loads(faster.stdout)["lr"] == 3e-3
+    assert "(peak learning rate 0.003)" in (tmp_path / "faster" / "README.md").read_text()
+    assert (tmp_path / "faster" / "model.safetensors").read_bytes() != \
+        (tmp_path / "default" / "model.safetensors").read_bytes()
+
+
 # --- refusals ---------------------------------------------------------------------------------
 
 def test_a_target_that_records_no_layer_inputs(trained_pair, tmp_path):

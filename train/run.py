@@ -67,6 +67,7 @@ class TrainOptions:
     eval_tokens: int = 64
     parallel: int = 16                # conversations the teacher answers at once (one llama_decode)
     threads: int | None = None        # llama.cpp and torch threads
+    lr: float | None = None           # peak learning rate; None: the variant's (train/settings.py)
     checkpoint_minutes: float = 3.0
     seed: int = SEED
     validate: bool = True
@@ -92,6 +93,7 @@ class Summary:
     teacher_seconds: float  # what making the answers took (recorded in the store when reused; 0 if unknown)
     teacher_store_bytes: int
     steps: int
+    lr: float
     train_seconds: float
     device: str = "cpu"
     peak_rss_bytes: int = 0
@@ -339,7 +341,7 @@ llama.cpp itself; the target's embedding and output head, frozen, read from the 
 | | |
 |---|---|
 | started from | {summary.initialised_from} |
-| steps | {summary.steps} |
+| steps | {summary.steps} (peak learning rate {summary.lr:g}) |
 | teacher | {teacher} ({summary.teacher_store_bytes / 2**20:.0f} MiB of states on disk) |
 | training | {summary.train_seconds:.0f} s on {summary.device} |
 | mask token | {summary.mask_token_id} |
@@ -397,8 +399,8 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
         else:
             started_from = "scratch (random initialisation)"
     frozen, drafter = frozen.to(device), drafter.to(device)
-    spec = plan.spec()
-    run_key = _sha(out.resolve(), asdict(plan), options.steps, options.minutes, options.seed, options.init)
+    spec = {**plan.spec(), **({"lr": options.lr} if options.lr else {})}
+    run_key = _sha(out.resolve(), asdict(plan), options.steps, options.minutes, options.seed, options.init, spec["lr"])
     checkpoint = folder / f"ckpt-{run_key}.pt"
     drafter = recipe.train_drafter(
         drafter, frozen, data, spec, options.steps, options.seed + 1, plan.variant, checkpoint=checkpoint,
@@ -411,7 +413,7 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
                       initialised_from=started_from, prompts_trained=len(usable), prompts_held_out=len(held_out),
                       answer_tokens=options.answer_tokens, teacher_seconds=round(teacher_seconds, 1),
                       teacher_reused=teacher_reused,
-                      teacher_store_bytes=store.info(folder)["bytes"], steps=drafter.trained_steps,
+                      teacher_store_bytes=store.info(folder)["bytes"], steps=drafter.trained_steps, lr=spec["lr"],
                       train_seconds=round(train_seconds, 1), device=str(device))
     with built_beside(out) as tmp:
         recipe.save_drafter(drafter, tmp, config)

@@ -8,6 +8,7 @@ family's toy (tests/fixtures/families.py), committed under tests/fixtures/zoo/<a
     python -m training.train_zoo --table            # the committed drafters' figures, as markdown
     python -m training.train_zoo --force --prompts 800 --variants dflash lfm2   # more answers to learn from
     python -m training.train_zoo --force --threads 2 qwen35moe   # both cores for one drafter (the teacher and torch)
+    python -m training.train_zoo --force --lr 3e-3 qwen35moe      # another peak learning rate (train --lr)
 
 Each drafter starts from the family's published geometry (tests/fixtures/family_drafters.py: its
 target layers, block size, sliding window, DFlash 2 shapes at toy width; `train --init`) and learns
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 
 from dflash_gguf.families import FAMILIES
+from dflash_gguf.train.settings import VARIANTS as RECIPE
 from dflash_gguf.hashing import sha256_file
 from tests.fixtures import families as zoo
 from tests.fixtures.family_drafters import VARIANTS, write_drafter
@@ -67,7 +69,7 @@ def current(arch: str, variant: str, target: Path) -> bool:
 
 
 def train_one(arch: str, variant: str, family: Path, prompts: tuple[Path, Path], steps: int = STEPS,
-              threads: int = 1) -> dict:
+              threads: int = 1, lr: float | None = None) -> dict:
     fam = FAMILIES[arch]
     out = zoo.ZOO / arch / variant
     target = family / "target-F16.gguf"
@@ -80,13 +82,14 @@ def train_one(arch: str, variant: str, family: Path, prompts: tuple[Path, Path],
         proc = subprocess.run(
             [sys.executable, "-m", "dflash_gguf.cli", "train", "-t", str(target), "--prompts", str(prompts[0]),
              "--eval-prompts", str(prompts[1]), "--init", str(init), "-o", str(out), "--steps", str(steps),
-             "--answer-tokens", str(ANSWER_TOKENS), "--threads", str(threads), "--force", "--json"],
+             "--answer-tokens", str(ANSWER_TOKENS), "--threads", str(threads), "--force", "--json",
+             *(["--lr", str(lr)] if lr else [])],
             capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"train_zoo: {arch} {variant}: {proc.stderr.strip().splitlines()[-1]}")
     summary = json.loads(proc.stdout)
     record = {"arch": arch, "variant": variant, "target_sha256": sha256_file(target), "steps": summary["steps"],
-              "prompts": summary["prompts_trained"], "threads": threads,
+              "prompts": summary["prompts_trained"], "threads": threads, "lr": summary["lr"],
               "teacher_seconds": summary["teacher_seconds"], "train_seconds": summary["train_seconds"],
               "wall_seconds": round(time.monotonic() - started, 1), "held_out": summary["held_out"]}
     (out / zoo.TRAINED).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
@@ -95,8 +98,8 @@ def train_one(arch: str, variant: str, family: Path, prompts: tuple[Path, Path],
 
 def table() -> str:
     """docs/train.md's zoo table, from the committed trained.json records."""
-    header = ("family", "variant", "prompts", "steps", "threads", "teacher", "training", "held-out tau", "acceptance",
-              "lossless")
+    header = ("family", "variant", "prompts", "steps", "threads", "peak lr", "teacher", "training", "held-out tau",
+              "acceptance", "lossless")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for arch in FAMILIES:
         for variant in VARIANTS:
@@ -105,8 +108,9 @@ def table() -> str:
                 continue
             held = rec["held_out"]
             cells = (arch, variant, rec.get("prompts", PROMPTS - 20), rec["steps"], rec.get("threads", 1),
+                     f"{rec.get('lr', RECIPE[variant]['lr']):g}",  # records before `lr`: train's default
                      f"{rec['teacher_seconds']:.0f} s", f"{rec['train_seconds']:.0f} s", f"{held['tau']:.2f}",
-                     f"{held['acceptance_rate']:.2f}", "yes" if held["lossless"] else "no")
+                     f"{held['acceptance_rate']:.3f}", "yes" if held["lossless"] else "no")
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
@@ -122,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                              "20; more: more of the teacher's time, more answers to learn from)")
     parser.add_argument("--threads", type=int, default=1,
                         help="threads of the teacher and of torch (default 1: two families can train side by side)")
+    parser.add_argument("--lr", type=float, help="peak learning rate (train --lr; default: train's)")
     parser.add_argument("--table", action="store_true", help="print the committed drafters' figures and stop")
     args = parser.parse_args(argv)
     if args.table:
@@ -138,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.force and current(arch, variant, family / "target-F16.gguf"):
                     print(f"{arch:13} {variant:8} current")
                     continue
-                record = train_one(arch, variant, family, prompts, args.steps, args.threads)
+                record = train_one(arch, variant, family, prompts, args.steps, args.threads, args.lr)
                 held = record["held_out"]
                 print(f"{arch:13} {variant:8} tau {held['tau']:.2f}, acceptance {held['acceptance_rate']:.2f}, "
                       f"lossless {held['lossless']}, {record['wall_seconds']:.0f} s", flush=True)
