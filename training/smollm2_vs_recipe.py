@@ -16,8 +16,8 @@ measures held-out tau on the project's held-out prompts (tests/fixtures/smollm2/
 source's, not another's).
 Last, every drafter, the committed ones included, is measured by `dflash-gguf validate` (greedy, 64 new
 tokens, one thread) on three held-out sets: the project's, 24 first turns of ShareGPT conversations and
-24 of WritingBench's writing requests (training/public_prompts.py), the last two written by people who
-never saw the training prompts (and WritingBench's by people none of whose prompts are trained on).
+24 of WritingBench's writing requests (training/public_prompts.py), the last two by people who never
+saw the training prompts (and WritingBench a source none of the training prompts come from).
 
 Outputs: build/smollm2-vs-recipe/<variant>-<minutes>min/ (the drafters, their train logs) and
 results-<minutes>min.json (one row per drafter and held-out set), printed as a table.
