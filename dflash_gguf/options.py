@@ -116,11 +116,16 @@ def n_predict_option(default: int | None = 64):
                         show_default=default is not None, help="New tokens per prompt.")
 
 
-def rounds_option(default: int | None = 3):
+def rounds_option(default: int | None = 3, *, zero: str | None = None):
+    """--rounds: interleaved rounds of a speed measurement (runner/speed.py); `zero` says what 0 means
+    where it is allowed."""
     return click.option(
-        "--rounds", type=click.IntRange(1, 50), default=default, show_default=default is not None,
+        "--rounds", type=click.IntRange(0 if zero else 1, 50), default=default, show_default=default is not None,
         help="Paired rounds per setting measured: in each, every request goes to the target alone's server and "
-             "to the drafter's, one after the other (a ratio of two things measured side by side).")
+             "to the drafter's, one after the other, which goes first alternating (a ratio of two things "
+             "measured side by side). The speedup is the median of the rounds with their range; one above "
+             "tau, or whose range is wider than its distance from 1x, or from fewer than 3 rounds, is "
+             "reported as not measured reliably." + (f" 0: {zero}." if zero else ""))
 
 
 def out_option(*, required: bool = False, folder: bool = False, dest: str = "out"):

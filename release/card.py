@@ -19,6 +19,7 @@ from .license_files import LicensePlan
 
 CARD_TAGS = ["gguf", "llama.cpp", "dflash", "speculative-decoding"]
 NOT_VALIDATED = "not validated"
+NOT_RELIABLE = "not measured reliably"
 
 
 @dataclass
@@ -159,7 +160,8 @@ def render_card(result: ReleaseResult, terms: lic.Terms, plan: LicensePlan) -> s
     for v in result.variants:
         val = v.validation
         tau = f"{val['tau']:.2f}" if val.get("tau") is not None else NOT_VALIDATED
-        speed = f"{val['speedup']:.2f}x" if val.get("speedup") is not None else NOT_VALIDATED
+        speed = (f"{val['speedup']:.2f}x" if val.get("speedup") is not None else
+                 NOT_RELIABLE if val.get("speedup_unreliable") else NOT_VALIDATED)
         lines.append(f"| [{v.file}](./{v.file}) | {v.type} | {v.recipe or '-'} | {_size(v.bytes)} | "
                      f"`{v.sha256}` | {tau} | {speed} |")  # read back by recorded_sha256
     used = sorted({v.recipe for v in result.variants if v.recipe})
@@ -167,7 +169,9 @@ def render_card(result: ReleaseResult, terms: lic.Terms, plan: LicensePlan) -> s
         lines += [""] + [f"- `{r}`: {RECIPES[r].description}." for r in used]
     lines += ["", "τ is the mean number of tokens produced per target verification step (accepted draft "
               "tokens plus the target's own); speedup is generation speed with the drafter over the target "
-              "alone. Both are measured by `dflash-gguf validate` on the pinned llama.cpp.", ""]
+              "alone, the median of interleaved rounds, given only where the rounds support it (never above "
+              "τ, never a range wider than the effect). Both are measured by `dflash-gguf validate` on the "
+              "pinned llama.cpp.", ""]
     lines += _sources_section(result.sources)
     lines += ["## Run it", ""] + _runs_on(result.runs_on) + [
         "```sh",

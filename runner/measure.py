@@ -1,6 +1,5 @@
 """Measuring a server on prompts, shared by validate and tune: the room
-every slot needs, the answers of one server (speed from the one-at-a-time pass), and the
-acceptance maths."""
+every slot needs, the answers of one server, and the acceptance maths."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ from typing import Callable, Sequence
 from .client import Completion
 from .launch import CTX_SIZE, Launch
 from .prompts import Prompt, size_bound
+from .speed import generation_speed
 
 Progress = Callable[[str], None]
 
@@ -28,9 +28,7 @@ class ServerRun:
         return {"produced": produced, "drafted": drafted, "accepted": accepted}
 
     def tokens_per_second(self) -> float:
-        tokens = sum(c.n_predicted for c in self.sequential)
-        ms = sum(float(c.timings.get("predicted_ms", 0.0)) for c in self.sequential)
-        return tokens / (ms / 1000.0) if ms > 0 else 0.0
+        return generation_speed(self.sequential)
 
 
 def measuring_launch(launch: Launch, prompts: Sequence[Prompt], n_predict: int) -> Launch:

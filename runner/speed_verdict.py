@@ -23,10 +23,15 @@ def _times(value: float, *lines: float) -> str:
     return f"{value!r}x"
 
 
-def speed_verdict(speedup: float | None, min_speedup: float = DEFAULT_MIN_SPEEDUP, where: str = "here") -> str:
+def speed_verdict(speedup: float | None, min_speedup: float = DEFAULT_MIN_SPEEDUP, where: str = "here",
+                  unreliable: str | None = None) -> str:
     """One clause judging `speedup` against `min_speedup`, e.g. "drafting pays here: 2.07x the target
-    alone (at least 1.05x)"; `where` says for what it holds ("" to leave it out)."""
+    alone (at least 1.05x)"; `where` says for what it holds ("" to leave it out). A speedup withheld
+    by the measurement (runner/speed.py) comes as None with `unreliable`, its reason."""
     if speedup is None:
+        if unreliable:
+            return (f"whether {_drafting('pays', where)} is not known: the speedup was not measured reliably "
+                    f"({unreliable})")
         return " ".join(w for w in ("no speedup was measured", where) if w)
     shown = _times(speedup, min_speedup, 1.0)
     if drafting_pays(speedup, min_speedup):

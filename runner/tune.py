@@ -50,6 +50,7 @@ from .launch import ONE_CLIENT_PER_RPC_SERVER, launch_recipe, parse_server_args,
 from .measure import Progress, ServerRun, mean_acceptance_length, measuring_launch
 from .prompts import Prompt, tokenize_prompts
 from .server import LlamaServer
+from .speed import Speedup, judge, load_average
 from .speed_verdict import DEFAULT_MIN_SPEEDUP, drafting_pays
 
 THREADS = ("-t", "--threads")
@@ -133,6 +134,7 @@ class Candidate:
     drafted: int = 0
     accepted: int = 0
     requests: int = 0
+    load: float | None = None  # the highest 1-minute load average seen after a pass
     abandoned: bool = False   # stopped early, far slower than the reference
     stalled: bool = False     # ... because a request took SLOW_FACTOR times the reference's, or more
     error: str | None = None
@@ -153,6 +155,15 @@ class Candidate:
             return (self.ratios[0], self.ratios[0]) if self.ratios else None
         q = statistics.quantiles(self.ratios, n=4)
         return q[0], q[2]
+
+    @property
+    def pass_ratios(self) -> list[float]:
+        """Per paired pass over the prompts: its tokens/s over the reference's in the same pass."""
+        return [a / b for a, b in zip(self.tokens_per_second, self.reference) if a > 0 and b > 0]
+
+    def judged(self) -> Speedup:
+        """The passes' ratios as runner/speed.py judges a speedup: a round each, bounded by tau."""
+        return judge(self.pass_ratios, self.tau, "paired pass", self.load)
 
     @property
     def tau(self) -> float | None:
@@ -263,6 +274,7 @@ class TuneResult:
     draft: Path
     chosen: Setting           # what serve runs: the best drafting setting, or the target alone
     drafting: Candidate       # the best drafting setting's confirmation rounds
+    confirmed: Speedup        # their judgement: the figure, or why it cannot be given
     alone: Setting            # the reference: the target alone at its fastest thread count
     pays: bool
     candidates: list[Candidate]
@@ -277,7 +289,7 @@ class TuneResult:
 
     @property
     def speedup(self) -> float | None:
-        return self.drafting.speedup
+        return self.confirmed.value
 
     def to_dict(self) -> dict:
         s = self.settings
@@ -286,6 +298,8 @@ class TuneResult:
             "chosen": self.chosen.to_dict(), "chosen_label": self.chosen.label(),
             "drafting_pays": self.pays,
             "speedup": None if self.speedup is None else round(self.speedup, 3),
+            "speedup_unreliable": self.confirmed.unreliable,
+            "confirmation": self.confirmed.to_dict(),
             "best_drafting": self.drafting.to_dict(),
             "target_alone": {"setting": self.alone.to_dict(), "label": self.alone.label(),
                              "tokens_per_second": self.drafting.to_dict()["reference_tokens_per_second"]},
@@ -406,6 +420,7 @@ class _Tuner:
             return False
         cand.tokens_per_second.append(ServerRun(mine, mine).tokens_per_second())
         cand.reference.append(ServerRun(theirs, theirs).tokens_per_second())
+        cand.load = max(filter(None, (cand.load, load_average())), default=None)
         totals = ServerRun(mine, mine).totals()
         cand.produced += totals["produced"]
         cand.drafted += totals["drafted"]
@@ -549,10 +564,12 @@ def tune(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], setti
     if stopped:
         progress(f"--max-seconds {settings.max_seconds:g} reached: skipped the search from the {stopped} stage on")
     # decided on the speedup as saved (3 decimals), so serve's verdict line, computed from the saved
-    # figure, never says "pays" beside the target alone
-    pays = drafting_pays(None if spec.speedup is None else round(spec.speedup, 3), settings.min_speedup)
+    # figure, never says "pays" beside the target alone; a speedup the run cannot support never pays
+    confirmed = spec.judged()
+    pays = drafting_pays(None if confirmed.value is None else round(confirmed.value, 3), settings.min_speedup)
     return TuneResult(
         target=target, draft=draft, chosen=tuner.as_run(spec.setting if pays else alone), drafting=spec,
+        confirmed=confirmed,
         alone=alone,
         pays=pays, candidates=list(tuner.candidates.values()), settings=settings, prompts=len(prompts),
         llama=build_info(tuner.bin_dir, settings.backend), draft_length=read_draft(draft).draft_length,

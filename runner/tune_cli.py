@@ -13,6 +13,7 @@ from ..options import (ServerArgsCommand, build_options, draft_option, exact_opt
 from . import tuned_settings as tuned
 from .launch import with_rpc
 from .prompts import BUILTIN_PROMPTS, read_prompts
+from .speed import shown
 from .speed_verdict import DEFAULT_MIN_SPEEDUP, speed_verdict
 from .tune import TuneResult, TuneSettings, tune
 
@@ -51,12 +52,12 @@ def print_table(result: dict, saved: Path | None) -> None:
                f"the other) of the ratio; {s['prompts']} prompts x {s['n_predict']} tokens per pass")
     click.echo(f"best drafting setting   {spec['label']}, tau {spec['tau']}")
     if spec["pairs"]:
-        click.echo(f"confirmed speedup       {result['speedup']}x: {spec['tokens_per_second']:.1f} against "
-                   f"{alone['tokens_per_second']:.1f} tok/s (median of {spec['pairs']} fresh request pairs in "
-                   f"{spec['runs']} passes; quartiles {_range(spec['speedup_quartiles'])})")
+        click.echo(f"confirmed speedup       {shown(result['confirmation'])}: {spec['tokens_per_second']:.1f} "
+                   f"against {alone['tokens_per_second']:.1f} tok/s ({spec['pairs']} fresh request pairs in "
+                   f"{spec['runs']} passes; request pairs' quartiles {_range(spec['speedup_quartiles'])})")
     else:
         click.echo("confirmed speedup       none: no request of the confirmation was answered in time")
-    click.echo(f"verdict                 {speed_verdict(result['speedup'], s['min_speedup'])}")
+    click.echo(f"verdict                 {speed_verdict(result['speedup'], s['min_speedup'], unreliable=result['speedup_unreliable'])}")
     click.echo(f"serve will run          {result['chosen_label']}")
     click.echo(f"llama.cpp               {result['llama']['backend']} build {result['llama']['build']}")
     if saved is not None:

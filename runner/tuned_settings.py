@@ -114,6 +114,8 @@ def _check_fields(path: Path, record: dict) -> None:
     values.boolean(path, "drafting_pays", record.get("drafting_pays"))
     if record.get("speedup") is not None:
         values.number(path, "speedup", record["speedup"], lo=0.0)
+    if record.get("speedup_unreliable") is not None:
+        values.string(path, "speedup_unreliable", record["speedup_unreliable"], 1024)
     settings = values.mapping(path, "settings", record.get("settings"))
     values.number(path, "settings.min_speedup", settings.get("min_speedup"), positive=True)
     best = values.mapping(path, "best_drafting", record.get("best_drafting"))
@@ -161,7 +163,8 @@ def describe_record(record: dict) -> str:
 def announce(record: dict, applied: TunedServe, path: Path, target_name: str) -> str:
     """serve's line on stderr about a tuned record: what it takes from it, and the verdict, computed
     from the record's speedup and minimum, never from which setting was chosen."""
-    verdict = speed_verdict(record["speedup"], record["settings"]["min_speedup"])
+    verdict = speed_verdict(record["speedup"], record["settings"]["min_speedup"],
+                            unreliable=record.get("speedup_unreliable"))
     taken = " ".join(applied.taken) or "nothing (your arguments set it all)"
     if applied.drafting:
         return f"tuned: {taken} from {path}: {verdict}; {describe_record(record)}; --no-tuned ignores it"

@@ -40,8 +40,8 @@ def test_exact_for_every_variant(drafter, parallel, converted, target_gguf, prom
     # the JSON's keys, as before the report was typed (validation/validate.py ValidationReport.to_dict)
     assert list(report) == ["exact", "lossless", "prompts", "mean_acceptance_length", "acceptance_rate", "drafted",
                             "accepted", "produced", "proven_by_replay", "positions_checked", "tokens_per_second",
-                            "speedup", "divergences", "replay", "settings", "launch", "llama", "reference",
-                            "warnings", "finished_at"]
+                            "speedup", "speedup_unreliable", "speed", "divergences", "replay", "settings", "launch", "llama", "reference",
+                            "drafting", "warnings", "finished_at"]
     assert len(report["prompts"]) == 3
     for p in report["prompts"]:
         assert list(p) == ["prompt", "exact", "lossless", "tokens", "produced", "positions_checked",

@@ -13,6 +13,7 @@ def validation_report(*, exact: bool = True, **fields) -> ValidationReport:
                           mismatches=0, draft_n=0, draft_n_accepted=0)
     defaults = dict(prompts=[prompt], mean_acceptance_length=1.0, acceptance_rate=0.0, drafted=0, accepted=0,
                     produced=1, proven_by_replay=1, positions_checked=1,
-                    tokens_per_second={"target": 1.0, "speculative": 1.0}, speedup=1.0, divergences=[], replay={},
-                    settings={}, launch={}, llama={}, reference=None, warnings=[], finished_at="")
+                    tokens_per_second={"target": 1.0, "speculative": 1.0}, speedup=1.0,
+                    speed={"speedup": 1.0, "speedup_unreliable": None}, divergences=[], replay={},
+                    settings={}, launch={}, llama={}, reference=None, drafting={}, warnings=[], finished_at="")
     return ValidationReport(**{**defaults, **fields})

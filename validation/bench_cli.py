@@ -14,6 +14,7 @@ from ..options import (ServerArgsCommand, build_options, draft_option, exact_opt
                        prompts_option, rounds_option, target_option)
 from .concurrency import ALONE, DEFAULT_LEVELS, DRAFTER, BenchReport, BenchSettings, concurrency_curve, verdict_line
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
+from ..runner.speed import shown
 
 
 def _levels(_ctx, _param, value: str) -> tuple[int, ...]:
@@ -25,6 +26,10 @@ def _levels(_ctx, _param, value: str) -> tuple[int, ...]:
         raise OptionError(f"--concurrency {value!r}: give a comma-separated list of stream counts from 1 to 256, "
                           "e.g. 1,2,4,8")
     return levels
+
+
+def _speedup(value: float | None) -> str:
+    return "--" if value is None else f"{value:.2f}x"
 
 
 def print_curve(report: BenchReport) -> None:
@@ -39,7 +44,7 @@ def print_curve(report: BenchReport) -> None:
         same = "yes" if r.identical else \
             f"NO: {sum(not s['identical'] for s in r.streams)} of {len(r.streams)} streams differ"
         click.echo(f"{r.concurrency:>7}  {agg[ALONE]:>10.1f} {agg[DRAFTER]:>10.1f}  {per[ALONE] or 0:>9.1f} "
-                   f"{per[DRAFTER] or 0:>9.1f}  {r.speedup:>6.2f}x  {r.tau:>5.2f}  {slots:<24} {same}")
+                   f"{per[DRAFTER] or 0:>9.1f}  {_speedup(r.speedup):>7}  {r.tau:>5.2f}  {slots:<24} {same}")
         if not r.target_alone_identical:
             click.echo(f"{'':>9}note: the target alone at -np {r.concurrency} differs from its one-slot "
                        "answers too (the build is not batch-invariant for this model)")
@@ -54,6 +59,9 @@ def print_curve(report: BenchReport) -> None:
     click.echo(f"\n{verdict_line(report.levels)}")
     click.echo(f"speedup: median over {s['rounds']} round(s), each the drafter's aggregate over the target "
                f"alone's in the same round; {s['prompts']} prompts x {s['n_predict']} tokens, greedy")
+    for r in report.levels:
+        if r.speedup is None:
+            click.echo(f"  -- at {r.concurrency} stream(s): {shown(r.speed)}")
     click.echo(f"llama.cpp {report.llama['backend']} build {report.llama['build']}; "
                f"serve's launch: {' '.join(recipe)}"
                + (f"; your arguments: {' '.join(report.launch['user_args'])}" if report.launch["user_args"]

@@ -36,6 +36,7 @@ from ..runner.client import Completion, LlamaClient
 from ..runner.launch import ONE_CLIENT_PER_RPC_SERVER, Launch, launch_recipe, parse_server_args
 from ..runner.build import build_info
 from ..runner.measure import measuring_launch
+from ..runner.speed import judge, load_average, shown
 from .validate import ValidationSettings, run_server
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class Pass:
 
     answers: list[list[Completion]]   # per stream, in request order
     seconds: float                    # wall time, first request sent to last answer
+    load: float | None = None         # the 1-minute load average after it
 
     @property
     def tokens(self) -> int:
@@ -100,7 +102,7 @@ def run_pass(client: LlamaClient, jobs: list[list[int]], prompt_ids: list[list[i
         seconds = time.perf_counter() - started
     finally:
         pool.shutdown(wait=False, cancel_futures=True)  # on Ctrl-C: stopping the server ends the requests
-    return Pass(answers, seconds)
+    return Pass(answers, seconds, load_average())
 
 
 def _streams(passes: list[Pass], jobs: list[list[int]], reference: list[list[int]]) -> list[dict]:
@@ -149,8 +151,9 @@ class Level:
     rounds: int
     aggregate_tokens_per_second: dict[str, float]  # ALONE / DRAFTER: median over the rounds
     per_request_tokens_per_second: dict[str, float | None]  # ALONE / DRAFTER: the server's own timing, median
-    speedup: float | None  # median of the rounds' drafter / alone aggregate
+    speedup: float | None  # median of the rounds' drafter / alone aggregate; None: not measured reliably
     speedup_runs: list[float]
+    speed: dict  # runner/speed.Speedup.to_dict(): the range, the bound, why a figure is withheld
     tau: float
     acceptance_rate: float
     slots: list[dict]  # per server slot: requests, drafted, accepted, acceptance_rate, tau
@@ -194,6 +197,9 @@ def _level(n: int, jobs: list[list[int]], alone: list[Pass], spec: list[Pass], r
     requests = sum(len(s) for p in spec for s in p.answers)
     drafted = sum(c.draft_n for p in spec for s in p.answers for c in s)
     accepted = sum(c.draft_n_accepted for p in spec for s in p.answers for c in s)
+    tau = measure.mean_acceptance_length(produced, accepted, requests)
+    judged = judge(speedups, tau if drafted else None, "round", max((p.load for p in [*alone, *spec]
+                                                                      if p.load is not None), default=None))
     drafter_streams = _streams(spec, jobs, reference)
     alone_streams = _streams(alone, jobs, reference)
     return Level(
@@ -203,9 +209,10 @@ def _level(n: int, jobs: list[list[int]], alone: list[Pass], spec: list[Pass], r
         aggregate_tokens_per_second={ALONE: round(statistics.median(p.aggregate for p in alone), 2),
                                      DRAFTER: round(statistics.median(p.aggregate for p in spec), 2)},
         per_request_tokens_per_second={ALONE: _per_request(alone), DRAFTER: _per_request(spec)},
-        speedup=round(statistics.median(speedups), 3) if speedups else None,
+        speedup=judged.to_dict()["speedup"],
         speedup_runs=[round(x, 3) for x in speedups],
-        tau=round(measure.mean_acceptance_length(produced, accepted, requests), 4),
+        speed=judged.to_dict(),
+        tau=round(tau, 4),
         acceptance_rate=round(measure.acceptance_rate(drafted, accepted), 4),
         slots=_slots(spec),
         identical=all(s["identical"] for s in drafter_streams),
@@ -221,7 +228,19 @@ def stops_paying(levels: Sequence[Level]) -> int | None:
 
 
 def verdict_line(levels: Sequence[Level]) -> str:
-    """Where drafting stops paying, in words computed from the curve."""
+    """Where drafting stops paying, in words computed from the curve (levels whose speedup was not
+    measured reliably are named, never judged)."""
+    withheld = [r.concurrency for r in levels if r.speedup is None]
+    line = _verdict([r for r in levels if r.speedup is not None])
+    if withheld:
+        line += (f"{'; ' if line else ''}not measured reliably at concurrency {', '.join(map(str, withheld))} "
+                 "(see each level's speed.speedup_unreliable)")
+    return line
+
+
+def _verdict(levels: Sequence[Level]) -> str:
+    if not levels:
+        return ""
     paying = [r for r in levels if r.speedup is not None and r.speedup >= 1.0]
     stop = stops_paying(levels)
     if not paying:
@@ -281,7 +300,7 @@ def concurrency_curve(target: str | Path, draft: str | Path, prompts: Sequence[s
                          f"tok/s aggregate ({spec[-1].aggregate / alone[-1].aggregate:.2f}x)")
         row = _level(n, jobs, alone, spec, reference)
         rows.append(row)
-        progress(f"concurrency {n}: {row.speedup}x, tau {row.tau:.2f}, "
+        progress(f"concurrency {n}: {shown(row.speed)}, tau {row.tau:.2f}, "
                  f"{'identical to the one-slot answers' if row.identical else 'DIFFERS from the one-slot answers'}"
                  f" on {sum(s['identical'] for s in row.streams)} of {n} stream(s)")
     return BenchReport(

@@ -11,7 +11,9 @@ targets its prompt batches, snapshots and checkpoint restores too), and each emi
 its argmax there (validation/lossless.py): `proven_by_replay` counts those that are, and each one
 that is not is named with why. Whether the output is also identical to the target-alone
 run is reported apart, with the first difference explained. Acceptance comes from the server's
-per-request `timings`; speed from a sequential pass of each server on the same build and prompts.
+per-request `timings`. Speed is measured apart, with neither server logging its steps: the target
+alone and the speculative server up together, the prompts sent to both in interleaved rounds, the
+median ratio judged against tau and its own spread (runner/speed.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from ..runner.launch import Launch, launch_recipe
 from ..runner.measure import (Progress, ServerRun, acceptance_rate, first_divergence, mean_acceptance_length,
                               measuring_launch)
 from ..runner.prompts import Prompt, size_bound, tokenize_prompts
+from ..runner.speed import Rounds, Speedup, interleaved_rounds, not_measured
+from .acceptance import depth_profile
 from .draft_parity import draft_parity
 from .lossless import MISMATCH, NUMERICAL, judge, noise_by_width
 from .reference import run_reference
@@ -56,6 +60,7 @@ class ValidationSettings:
     server_args: list[str] = field(default_factory=list)  # the user's llama-server arguments (after --)
     reference_draft: Path | HubRef | None = None  # z-lab HF checkpoints (or repo ids): run the PyTorch reference too
     reference_target: Path | HubRef | None = None
+    rounds: int = 3                      # interleaved speed rounds (runner/speed.py); 0: speed not measured
 
     def user_server_args(self) -> list[str]:
         return (["-t", str(self.threads)] if self.threads else []) + [str(a) for a in self.server_args]
@@ -103,6 +108,29 @@ def run_server(launch: Launch, prompts: list[list[int]] | Sequence[Prompt], sett
         command = server.command()
         progress(f"{label}: done")
     return ServerRun(completions, sequential), prompts, command
+
+
+def measure_speed(speed_launch: Launch, target: Path, prompt_ids: list[list[int]], settings: ValidationSettings,
+                  bin_dir: Path, progress: Progress) -> tuple[Rounds | None, Speedup]:
+    """The target alone and `speed_launch` up together, `settings.rounds` interleaved rounds over the
+    prompts (one request at a time), judged against the rounds' own tau."""
+    if settings.rounds == 0:
+        return None, not_measured("not measured (--rounds 0)")
+    progress(f"speed: the target alone and the speculative server up together, {settings.rounds} interleaved "
+             f"round(s) over {len(prompt_ids)} prompt(s)")
+
+    def ask(client: LlamaClient, ids) -> Completion:
+        return client.complete(ids, settings.n_predict, temperature=settings.temperature, seed=0,
+                               cache_prompt=False)
+
+    with speed_launch.alone(target).server(bin_dir=bin_dir) as alone, \
+            speed_launch.server(bin_dir=bin_dir) as spec:
+        for server in (alone, spec):
+            ask(server.client, prompt_ids[0][:8])  # warm-up, not measured
+        rounds = interleaved_rounds(alone.client, spec.client, prompt_ids, ask, settings.rounds, progress)
+    totals = ServerRun(rounds.answers, rounds.answers).totals()
+    tau = mean_acceptance_length(totals["produced"], totals["accepted"], len(rounds.answers))
+    return rounds, rounds.speedup(tau if totals["drafted"] else None)
 
 
 def _replayed(model: Path, contexts: list[ServerContext], bin_dir: Path, jobs: list) -> list[list]:
@@ -184,14 +212,16 @@ class ValidationReport:
     produced: int
     proven_by_replay: int
     positions_checked: int
-    tokens_per_second: dict[str, float]  # target, speculative
-    speedup: float | None
+    tokens_per_second: dict[str, float]  # target, speculative: the median round's
+    speedup: float | None  # None when not measured reliably (speed["speedup_unreliable"] says why)
+    speed: dict  # runner/speed.Speedup.to_dict(): the rounds, their range, the bound, the load
     divergences: list[dict]  # every mismatch and numerical difference (lossless.py Finding.to_dict)
     replay: dict  # what the replay was and reproduced (_check_tokens)
     settings: dict
     launch: dict  # serve's recipe, the user's arguments after --, what validate added, both commands
     llama: dict
     reference: dict | None  # the z-lab PyTorch reference's tau and the draft parity, when asked
+    drafting: dict  # validation/acceptance.py depth_profile of the one-at-a-time pass: lengths, parked, per depth
     warnings: list[str]
     finished_at: str
 
@@ -204,7 +234,11 @@ class ValidationReport:
         return all(p.lossless for p in self.prompts)
 
     def to_dict(self) -> dict:
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields = {}
+        for f in dataclasses.fields(self):
+            fields[f.name] = getattr(self, f.name)
+            if f.name == "speedup":  # beside it, why it is null when it is
+                fields["speedup_unreliable"] = self.speed.get("speedup_unreliable")
         return {"exact": self.exact, "lossless": self.lossless, **fields,
                 "prompts": [p.to_dict() for p in self.prompts]}
 
@@ -218,9 +252,10 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], s
     if settings.reference_draft is not None:  # fetched before the servers run, so a Hub error comes first
         settings = dataclasses.replace(settings, reference_draft=hub.drafter_folder(settings.reference_draft),
                                        reference_target=hub.target_folder(settings.reference_target, weights=True))
-    launch = measuring_launch(launch_recipe(target, draft, parallel=settings.parallel, exact=settings.exact,
-                                            server_args=settings.user_server_args()),
-                              prompts, settings.n_predict).adding(*DEBUG_ARGS)
+    speed_launch = measuring_launch(launch_recipe(target, draft, parallel=settings.parallel, exact=settings.exact,
+                                                  server_args=settings.user_server_args()),
+                                    prompts, settings.n_predict)
+    launch = speed_launch.adding(*DEBUG_ARGS)
     bin_dir = find_bin_dir(settings.backend, settings.llama_bin)
     n_ctx = max(size_bound(p) for p in prompts) + settings.n_predict + 64
     with tempfile.TemporaryDirectory(prefix="dflash-validate-") as folder:
@@ -249,7 +284,7 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], s
 
     totals = spec.totals()
     reference = _reference_parity(settings, prompt_ids, spec, tasks["speculative"], progress)
-    tps_target, tps_spec = alone.tokens_per_second(), spec.tokens_per_second()
+    rounds, speedup = measure_speed(speed_launch, target, prompt_ids, settings, bin_dir, progress)
     return ValidationReport(
         prompts=results,
         mean_acceptance_length=round(mean_acceptance_length(totals["produced"], totals["accepted"],
@@ -258,15 +293,20 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], s
         drafted=totals["drafted"], accepted=totals["accepted"], produced=totals["produced"],
         proven_by_replay=sum(r.proven_by_replay for r in results),
         positions_checked=sum(r.positions_checked for r in results),
-        tokens_per_second={"target": round(tps_target, 2), "speculative": round(tps_spec, 2)},
-        speedup=round(tps_spec / tps_target, 3) if tps_target else None,
+        tokens_per_second=rounds.tokens_per_second() if rounds else {"target": 0.0, "speculative": 0.0},
+        speedup=speedup.to_dict()["speedup"],
+        speed={**speedup.to_dict(), "rounds": settings.rounds,
+               "tokens_per_second_rounds": {"target": rounds.alone, "speculative": rounds.speculative}
+               if rounds else None},
         divergences=divergences,
         replay=replay_info,
         settings={"n_predict": settings.n_predict, "parallel": launch.parallel, "exact": settings.exact,
+                  "rounds": settings.rounds,
                   "temperature": settings.temperature, "draft_max": launch.draft_length, "baseline": str(baseline)},
         launch={**launch.summary(), "speculative_command": spec_command, "target_command": alone_command},
         llama=build_info(bin_dir, settings.backend),
         reference=reference,
+        drafting=depth_profile(step for task in tasks["speculative"] for step in task.steps),
         warnings=list(launch.warnings),
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )

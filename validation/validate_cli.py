@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import click
 
@@ -13,24 +14,23 @@ from ..extras import require
 from ..hub.model_param import ModelParam
 from ..hub import resolve as hub
 from ..options import (GGUF, OUTPUT_FILE, ServerArgsCommand, build_options, draft_option, exact_option, json_option,
-                       n_predict_option, parallel_option, prompts_option, rpc_option, seed_option, target_option,
+                       n_predict_option, parallel_option, prompts_option, rounds_option, rpc_option, seed_option, target_option,
                        temperature_option, threads_option)
 from ..outputs import Input, Output, Replace, check_outputs, write_text
 from ..runner.launch import with_rpc
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
+from ..runner.speed import MIN_ROUNDS, shown
 from .distribution import DEFAULT_ALPHA
 from .validate import ValidationReport, ValidationSettings, is_report, validate, verdict
 from .validate_sampled import DistributionReport, Sampling, validate_distribution
 from .validate_sampled import verdict as sampled_verdict
 
 
-def exactness(report: ValidationReport) -> str:
-    """The "identical to the target alone" line, from what was measured."""
-    prompts = report.prompts
-    same = sum(p.exact for p in prompts)
-    if same == len(prompts):
-        return f"yes: {same} of {len(prompts)} prompts token for token"
-    return f"no: {same} of {len(prompts)} prompts token for token"
+def exactness(identical: Sequence[bool]) -> str:
+    """The "identical to the target alone" line, from each prompt's verdict (`PromptResult.exact`,
+    or a JSON report's `prompts[i]["exact"]`)."""
+    same = sum(map(bool, identical))
+    return f"{'yes' if same == len(identical) else 'no'}: {same} of {len(identical)} prompts token for token"
 
 
 def losslessness(report: ValidationReport) -> str:
@@ -84,7 +84,7 @@ def _print_table(report: ValidationReport) -> None:
     replay = report.replay
     click.echo("")
     click.echo(f"lossless                {losslessness(report)}")
-    click.echo(f"identical to target     {exactness(report)}")
+    click.echo(f"identical to target     {exactness([p.exact for p in report.prompts])}")
     if (text := meaning(report)) is not None:
         click.echo(f"  what it means         {text}")
     click.echo(f"tokens checked          {report.positions_checked} of {report.produced} produced, each against "
@@ -119,9 +119,11 @@ def _print_table(report: ValidationReport) -> None:
                            f"{d['reference'][d['first_difference']]} (reference margin {d['reference_margin']:.4f}, "
                            f"{d['verdict']})")
     click.echo(f"acceptance rate         {report.acceptance_rate:.3f} ({report.accepted} / {report.drafted})")
-    click.echo(f"tokens/s target alone   {tps['target']:.1f}")
-    click.echo(f"tokens/s speculative    {tps['speculative']:.1f}")
-    click.echo(f"speedup                 {report.speedup}x")
+    for line in drafting_lines(report.drafting):
+        click.echo(line)
+    click.echo(f"tokens/s target alone   {tps['target']:.1f} (median round)")
+    click.echo(f"tokens/s speculative    {tps['speculative']:.1f} (median round)")
+    click.echo(f"speedup                 {shown(report.speed)}")
     click.echo(f"llama.cpp               {report.llama['backend']} build {report.llama['build']}")
     launch = report.launch
     click.echo(f"llama-server            serve's launch: {' '.join(launch['recipe'])}")
@@ -130,6 +132,22 @@ def _print_table(report: ValidationReport) -> None:
     if launch["added"]:
         click.echo(f"  added for checking    {' '.join(launch['added'])} (room in every slot for the prompts; "
                    "the debug log of the server's steps)")
+
+
+def drafting_lines(profile: dict) -> list[str]:
+    """What the steps drafted (validation/acceptance.py depth_profile), as the table prints it."""
+    if not profile.get("steps"):
+        return []
+    steps = profile["steps"]
+    lengths = ", ".join(f"{n}: {count}" for n, count in profile["draft_lengths"].items())
+    lines = [f"drafts sent per step    {lengths} (of {steps} steps; parked, 0 drafts: "
+             f"{profile['parked_share']:.1%})"]
+    depths = profile["per_depth"]
+    if depths:
+        lines.append("acceptance by depth     " + "  ".join(
+            f"{d['depth']}: {d['conditional']:.2f}" for d in depths if d["conditional"] is not None)
+            + "  (depth i accepted when depth i-1 was)")
+    return lines
 
 
 def _print_distribution(report: DistributionReport) -> None:
@@ -163,6 +181,7 @@ def _print_distribution(report: DistributionReport) -> None:
 @seed_option
 @click.option("--alpha", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
               help=f"With --temperature: significance level of the test (default {DEFAULT_ALPHA}).")
+@rounds_option(MIN_ROUNDS, zero="speed not measured (greedy runs only)")
 @click.option("--strict", is_flag=True, help="Fail unless the output is also identical to the target alone.")
 @exact_option
 @click.option("--baseline", type=GGUF,
@@ -181,7 +200,7 @@ def _print_distribution(report: DistributionReport) -> None:
 @click.option("--report", "report_file", type=OUTPUT_FILE,
               help="Also write the full report as JSON to this file.")
 def validate_command(target, draft, prompts_file, n_predict, parallel, temperature, top_k, top_p, min_p, samples,
-                     positions, seed, alpha, strict, exact, baseline, backend, llama_bin, threads, rpc,
+                     positions, seed, alpha, rounds, strict, exact, baseline, backend, llama_bin, threads, rpc,
                      reference_draft, reference_target, as_json, report_file, server_args) -> None:
     """Prove a drafter is lossless in llama.cpp, and measure what it buys.
 
@@ -211,9 +230,14 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
     count as checked where they equal it.
 
     Also reports the mean acceptance length tau (tokens per target verification step, bonus
-    included, prefill tokens left out), the acceptance rate (accepted / drafted), tokens per
-    second for the target alone and with the drafter (each measured one prompt at a time on the
-    same build) and their ratio.
+    included, prefill tokens left out), the acceptance rate (accepted / drafted), and the speed:
+    the target alone and the speculative server, up together without the debug log, answer
+    every prompt in --rounds interleaved rounds (one request at a time, which server goes
+    first alternating); the speedup is the median of the rounds' ratios, with their range. A
+    ratio the run cannot support (a round above tau, which no drafter can beat; a range wider
+    than the median's distance from 1x; fewer than 3 rounds) is printed as "not measured
+    reliably here: <why>", with the load average when the machine is oversubscribed, and the
+    JSON has `speedup: null` and `speedup_unreliable`.
 
     Exit status: 0 when lossless and every token checked (--strict: and identical), 1
     otherwise, 2 on bad input.
@@ -247,7 +271,8 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
     settings = ValidationSettings(n_predict=n_predict, parallel=parallel, temperature=temperature,
                                   exact=exact, threads=threads, backend=backend,
                                   llama_bin=llama_bin, server_args=list(server_args),
-                                  reference_draft=reference_draft, reference_target=reference_target)
+                                  reference_draft=reference_draft, reference_target=reference_target,
+                                  rounds=rounds)
     sampling_options = {"--top-k": top_k, "--top-p": top_p, "--min-p": min_p, "--samples": samples,
                         "--positions": positions, "--seed": seed, "--alpha": alpha}
     if temperature == 0:

@@ -1,0 +1,205 @@
+"""A speedup users can trust: the target alone (A) and the speculative server (B) measured in turns on
+the same prompts, and the one judgement of whether the figure can be printed.
+
+Timings on a shared machine drift from second to second, so a ratio of one pass of each server is
+meaningless (make demo once printed 0.051x and 14.7x for the same pair). Both servers stay up; every
+round sends each prompt to both, one request after the other, and which goes first alternates by
+prompt and by round (A B, B A, ...). A round's ratio is B's tokens/s over A's, each from the server's
+own generation timings summed over the round; the speedup is the median of the rounds, printed with
+their range and count.
+
+What the run cannot support is withheld, never printed as a number (`Speedup.unreliable` says why):
+- a ratio above tau: every verify step costs at least one target token, so drafting can give at most
+  tau times the target alone's speed; a round beyond it is a measuring error;
+- a range wider than the effect: the rounds spread over more than the median's distance from 1x (and
+  over more than RANGE_FLOOR), so the run cannot say on which side of 1x, or how far, it lies;
+- fewer than MIN_ROUNDS rounds.
+When the machine is oversubscribed (1-minute load average above the CPUs this process may use), the
+reason says so, with both figures.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .client import Completion, LlamaClient
+
+MIN_ROUNDS = 3
+# a range this narrow is a figure, even when its median lies within it of 1x
+RANGE_FLOOR = 0.05
+
+Progress = Callable[[str], None]
+
+
+def cpus() -> int:
+    """The CPUs this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def oversubscribed(load: float | None, cores: int) -> str | None:
+    """A clause naming the load against the cores, when the load exceeds them."""
+    if load is None or load <= cores:
+        return None
+    return f"the machine is oversubscribed (load average {load:.2f} on {cores} core{'s' * (cores != 1)})"
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """A measured ratio with its spread, and why it cannot be printed (None: it can)."""
+
+    ratios: tuple[float, ...]
+    unit: str                      # what each ratio is: "round" or "request pair"
+    tau: float | None              # the bound: None when nothing was drafted
+    load: float | None             # the highest 1-minute load average seen while measuring
+    cores: int
+    unreliable: str | None
+
+    @property
+    def measured(self) -> float | None:
+        return statistics.median(self.ratios) if self.ratios else None
+
+    @property
+    def value(self) -> float | None:
+        """The figure to print and to decide on: None when the run cannot support one."""
+        return None if self.unreliable else self.measured
+
+    @property
+    def range(self) -> tuple[float, float] | None:
+        return (min(self.ratios), max(self.ratios)) if self.ratios else None
+
+    @property
+    def beyond_tau(self) -> bool:
+        return self.tau is not None and any(r > self.tau for r in self.ratios)
+
+    def to_dict(self) -> dict:
+        """The figures; a run with a ratio above tau gives none of its ratios (no figure above tau is
+        printed anywhere), only why."""
+        rounded = lambda x: None if x is None else round(x, 3)  # noqa: E731
+        ratios = () if self.beyond_tau else self.ratios
+        return {"speedup": rounded(self.value), "speedup_unreliable": self.unreliable,
+                "speedup_measured": rounded(statistics.median(ratios)) if ratios else None,
+                "speedup_range": [round(min(ratios), 3), round(max(ratios), 3)] if ratios else None,
+                "speedup_runs": [round(x, 3) for x in ratios], "speedup_unit": self.unit,
+                "tau_bound": rounded(self.tau), "load_average": rounded(self.load), "cores": self.cores}
+
+    def shown(self) -> str:
+        return shown(self.to_dict())
+
+
+def shown(speed: dict) -> str:
+    """A `Speedup.to_dict()` (as a report holds it) in words: the figure with its spread, or "not
+    measured reliably here: <why>"."""
+    if speed.get("speedup") is None:
+        return f"not measured reliably here: {speed.get('speedup_unreliable') or 'nothing was measured'}"
+    lo, hi = speed["speedup_range"]
+    runs = len(speed["speedup_runs"])
+    return (f"{speed['speedup']:.3f}x (median of {plural(speed['speedup_unit'], runs)}, interleaved; "
+            f"range {lo:.3f}-{hi:.3f})")
+
+
+def plural(unit: str, n: int) -> str:
+    """"3 rounds", "1 paired pass", "6 paired passes"."""
+    return f"{n} {unit}" if n == 1 else f"{n} {unit}{'es' if unit.endswith('s') else 's'}"
+
+
+def not_measured(why: str) -> Speedup:
+    return Speedup((), "round", None, None, cpus(), why)
+
+
+def judge(ratios: Sequence[float], tau: float | None, unit: str = "round", load: float | None = None,
+          cores: int | None = None, min_rounds: int = MIN_ROUNDS) -> Speedup:
+    """The `Speedup` of `ratios` (speculative over target alone), bounded by `tau` when drafting ran."""
+    ratios = tuple(float(r) for r in ratios if r > 0)
+    cores = cores or cpus()
+    why = _why(ratios, tau, unit, min_rounds)
+    busy = oversubscribed(load, cores)
+    if why and busy:
+        why = f"{why}; {busy}"
+    return Speedup(ratios, unit, tau, load, cores, why)
+
+
+def _why(ratios: tuple[float, ...], tau: float | None, unit: str, min_rounds: int) -> str | None:
+    if len(ratios) < min_rounds:
+        return f"{plural(unit, len(ratios))} measured, at least {min_rounds} are needed"
+    median, lo, hi = statistics.median(ratios), min(ratios), max(ratios)
+    if tau is not None and hi > tau:
+        above = sum(r > tau for r in ratios)
+        return (f"{above} of the {plural(unit, len(ratios))} came out above tau {tau:.2f}, the most drafting can "
+                "give (every verify step costs at least one target token): a measuring error")
+    if hi - lo > max(abs(median - 1.0), RANGE_FLOOR):
+        return (f"the {plural(unit, len(ratios))} range from {lo:.2f}x to {hi:.2f}x, wider than the effect "
+                f"(median {median:.2f}x)")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring: both servers up, requests in turns
+# ---------------------------------------------------------------------------------------------
+
+def generation_speed(completions: Sequence[Completion]) -> float:
+    """Tokens per second of generation, from the server's own timings (prompt evaluation left out)."""
+    tokens = sum(c.n_predicted for c in completions)
+    ms = sum(float(c.timings.get("predicted_ms", 0.0)) for c in completions)
+    return tokens / (ms / 1000.0) if ms > 0 else 0.0
+
+
+@dataclass
+class Rounds:
+    """What interleaved rounds measured: per round, each side's tokens/s, and every answer."""
+
+    alone: list[float]
+    speculative: list[float]
+    answers: list[Completion]      # the speculative server's, every round (acceptance counts)
+    load: float | None
+
+    @property
+    def ratios(self) -> list[float]:
+        return [b / a for a, b in zip(self.alone, self.speculative) if a > 0 and b > 0]
+
+    def speedup(self, tau: float | None) -> Speedup:
+        return judge(self.ratios, tau, "round", self.load)
+
+    def tokens_per_second(self) -> dict[str, float]:
+        """The median round's tokens/s of each side."""
+        return {"target": round(statistics.median(self.alone), 2) if self.alone else 0.0,
+                "speculative": round(statistics.median(self.speculative), 2) if self.speculative else 0.0}
+
+
+def interleaved_rounds(alone: LlamaClient, speculative: LlamaClient, prompts: Sequence[Sequence[int]],
+                       ask: Callable[[LlamaClient, Sequence[int]], Completion], rounds: int,
+                       progress: Progress | None = None) -> Rounds:
+    """`rounds` passes over `prompts`, each prompt sent to both servers one after the other, the first
+    alternating by prompt and round. `ask` sends one request (the same for both)."""
+    out = Rounds([], [], [], load_average())
+    for r in range(rounds):
+        mine: list[Completion] = []
+        theirs: list[Completion] = []
+        for i, ids in enumerate(prompts):
+            if (i + r) % 2:
+                mine.append(ask(speculative, ids))
+                theirs.append(ask(alone, ids))
+            else:
+                theirs.append(ask(alone, ids))
+                mine.append(ask(speculative, ids))
+        out.alone.append(generation_speed(theirs))
+        out.speculative.append(generation_speed(mine))
+        out.answers += mine
+        out.load = max(filter(None, (out.load, load_average())), default=None)
+        if progress:
+            a, b = out.alone[-1], out.speculative[-1]
+            progress(f"speed round {r + 1}/{rounds}: target alone {a:.1f} tok/s, speculative {b:.1f} tok/s"
+                     + (f" ({b / a:.3f}x)" if a else ""))
+    return out
