@@ -105,8 +105,9 @@ threads_option = click.option("--threads", type=click.IntRange(min=1), default=N
 quantize_threads_option = click.option("--quantize-threads", type=click.IntRange(min=1), default=None,
                                        help="Threads for llama-quantize. Default: every CPU.")
 force_option = click.option("--force", is_flag=True,
-                            help="Replace the output if it exists (a folder only when an earlier run of this "
-                                 "command wrote it).")
+                            help="Replace the output if it exists (a folder only when its "
+                                 ".dflash-gguf-manifest.json shows that an earlier run of this command wrote every "
+                                 "file in it, unchanged).")
 seed_option = click.option("--seed", type=click.IntRange(0), default=None,
                            help="Random seed: the same seed, the same result.")
 
@@ -116,24 +117,25 @@ def n_predict_option(default: int | None = 64):
                         show_default=default is not None, help="New tokens per prompt.")
 
 
-def rounds_option(default: int | None = 3, *, zero: str | None = None):
-    """--rounds: interleaved rounds of a speed measurement (runner/speed.py); `zero` says what 0 means
-    where it is allowed."""
+def rounds_option(default: int | None = 3):
+    """--rounds: interleaved rounds of a speed measurement (runner/speed.py)."""
     return click.option(
-        "--rounds", type=click.IntRange(0 if zero else 1, 50), default=default, show_default=default is not None,
+        "--rounds", type=click.IntRange(1, 50), default=default, show_default=default is not None,
         help="Paired rounds per setting measured: in each, every request goes to the target alone's server and "
              "to the drafter's, one after the other, which goes first alternating (a ratio of two things "
              "measured side by side). The speedup is the median of the rounds with their range; one above "
              "tau, or whose range is wider than its distance from 1x, or from fewer than 3 rounds, is "
-             "reported as not measured reliably." + (f" 0: {zero}." if zero else ""))
+             "reported as not measured reliably.")
 
 
 def out_option(*, required: bool = False, folder: bool = False, dest: str = "out"):
     """-o/--out: the command's output, a file (convert) or a folder it builds (`folder`: release, train)."""
     return click.option("-o", "--out", dest, required=required, type=OutputFile(folder),
                         help="Where the output goes (the description above says what it is): built beside it and "
-                             "renamed into place when complete; an existing one is replaced only with --force (a "
-                             "folder only when an earlier run of this command wrote it).")
+                             "renamed into place when complete; an existing one is replaced only with --force, a "
+                             "folder only when its .dflash-gguf-manifest.json shows that an earlier run of this "
+                             "command wrote every file in it, unchanged (a folder holding anything else, your own "
+                             "README.md, LICENSE or .gguf files included, is refused and left as it is).")
 
 
 def port_option(default: int | None = None):

@@ -17,7 +17,9 @@ The rules, the same for every command:
   checked before work starts and again just before the output is put in place (`guard`);
 - an existing file is replaced only with --force (`Replace.FORCE`), or, for reports and logs
   (`Replace.OWNED`), only when it is empty or one this command wrote earlier (`owned(path)` says
-  so): a report never silently replaces a file that is not a report.
+  so): a report never silently replaces a file that is not a report;
+- a folder output (a release, a trained drafter) is built and replaced only through owned_folder.py:
+  --force replaces a folder only where its manifest shows the command wrote every file in it.
 """
 
 from __future__ import annotations
@@ -26,9 +28,7 @@ import contextlib
 import ctypes
 import errno
 import os
-import shutil
 import stat
-from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -270,44 +270,4 @@ def rename_exclusive(src: Path | str, dst: Path | str) -> None:
     except OSError:
         with contextlib.suppress(OSError):
             os.rmdir(dst)  # ours, and still empty; a folder someone filled meanwhile stays
-        raise
-
-
-def _move_into_place(tmp: Path, out_dir: Path) -> None:
-    """Put the finished folder at out_dir; a previous out_dir is removed only once the new one is in place."""
-    old = None
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.old")
-        os.replace(out_dir, old)
-    try:
-        os.replace(tmp, out_dir)
-    except BaseException:
-        if old is not None:
-            os.replace(old, out_dir)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-@contextmanager
-def built_beside(out_dir: Path) -> Iterator[Path]:
-    """A temporary folder beside `out_dir` to build a folder output in (a trained drafter): renamed onto `out_dir` when the
-    block completes, removed when it raises (an OSError about the temporary folder names `out_dir`)."""
-    tmp = partial_name(out_dir)
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir()
-    except OSError as err:
-        raise named_for(err, out_dir) from None
-    try:
-        yield tmp
-        guard(out_dir, "-o", folder=True)
-        _move_into_place(tmp, out_dir)
-    except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if err.filename is None or str(err.filename).startswith(str(tmp)):
-            raise named_for(err, out_dir) from None
-        raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -89,8 +89,9 @@ def release(draft_dir: Path | HubRef, target: Path | HubRef | None, types: str, 
     card already records this release: the same drafter and target commits (or, for local
     sources, the same file sha256s), the requested types and this dflash-gguf version. That
     check needs only the Hub's model info, so nothing is downloaded or built when it matches;
-    --force releases again. Without --push, --force replaces an earlier release folder (only one
-    holding nothing but files a release writes).
+    --force releases again. Without --push, --force replaces an earlier release folder: only one
+    whose .dflash-gguf-manifest.json records every file in it, unchanged since release wrote it;
+    a folder holding anything else, or made before these records, is refused and left as it is.
 
     \b
     Examples:

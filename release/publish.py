@@ -24,6 +24,7 @@ from ..hub import client as hub_client
 from ..hub import names as hub_names
 from ..inputs import TEXT_LIMIT
 from ..licenses import read_text, split_front_matter
+from ..owned_folder import MANIFEST
 from ..secrets import hub_token, known_secrets, refuse_secrets_in_file, scrub
 from ..terminal import shown
 from . import license_rules as lic
@@ -91,7 +92,8 @@ def plan_upload(folder: str | Path) -> tuple[list[Upload], list[str]]:
     for path in sorted(folder.iterdir()):
         name = path.name
         if name.startswith("."):
-            skipped.append(name)  # .git, editor leftovers: never part of a release, never read
+            if name != MANIFEST:  # release's record of what it wrote: never sent, not worth a mention
+                skipped.append(name)  # .git, editor leftovers: never part of a release, never read
             continue
         check_inside(path, folder)
         if path.is_dir():

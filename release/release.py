@@ -8,7 +8,9 @@
     DIR/LICENSES.md                    when two different restrictive licenses both apply
 
 Nothing is written before the license rules allow the release. The folder is built in a temporary
-folder beside DIR and renamed onto DIR at the end, so DIR is either absent, as it was, or whole.
+folder beside DIR and renamed onto DIR at the end, so DIR is either absent, as it was, or whole; an
+existing DIR is replaced only with --force and only where every file in it is one an earlier release
+wrote, as its manifest records (dflash_gguf/owned_folder.py).
 
 `release()` runs the steps in order: check the request, read the sources (local or from the Hub),
 settle the names and the license terms, make and validate each variant, write the license files
@@ -33,6 +35,7 @@ from ..gguf.target import TargetInfo
 from ..hub import resolve as hub
 from ..hub.names import check_repo_id
 from ..outputs import Input, Output, check_outputs
+from ..owned_folder import built_beside, check_destination
 from ..secrets import refuse_secrets
 from ..quantize.quantize import (DEFAULT_RECIPE, FLOAT_TYPES, Recipe, find_llama_quantize, get_recipe, parse_type,
                                  quantize)
@@ -44,7 +47,6 @@ from ..validation import validate as validator
 from ..validation.validate import ValidationSettings
 from . import license_rules as lic
 from .card import NOT_VALIDATED, ReleaseResult, VariantResult, example_variant, render_card
-from .folder import built_beside, check_destination
 from .license_files import LicensePlan, plan_license_files, write_license_files
 from .names import drafter_repo, resolve_target, safe_name, target_facts, variant_file
 
@@ -95,7 +97,8 @@ def validate_variant(target: Path | TargetInfo, draft_path: Path, settings=None)
                            f"{target.name}'s own; run `dflash-gguf validate` for the report")
     speedup = result.speedup
     return {"validated": True, "tau": float(result.mean_acceptance_length),
-            "speedup": float(speedup) if speedup is not None else None, "note": "validated"}
+            "speedup": float(speedup) if speedup is not None else None,
+            "speedup_unreliable": result.speed.get("speedup_unreliable"), "note": "validated"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,7 +146,7 @@ def _check_request(draft_dir: str | Path, target: str | Path, out_dir: Path, typ
     parse_server_args(server_args)  # refuse what the runner manages before any work
     check_outputs([Output(out_dir, "-o", folder=True)],
                   [Input(draft_dir, "DRAFT_DIR"), Input(target, "--target"), Input(llama_bin, "--llama-bin")])
-    check_destination(out_dir, force)
+    check_destination(out_dir, force, "release")
     return wanted, rec
 
 
@@ -254,7 +257,7 @@ def release(draft_dir: str | Path, target: str | Path, types: str | list[str], o
                                           exact=exact))
     making = _Making(draft_dir, target, rec, backend, llama_bin, threads, validation)
 
-    with built_beside(out_dir, force) as folder:
+    with built_beside(out_dir, force=force, command="release") as folder:
         made = _make_variants(making, settled, wanted, folder, say)
         runs_on = support_of(made.drafter)
         if not runs_on.stock:

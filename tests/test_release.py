@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType as QT
 from dflash_gguf.gguf.file import GGUFFile
 from dflash_gguf.errors import DflashError
 from dflash_gguf.licenses import split_front_matter
+from dflash_gguf.owned_folder import MANIFEST, built_beside
 from dflash_gguf.release import license_rules as lic
 from dflash_gguf.release.release import release
 from dflash_gguf.validation.validate import ValidationReport
@@ -41,6 +42,13 @@ def _rows(body: str) -> dict[str, list[str]]:
         if m:
             rows[m.group(1)] = [c.strip() for c in line.strip("|").split("|")]
     return rows
+
+
+def _earlier_release(out: Path, files: dict[str, str]) -> None:
+    """A folder as an earlier release left it (with the manifest of what it wrote)."""
+    with built_beside(out, force=False, command="release") as folder:
+        for name, text in files.items():
+            (folder / name).write_text(text)
 
 
 def _sha256(path: Path) -> str:
@@ -79,7 +87,7 @@ def test_release_folder_card_and_variants(apache_drafter, target_gguf, llama_bin
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     files = ["dflash-Tiny-Qwen3-F16.gguf", "dflash-Tiny-Qwen3-Q8_0.gguf", "dflash-Tiny-Qwen3-Q4_K_M.gguf"]
-    assert sorted(p.name for p in out.iterdir()) == sorted(files + ["LICENSE", "README.md"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(files + ["LICENSE", "README.md", MANIFEST])
     assert report["files"] == sorted(files + ["LICENSE", "README.md"])
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left
 
@@ -123,7 +131,7 @@ def test_llama_target_brings_notice_built_with_and_its_gating(drafter_copy, llam
                        "--name", "Llama-3.1-Tiny", "--base-model", "z-lab/Tiny-DFlash", "--skip-validate")
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == [
-        "LICENSE", "NOTICE", "README.md", "USE_POLICY.md", "dflash-Llama-3.1-Tiny-F16.gguf"]
+        MANIFEST, "LICENSE", "NOTICE", "README.md", "USE_POLICY.md", "dflash-Llama-3.1-Tiny-F16.gguf"]
     assert (out / "NOTICE").read_text(encoding="utf-8") == LLAMA31_NOTICE
     assert (out / "LICENSE").read_text().startswith("LLAMA 3.1 COMMUNITY LICENSE AGREEMENT")
     meta, body = _front(out / "README.md")
@@ -285,7 +293,20 @@ def test_validator_report_gives_tau_and_speedup(drafter_copy, target_gguf, tmp_p
     assert [c[:2] for c in calls] == [(target_gguf, "dflash-T-F16.gguf"), (target_gguf, "dflash-T-F32.gguf")]
     assert calls[0][2] > 0
     assert _rows(_front(tmp_path / "rel" / "README.md")[1])["dflash-T-F16.gguf"][5:] == ["2.50", "1.25x"]
-    assert r.variants[1].validation == {"validated": True, "tau": 2.5, "speedup": 1.25, "note": "validated"}
+    assert r.variants[1].validation == {"validated": True, "tau": 2.5, "speedup": 1.25, "speedup_unreliable": None,
+                                        "note": "validated"}
+
+
+def test_a_speedup_the_run_cannot_support_is_not_on_the_card(drafter_copy, target_gguf, tmp_path, monkeypatch):
+    why = "3 of the 3 rounds came out above tau 1.96"
+    report = validation_report(mean_acceptance_length=1.96, speedup=None,
+                               speed={"speedup": None, "speedup_unreliable": why})
+    _fake_validator(monkeypatch, report, [])
+    drafter = drafter_copy("dflash-b16")
+    _card(drafter, "license: mit\n")
+    r = release(drafter, target_gguf, "F16", tmp_path / "rel", target_license_id="mit", name="T")
+    assert r.variants[0].validation["speedup"] is None and r.variants[0].validation["speedup_unreliable"] == why
+    assert _rows(_front(tmp_path / "rel" / "README.md")[1])["dflash-T-F16.gguf"][5:] == ["1.96", "not measured reliably"]
 
 
 def test_validation_runs_on_the_releases_build_and_server_args(drafter_copy, target_gguf, tmp_path,
@@ -356,12 +377,11 @@ def test_refusal_leaves_an_existing_folder_untouched(drafter_copy, target_gguf, 
     drafter = drafter_copy("dflash-b16")
     _card(drafter, "license: cc-by-nd-4.0\n")
     out = tmp_path / "rel"
-    out.mkdir()
-    (out / "README.md").write_text("an earlier release")
+    _earlier_release(out, {"README.md": "an earlier release"})
     proc = dflash_gguf("release", drafter, "--target", target_gguf, "--types", "F16", "-o", out,
                        "--target-license", "mit", "--skip-validate", "--force")
     assert_refused(proc, "NoDerivatives")
-    assert [p.name for p in out.iterdir()] == ["README.md"]
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "README.md"]
     assert (out / "README.md").read_text() == "an earlier release"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
@@ -389,15 +409,14 @@ def test_existing_folder_needs_force_and_is_replaced_whole(drafter_copy, target_
     drafter = drafter_copy("dflash-b16")
     _card(drafter, "license: mit\n")
     out = tmp_path / "rel"
-    out.mkdir()
-    (out / "dflash-T-Q2_K.gguf").write_text("a variant of an earlier release")
+    _earlier_release(out, {"dflash-T-Q2_K.gguf": "a variant of an earlier release"})
     args = ["release", drafter, "--target", target_gguf, "--types", "F16", "-o", out, "--target-license", "mit",
             "--skip-validate", "--name", "T"]
     assert_refused(dflash_gguf(*args), "--force")
-    assert [p.name for p in out.iterdir()] == ["dflash-T-Q2_K.gguf"]
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "dflash-T-Q2_K.gguf"]
     proc = dflash_gguf(*args, "--force")
     assert proc.returncode == 0, proc.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "dflash-T-F16.gguf"]
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "README.md", "dflash-T-F16.gguf"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
@@ -409,7 +428,7 @@ def test_force_never_replaces_a_folder_with_other_files(drafter_copy, target_ggu
     (out / "notes.txt").write_text("mine")
     proc = dflash_gguf("release", drafter, "--target", target_gguf, "--types", "F16", "-o", out,
                        "--target-license", "mit", "--skip-validate", "--force")
-    assert_refused(proc, ".git, notes.txt", "which a release does not write")
+    assert_refused(proc, ".git/, notes.txt", "which `dflash-gguf release` did not write")
     assert sorted(p.name for p in out.iterdir()) == [".git", "notes.txt"]
 
 

@@ -16,6 +16,7 @@ import pytest
 from gguf import GGUFValueType
 
 from dflash_gguf.gguf.file import KV
+from dflash_gguf.owned_folder import MANIFEST
 from dflash_gguf.paths import cache_dir
 from tests.conftest import REPO, dflash_gguf
 from tests.gguf_edit import edited_copy
@@ -51,7 +52,7 @@ def test_a_short_run_converts_and_is_lossless(trained_pair, tmp_path):
                  "--steps", "60", "--holdout", "0.25", *FAST, "--json")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "README.md", "config.json", "model.safetensors"]
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["hidden_size"] == 256
     assert config["dflash_config"]["target_layer_ids"] == summary["target_layer_ids"]
@@ -132,6 +133,18 @@ def test_an_init_drafter_of_another_width(trained_pair, tmp_path):
     proc = train("--target", trained_pair["target"], "--prompts", trained_pair["prompts"], "-o", tmp_path / "out",
                  "--init", smollm2_drafter, *FAST)
     assert_refused(proc, "--init", "hidden_size is 576", "256")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dflash2_shape_llama_cpp_refuses_is_refused_before_the_teacher(target_gguf, trained_pair, tmp_path):
+    # the tiny target is 64 wide: DFlash 2's selector needs top_k*(top_k+1) = 72; once this took a
+    # whole teacher pass and training before convert refused the result
+    started = time.monotonic()
+    proc = train("--target", target_gguf, "--prompts", trained_pair["prompts"], "-o", tmp_path / "out",
+                 "--variant", "dflash2", *FAST)
+    assert_refused(proc, "--variant dflash2", "hidden size 64 < selector_top_k*(selector_top_k+1) = 72",
+                   "train --variant dflash")
+    assert "teacher" not in proc.stderr and time.monotonic() - started < 60
     assert not (tmp_path / "out").exists()
 
 

@@ -29,9 +29,10 @@ from typing import Callable, Sequence
 import torch
 
 from ..convert.converter import convert
-from ..errors import CheckpointError, InputError, OutputError
+from ..errors import CheckpointError, InputError
 from ..gguf.checkpoint import DrafterCheckpoint
-from ..outputs import built_beside
+from ..gguf.compat import DrafterFacts, check_dflash2_shapes
+from ..owned_folder import built_beside, check_destination
 from ..paths import cache_dir
 from ..runner.build import find_bin_dir
 from ..runner.launch import launch_recipe
@@ -48,7 +49,6 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
 CARD_MARK = "<!-- written by dflash-gguf train -->"
-DRAFTER_FILES = ("config.json", "model.safetensors", "README.md")
 SEED = 20261202
 
 
@@ -112,25 +112,10 @@ def _file_key(path: Path) -> tuple:
 
 # --- the output folder ------------------------------------------------------------------------
 
-def is_trained_drafter(folder: Path) -> bool:
-    """Whether `folder` is a drafter this command wrote (what --force may replace)."""
-    names = {p.name for p in folder.iterdir()}
-    card = folder / "README.md"
-    return names <= set(DRAFTER_FILES) and card.is_file() and CARD_MARK in card.read_text(errors="replace")
-
-
 def check_output(out: Path, force: bool) -> None:
-    if out.exists() or out.is_symlink():
-        if not out.is_dir():
-            raise OutputError(f"-o {out}: exists and is not a folder; give a new folder name")
-        if any(out.iterdir()):
-            if not is_trained_drafter(out):
-                raise OutputError(f"-o {out}: holds files `dflash-gguf train` did not write; "
-                                  "give a new or empty folder")
-            if not force:
-                raise OutputError(f"-o {out}: already holds a trained drafter; pass --force to replace it")
-    elif not out.parent.is_dir():
-        raise OutputError(f"-o {out}: the folder {out.parent} does not exist")
+    """Refuse an -o the drafter folder may not be put at: one holding anything but an earlier `train`
+    output's own files, as its manifest records them (owned_folder.py), or such an output without --force."""
+    check_destination(out, force, "train")
 
 
 # --- prompts ----------------------------------------------------------------------------------
@@ -236,6 +221,19 @@ def plan_drafter(weights: GGUFWeights, options: TrainOptions) -> tuple[st.Drafte
                          "blocks with; start from a drafter that names one (--init)")
     block = options.block_size or st.VARIANTS[options.variant]["block_size"]
     return st.DrafterPlan(options.variant, layers, block, taps, mask), None
+
+
+def check_llama_loads(plan: st.DrafterPlan, weights: GGUFWeights) -> None:
+    """The shapes llama.cpp's loader refuses (the converter's own check), before the teacher runs: a
+    drafter convert would refuse is never trained for half an hour first."""
+    spec = plan.spec()
+    facts = DrafterFacts(source=f"--variant {plan.variant} on {weights.path}", hidden=weights.shape.n_embd,
+                         vocab=None, target_layer_ids=plan.target_layer_ids, mask_token_id=plan.mask_token_id,
+                         conv_group_size=spec.get("conv_group_size"), selector_top_k=spec.get("selector_top_k"))
+    try:
+        check_dflash2_shapes(facts)
+    except CheckpointError as err:
+        raise InputError(f"{err}; train --variant dflash on this target") from None
 
 
 def _plan_from_init(weights: GGUFWeights, options: TrainOptions) -> tuple[st.DrafterPlan, dict]:
@@ -367,6 +365,7 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
     weights = GGUFWeights(target)
     device = torch_device(options.device)
     plan, init_config = plan_drafter(weights, options)
+    check_llama_loads(plan, weights)
     with Teacher(target, plan.llama_taps, n_ctx=64, n_seq=1, top_k=st.TEACHER_TOP_K, threads=options.threads,
                  bin_dir=_bin_dir(options)):
         pass  # refuses a target whose graph does not record the layer inputs the drafter reads
@@ -415,7 +414,7 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
                       teacher_reused=teacher_reused,
                       teacher_store_bytes=store.info(folder)["bytes"], steps=drafter.trained_steps, lr=spec["lr"],
                       train_seconds=round(train_seconds, 1), device=str(device))
-    with built_beside(out) as tmp:
+    with built_beside(out, force=force, command="train") as tmp:
         recipe.save_drafter(drafter, tmp, config)
         if held_out and options.validate:
             summary.held_out = measure(target, tmp, held_out, options, progress)
@@ -435,6 +434,7 @@ def measure(target: Path, drafter_dir: Path, prompts: list[Prompt], options: Tra
         gguf = Path(work) / "drafter.gguf"
         progress("converting the drafter to GGUF for the held-out measurement")
         convert(drafter_dir, target, gguf)
+        # tau is what the held-out measurement is for; speed rounds would only lengthen it
         settings = ValidationSettings(n_predict=options.eval_tokens, threads=options.threads,
-                                      backend=options.backend, llama_bin=options.llama_bin)
+                                      backend=options.backend, llama_bin=options.llama_bin, rounds=0)
         return measure_apart(target, gguf, prompts, settings)

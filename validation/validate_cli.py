@@ -181,7 +181,7 @@ def _print_distribution(report: DistributionReport) -> None:
 @seed_option
 @click.option("--alpha", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
               help=f"With --temperature: significance level of the test (default {DEFAULT_ALPHA}).")
-@rounds_option(MIN_ROUNDS, zero="speed not measured (greedy runs only)")
+@rounds_option(MIN_ROUNDS)
 @click.option("--strict", is_flag=True, help="Fail unless the output is also identical to the target alone.")
 @exact_option
 @click.option("--baseline", type=GGUF,
