@@ -191,3 +191,16 @@ def test_sampled_softmax_without_the_targets_top_k_is_refused(target):
     seq, anchors = recipe.anchor_batch(data, 1, 2, torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="DistillSet.teacher_ids"):
         recipe.drafter_loss(drafter, target, data, seq, anchors, _spec("DFlashDraftModel", sampled_softmax=8))
+
+
+def test_a_timed_run_is_resized_from_the_pace_of_its_last_steps():
+    from collections import deque
+
+    from dflash_gguf.train.recipe import _sized
+
+    # 600 s budget, 300 s spent; the last 25 steps took 1 s each (the first took 0.2 s: load came)
+    assert _sized(600.0, 300.0, 500, deque([(100.0, 475), (125.0, 500)])) == 800
+    # the load went away: 0.25 s a step now, 300 s left -> 1,200 more steps, not the warm-up's few
+    assert _sized(600.0, 300.0, 500, deque([(100.0, 400), (125.0, 500)])) == 1700
+    # over budget: one more step (the loop then ends), never fewer than done
+    assert _sized(600.0, 700.0, 500, deque([(100.0, 475), (125.0, 500)])) == 501

@@ -11,6 +11,7 @@ import json
 import math
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -433,6 +434,20 @@ def _log_progress(name: str):
     return report
 
 
+RESIZE_EVERY = 25  # steps between re-sizings of a timed run, from the pace of the last ones
+
+
+def _sized(budget: float, spent: float, step: int, pace: deque) -> int:
+    """The step count that ends a timed run at its budget at the pace of the last steps: the load of a
+    shared machine changes while it trains, so the pace of the first steps alone overshoots or
+    undershoots (a 10-minute run sized on a loaded start was still going after 16 minutes)."""
+    (t0, s0), (t1, s1) = pace[0], pace[-1]
+    per_step = (t1 - t0) / (s1 - s0) if s1 > s0 and t1 > t0 else None
+    if per_step is None:
+        return step + 1
+    return max(step + 1, step + int(max(0.0, budget - spent) / per_step))
+
+
 def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | None, seed: int, name: str,
                   checkpoint: Path | None = None, checkpoint_every: int = 50, bf16: bool = False,
                   deadline: float | None = None, budget_seconds: float | None = None,
@@ -445,7 +460,8 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
     reductions stay float32). `deadline` (time.time() seconds) stops the loop early, after a checkpoint; the steps
     done are in `drafter.trained_steps`. `budget_seconds` instead of `steps`: the step count is set
     from the speed of the warm-up steps (which do not depend on it) so that the run takes about that
-    long, and is kept in the checkpoint. `progress(step, steps, running, seconds, first)` is called
+    long, then re-sized every RESIZE_EVERY steps from the pace of the last ones so that the run ends
+    at its budget whatever the load does meanwhile; the count is kept in the checkpoint. `progress(step, steps, running, seconds, first)` is called
     after every step (default: a log line every 25); `steps` is None until a budget has sized it."""
     warmup = 50
     device_type = next(drafter.parameters()).device.type
@@ -473,6 +489,7 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
         f"{spec['seqs_per_step']}x{spec['anchors_per_seq']} blocks of {spec['block_size']}")
     started = last_save = time.time()
     done_steps, step = first, first
+    pace: deque[tuple[float, int]] = deque([(started, first)], maxlen=RESIZE_EVERY + 1)
 
     def save(step_done: int) -> None:
         tmp = checkpoint.with_suffix(".partial")
@@ -485,9 +502,9 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
         if deadline is not None and time.time() > deadline:
             log(f"{name}: deadline reached after {step} of {steps} steps")
             break
-        if steps is None and step + 1 >= min(warmup, 20):  # sized by the warm-up's speed
-            per_step = (time.time() - started) / step
-            steps = max(step + 1, int(budget_seconds / per_step))
+        if budget_seconds is not None and step - first + 1 >= min(warmup, 20) and (
+                steps is None or (step - first) % RESIZE_EVERY == 0):
+            steps = _sized(budget_seconds, spent + time.time() - started, step, pace)
         seq, anchors = anchor_batch(data, spec["seqs_per_step"], spec["anchors_per_seq"], generator)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps or 10 ** 9, spec["lr"], warmup)
@@ -501,6 +518,7 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
             running[key] = 0.9 * running.get(key, value) + 0.1 * value
         step += 1
         done_steps = step
+        pace.append((time.time(), step))
         progress(step - 1, steps, running, time.time() - started, first)  # steps None: not sized yet
         if checkpoint is not None and steps is not None:
             due = (time.time() - last_save >= checkpoint_seconds if checkpoint_seconds is not None
