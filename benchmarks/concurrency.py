@@ -85,7 +85,7 @@ def concurrency_section(quick: bool, backend: str, progress: Progress, levels: t
                         exact: bool = False, keep: Callable[[Subject], bool] | None = None) -> dict:
     """The curve on each subject; `keep(subject)`, asked as each subject comes up, may leave it out
     (gpu_run.py: one that would not end before the deadline)."""
-    from dflash_gguf.validation.concurrency import BenchSettings, concurrency_curve
+    from dflash_gguf.validation.bench import BenchSettings, concurrency_curve
 
     n_predict = n_predict or (16 if quick else 64)
     rounds = rounds or (1 if quick else 3)
@@ -110,7 +110,7 @@ def _fmt(x: float | None, spec: str = ".1f") -> str:
 
 
 def curve_table(subject: dict) -> str:
-    from dflash_gguf.validation.concurrency import ALONE, DRAFTER
+    from dflash_gguf.validation.bench import ALONE, DRAFTER
 
     lines = ["| streams (-np) | aggregate tok/s, target alone | aggregate tok/s, drafter | speedup (runs) | "
              "per-request tok/s alone / drafter | tau | acceptance per slot | identical streams |",

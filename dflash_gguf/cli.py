@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 
 import click
 
@@ -15,7 +16,7 @@ from .hub.client import check_environment
 from .inputs import reading
 from .quantize.cli import commands as quantize_commands
 from .release.cli import commands as release_commands
-from .runner.cli import commands as llama_commands
+from .runner.llama_cli import commands as llama_commands
 from .runner.serve_cli import commands as serve_commands
 from .runner.tune_cli import commands as tune_commands
 from .secrets import ScrubbingStream, filter_log_handlers, scrub
@@ -39,6 +40,11 @@ def _one_line(text: str) -> str:
     return f"{line[:ERROR_LINE_LIMIT]}... ({len(line) - ERROR_LINE_LIMIT} more characters cut)"
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A library's warning (a FutureWarning, a UserWarning...) said as the program's own: one scrubbed line."""
+    click.echo(f"warning: {_one_line(f'{category.__name__}: {message}')}", err=True)
+
+
 class _Group(click.Group):
     def main(self, args=None, prog_name=None, **kwargs):
         """Every error is one line on stderr, click's usage errors too (exit 2); whatever is written
@@ -46,6 +52,7 @@ class _Group(click.Group):
         for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 is printed escaped, never a traceback
             if hasattr(stream, "reconfigure"):
                 stream.reconfigure(errors="backslashreplace")
+        warnings.showwarning = _show_warning
         try:  # before anything imports huggingface_hub, which parses them (a traceback otherwise)
             check_environment()
         except DflashError as err:

@@ -133,7 +133,7 @@ def _jsonl_prompt(path: Path, number: int, line: str) -> Prompt:
         text = record["prompt"]
         if not isinstance(text, str) or not text.strip():
             raise InputError(f'{where}: field "prompt" must be a non-empty string')
-        return text
+        return _text(where, "prompt", text)
     messages = record["messages"]
     if not isinstance(messages, list) or not messages:
         raise InputError(f'{where}: field "messages" must be a non-empty list of {{"role", "content"}} objects')
@@ -153,7 +153,18 @@ def _message(where: str, i: int, message: object) -> dict[str, str]:
         content = "".join(p["text"] for p in content)
     if not isinstance(content, str):
         raise InputError(f'{where}: field "{field}.content" must be a string')
-    return {"role": role, "content": content}
+    return {"role": role, "content": _text(where, f"{field}.content", content)}
+
+
+def _text(where: str, field: str, value: str) -> str:
+    """A JSON string that is text: a `\\ud800` escape alone (a lone surrogate) is no character and encodes
+    as nothing a server or tokenizer can take."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InputError(f'{where}: field "{field}" holds a lone surrogate (\\u{ord(value[err.start]):04x}), which is '
+                         "not text; write the character itself or its full surrogate pair") from None
+    return value
 
 
 def _unescape(line: str) -> str:

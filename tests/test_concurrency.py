@@ -9,7 +9,7 @@ import json
 import pytest
 
 from dflash_gguf.runner.client import Completion
-from dflash_gguf.validation.concurrency import (ALONE, DRAFTER, BenchReport, Level, Pass, _level, check_levels, deal,
+from dflash_gguf.validation.bench import (ALONE, DRAFTER, BenchReport, Level, Pass, _level, check_levels, deal,
                                             stops_paying, verdict_line)
 from dflash_gguf.errors import ServerArgsError
 from tests.conftest import dflash_gguf
@@ -35,18 +35,22 @@ def test_prompts_are_dealt_so_every_pass_covers_each_prompt_and_streams_carry_eq
 def test_a_stream_whose_answer_differs_from_the_target_alone_is_not_identical():
     reference = [[1, 2, 3], [4, 5, 6]]
     jobs = deal(2, 2)
-    alone = [Pass([[answer([1, 2, 3], 0)], [answer([4, 5, 6], 1)]], 1.0)]
-    spec = [Pass([[answer([1, 2, 3], 0, drafted=4, accepted=2)], [answer([4, 5, 9], 1, drafted=4, accepted=0)]], 0.5)]
+    alone = [Pass([[answer([1, 2, 3], 0)], [answer([4, 5, 6], 1)]], 1.0)] * 3
+    spec = [Pass([[answer([1, 2, 3], 0, drafted=4, accepted=2)], [answer([4, 5, 9], 1, drafted=4, accepted=0)]],
+                 0.5)] * 3
     row = _level(2, jobs, alone, spec, reference)
     assert not row.identical and row.target_alone_identical
     assert [s["identical"] for s in row.streams] == [True, False]
-    assert row.streams[1]["differing"] == [{"prompt": 1, "first_divergence": 2}]
+    assert row.streams[1]["differing"] == [{"prompt": 1, "first_divergence": 2}] * 3  # once per round
     assert [(s["slot"], s["acceptance_rate"]) for s in row.slots] == [(0, 0.5), (1, 0.0)]
+    # three rounds at 2.0x, tau 2.0: a figure (one round alone would be withheld)
     assert row.aggregate_tokens_per_second == {ALONE: 6.0, DRAFTER: 12.0} and row.speedup == 2.0
+    assert _level(2, jobs, alone[:1], spec[:1], reference).speed["speedup_unreliable"] == (
+        "1 round measured, at least 3 are needed")
     # the JSON's keys, as before the report was typed (validation/concurrency.py Level, BenchReport)
     assert list(row.to_dict()) == [
         "concurrency", "requests_per_stream", "rounds", "aggregate_tokens_per_second", "per_request_tokens_per_second",
-        "speedup", "speedup_runs", "tau", "acceptance_rate", "slots", "identical", "streams", "target_alone_identical",
+        "speedup", "speedup_runs", "speed", "tau", "acceptance_rate", "slots", "identical", "streams", "target_alone_identical",
         "target_alone_streams"]
     report = BenchReport("t.gguf", "d.gguf", [row], {}, {}, {}, [], "2026-12-03T00:00:00Z")
     assert list(report.to_dict()) == ["target", "draft", "identical", "stops_paying_at", "verdict", "levels",
@@ -56,12 +60,17 @@ def test_a_stream_whose_answer_differs_from_the_target_alone_is_not_identical():
 
 def test_where_drafting_stops_paying_is_read_from_the_curve():
     def rows(*speedups):
-        return [Level(2 ** i, 1, 1, {}, {}, s, [s], 1.0, 0.0, [], True, [], True, []) for i, s in enumerate(speedups)]
+        return [Level(2 ** i, 1, 1, {}, {}, s, [s], {"speedup": s}, 1.0, 0.0, [], True, [], True, [])
+                for i, s in enumerate(speedups)]
 
     assert stops_paying(rows(1.8, 1.2, 0.9, 0.7)) == 4
     assert verdict_line(rows(1.8, 1.2, 0.9, 0.7)) == "drafting stops paying at concurrency 4 (0.9x); it pays up to 2 (1.2x)"
     assert verdict_line(rows(1.8, 1.5)) == "drafting pays at every concurrency measured (lowest 1.5x at 2)"
     assert verdict_line(rows(0.8, 0.6)) == "drafting does not pay at any concurrency measured (best 0.8x)"
+    # a level whose speedup was withheld is named, never judged
+    assert verdict_line(rows(1.8, None, 0.7)) == ("drafting stops paying at concurrency 4 (0.7x); it pays up to 1 "
+                                                  "(1.8x); not measured reliably at concurrency 2 (see each "
+                                                  "level's speed.speedup_unreliable)")
 
 
 def test_bench_refuses_slots_and_ports_it_sets_itself(trained_pair):

@@ -113,7 +113,7 @@ def train_command(target, prompts_file, out, variant, layers, block_size, target
     if minutes is not None and steps is not None:
         raise OptionError("--minutes and --steps: give one")
     # extra: [train] (PyTorch): the command line starts without it
-    from .run import SEED, TrainOptions, train
+    from .pipeline import SEED, TrainOptions, train
 
     check_outputs([], [Input(target, "--target"), Input(prompts_file, "--prompts"), Input(init, "--init"),
                        Input(eval_prompts, "--eval-prompts")])

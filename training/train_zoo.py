@@ -48,7 +48,7 @@ def prompts_files(folder: Path, count: int = PROMPTS) -> tuple[Path, Path]:
     PROMPTS (so every drafter of the table is measured on the same ones); training takes `count` prompts
     of the same generator without them."""
     from dflash_gguf.runner.prompts import read_prompts
-    from dflash_gguf.train.run import TrainOptions, split_prompts
+    from dflash_gguf.train.pipeline import TrainOptions, split_prompts
 
     def write(name: str, conversations: list[dict]) -> Path:
         path = folder / name

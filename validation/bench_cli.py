@@ -12,7 +12,7 @@ from ..errors import OptionError
 from ..hub import resolve as hub
 from ..options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, n_predict_option,
                        prompts_option, rounds_option, target_option)
-from .concurrency import ALONE, DEFAULT_LEVELS, DRAFTER, BenchReport, BenchSettings, concurrency_curve, verdict_line
+from .bench import ALONE, DEFAULT_LEVELS, DRAFTER, BenchReport, BenchSettings, concurrency_curve, verdict_line
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 from ..runner.speed import shown
 
