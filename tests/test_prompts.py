@@ -60,6 +60,9 @@ def test_jsonl_is_recognised_by_its_content_whatever_the_name(tmp_path):
     ('{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}',
      'p.jsonl:2: field "messages[0].content" parts must each be'),
     ("[" * 100000, "p.jsonl:2: JSON nested too deeply"),
+    ('{"prompt": "a\\ud800b"}', 'p.jsonl:2: field "prompt" holds a lone surrogate (\\ud800)'),
+    ('{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}',
+     'p.jsonl:2: field "messages[0].content" holds a lone surrogate (\\udfff)'),
 ])
 def test_jsonl_errors_name_file_line_and_field(tmp_path, line, message):
     path = write(tmp_path, "p.jsonl", ['{"prompt": "fine"}', line])
