@@ -12,7 +12,14 @@ reports go through outputs.write_text, which scrubs too. What is replaced by `**
   without blocking and bounded, never by a command that neither sends a token nor writes an artifact;
 - any `Authorization:` header value and any `Bearer ...` credential, whoever's it is;
 - the user:password of any URL (`http://user:pass@host`), and HF_ENDPOINT's wherever they appear;
-- anything shaped like a Hugging Face token (`hf_` and 30 or more letters and digits).
+- anything shaped like a Hugging Face token (`hf_` and 30 or more letters and digits);
+- the OIDC exchange's credentials (HF_OIDC_ID_TOKEN, ACTIONS_ID_TOKEN_REQUEST_TOKEN) and the access token
+  it hands back (`register`, before anything can print it).
+
+Each secret is known in every form a server can echo it in (`wire_forms`): as read, stripped, as
+huggingface_hub sends it (CR/LF removed), URL-encoded, and as a header carries it. A token the filter
+could not keep out of output (under 8 characters) or that no header can carry (not printable ASCII)
+is refused before anything is sent, in one line naming where it came from (`check_sendable`).
 
 A token is found in any case and with `_`, `-`, whitespace and `,` taken as one: a license id's
 normalisation (lower case, `_` -> `-`) does not hide it. Artifacts (a GGUF's text, a release card, the
@@ -29,7 +36,7 @@ import re
 import string
 from pathlib import Path
 from typing import TextIO
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, quote_plus, unquote, urlsplit
 from .errors import InputError
 from .errors import OutputError
 from .inputs import read_text
@@ -52,8 +59,11 @@ _CHUNK = 16 << 20
 
 
 TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+# Credentials of the OIDC exchange (HF_OIDC_RESOURCE): the CI's id token and what GitHub mints it with
+CI_SECRET_ENV = ("HF_OIDC_ID_TOKEN", "ACTIONS_ID_TOKEN_REQUEST_TOKEN")
 TOKEN_FILE_LIMIT = 1 << 16  # bytes: a token is some dozens
 _stored: list[str] = []     # the stored login, once a command has read it (hub_token)
+_registered: list[str] = []  # tokens the process was handed at run time (the OIDC exchange's)
 
 
 def _token_file() -> Path:
@@ -78,7 +88,36 @@ def stored_token() -> str | None:
     except InputError as err:
         raise InputError(f"{err}; remove it and run `hf auth login` again, or set HF_TOKEN") from None
     _stored.append(token)
+    if token:
+        check_sendable(token, f"the token file {path}", "remove it and run `hf auth login` again, or set HF_TOKEN")
     return token or None
+
+
+def sent_form(token: str) -> str:
+    """A token as huggingface_hub sends it (`_clean_token`): CR and LF removed, then stripped."""
+    return token.replace("\r", "").replace("\n", "").strip()
+
+
+def check_sendable(token: str, where: str, fix: str) -> str:
+    """`token` as it would be sent, refused (InputError, naming `where`, never the value) when the filter
+    could not keep it out of output (under _MIN_SECRET characters) or no header can carry it (anything
+    but visible ASCII and spaces)."""
+    sent = sent_form(token)
+    if len(sent) < _MIN_SECRET:
+        raise InputError(f"{where}: the token is {len(sent)} characters, too short to keep out of every output "
+                         f"(at least {_MIN_SECRET}); it is not sent: {fix}")
+    if not all(" " <= c <= "~" for c in sent):
+        raise InputError(f"{where}: the token holds a character outside printable ASCII, which no HTTP header "
+                         f"can carry; it is not sent: {fix}")
+    return sent
+
+
+def register(token: str, where: str) -> str:
+    """A token the process was handed at run time (the OIDC exchange's): checked as one about to be sent,
+    then known to the filter before anything can print it."""
+    if token not in _registered:
+        _registered.append(token)  # first: the refusal below is printed through the filter too
+    return check_sendable(token, where, "check HF_ENDPOINT and HF_OIDC_RESOURCE")
 
 
 def hub_token() -> str | None:
@@ -86,9 +125,18 @@ def hub_token() -> str | None:
     stored login. Only a command that needs a token calls this: the token file is read then, never by
     a command that sends none (`--version` included)."""
     for name in TOKEN_ENV:
-        if os.environ.get(name, "").strip():
-            return os.environ[name].strip()
+        if sent_form(os.environ.get(name, "")):
+            return check_sendable(os.environ[name], name, f"set {name} to your whole token, or unset it")
     return stored_token()
+
+
+def check_endpoint_credentials() -> None:
+    """HF_ENDPOINT's user:password, refused (InputError) when the filter could not keep it out of output."""
+    netloc = urlsplit(os.environ.get("HF_ENDPOINT", "").strip()).netloc
+    userinfo = netloc.rpartition("@")[0]
+    if userinfo:
+        secret = unquote(userinfo.partition(":")[2] or userinfo)
+        check_sendable(secret, "HF_ENDPOINT's credential (user:password@)", "use a longer one, or unset HF_ENDPOINT")
 
 
 def _endpoint_credentials() -> list[str]:
@@ -110,8 +158,23 @@ def known_secrets(leaving: bool = False) -> list[str]:
     if leaving and not _stored:
         with contextlib.suppress(InputError):
             stored_token()
-    values = [os.environ.get(name, "") for name in TOKEN_ENV] + _endpoint_credentials() + _stored
-    return sorted({v for v in values if len(v) >= _MIN_SECRET}, key=len, reverse=True)
+    values = ([os.environ.get(name, "") for name in TOKEN_ENV + CI_SECRET_ENV] + _endpoint_credentials()
+              + _stored + _registered)
+    forms = {form for value in values for form in wire_forms(value)}
+    return sorted({v for v in forms if len(v) >= _MIN_SECRET}, key=len, reverse=True)
+
+
+def wire_forms(secret: str) -> set[str]:
+    """Every form a server can echo `secret` in: as read, stripped, as sent (CR/LF removed, stripped),
+    URL-encoded (quote, quote_plus) and as a header carries it (Bearer <token>: the token itself; a
+    header's bytes read back as latin-1)."""
+    values = {secret, secret.strip(), sent_form(secret)}
+    encoded = set()
+    for value in values:
+        encoded |= {quote(value, safe=""), quote(value), quote_plus(value)}
+        with contextlib.suppress(UnicodeError):
+            encoded.add(value.encode("utf-8").decode("latin-1"))
+    return {v for v in values | encoded if v}
 
 
 def _spans(text: str, secrets: list[str]) -> list[tuple[int, int]]:

@@ -19,21 +19,23 @@ class Terminated(KeyboardInterrupt):
 
 
 _HANDLED = ("SIGTERM", "SIGHUP")
-# Called when SIGTERM or SIGHUP arrives, before `Terminated` is raised: what the main thread's
-# exception cannot reach (a download in a worker thread) is told to stop here.
+# Called when SIGINT, SIGTERM or SIGHUP arrives, before the exception is raised: what the main thread's
+# exception cannot reach (a download in a worker thread, which the main thread waits for) is told to
+# stop here.
 _ON_TERMINATE: list = []
 
 
 def on_terminate(hook) -> None:
-    """Call `hook()` (once registered, at every SIGTERM or SIGHUP) before the command unwinds."""
+    """Call `hook()` (once registered, at every SIGINT, SIGTERM or SIGHUP) before the command unwinds."""
     if hook not in _ON_TERMINATE:
         _ON_TERMINATE.append(hook)
 
 
 @contextlib.contextmanager
 def raise_on_terminate(*, sigint: bool = False) -> Iterator[None]:
-    """SIGTERM and SIGHUP raise `Terminated` while the block runs. With `sigint`, SIGINT raises
-    KeyboardInterrupt too, even where the shell started us with SIGINT ignored (as for `cmd &`)."""
+    """SIGTERM and SIGHUP raise `Terminated` while the block runs, and SIGINT KeyboardInterrupt, each
+    after the `on_terminate` hooks. SIGINT is left ignored where the shell started us with it ignored
+    (as for `cmd &`), unless `sigint`."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -44,9 +46,12 @@ def raise_on_terminate(*, sigint: bool = False) -> Iterator[None]:
         raise Terminated(signal.Signals(signum).name)
 
     def interrupt(_signum, _frame):
+        for hook in _ON_TERMINATE:
+            hook()
         raise KeyboardInterrupt("SIGINT")
 
-    handlers = [(name, terminate) for name in _HANDLED] + ([("SIGINT", interrupt)] if sigint else [])
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    handlers = [(name, terminate) for name in _HANDLED] + ([("SIGINT", interrupt)] if sigint or not ignored else [])
     previous = {}
     for name, function in handlers:
         if hasattr(signal, name):

@@ -1,11 +1,13 @@
 """A GGUF read from a file object (a remote file answering range reads) is held only up to
-STREAM_HEADER_LIMIT before its tensor data: a header that claims 2^39 keys in a 1 TiB file, each key
-well formed, ends in one error instead of reading until the claimed size."""
+STREAM_HEADER_LIMIT before its tensor data: a header whose keys, each well formed, never end stops
+there; and a header that claims more keys than the file (or that limit) has room for, 2^39 of them in a
+1 TiB file, is refused before any key is read."""
 
 from __future__ import annotations
 
 import io
 import struct
+import time
 
 import pytest
 
@@ -16,13 +18,14 @@ ENTRY = 32  # u64 length, 16-character key, u32 type, u32 value
 
 
 class EndlessKeys(io.RawIOBase):
-    """A 1 TiB GGUF whose header claims 2^39 keys and whose every byte range holds well-formed ones."""
+    """A 1 TiB GGUF whose header claims `keys` keys and whose every byte range holds well-formed ones."""
 
     size = 1 << 40
 
-    def __init__(self):
+    def __init__(self, keys: int = 1 << 39):
         self.pos = 0
         self.served = 0
+        self.keys = keys
 
     def seekable(self):
         return True
@@ -35,7 +38,7 @@ class EndlessKeys(io.RawIOBase):
         return struct.pack("<Q", 16) + f"{index:016x}".encode() + struct.pack("<II", 4, index & 0xFFFFFFFF)
 
     def read(self, n=-1):
-        header = b"GGUF" + struct.pack("<IQQ", 3, 0, 1 << 39)
+        header = b"GGUF" + struct.pack("<IQQ", 3, 0, self.keys)
         start, end = self.pos, self.pos + n
         first, last = max(0, (start - 24) // ENTRY), (end - 24) // ENTRY + 1
         body = b"".join(self._at(i) for i in range(first, last))
@@ -47,7 +50,7 @@ class EndlessKeys(io.RawIOBase):
 
 def test_endless_metadata_from_a_stream_stops_at_the_limit(monkeypatch):
     monkeypatch.setattr(gguf_file, "STREAM_HEADER_LIMIT", 1 << 20)
-    source = EndlessKeys()
+    source = EndlessKeys(1 << 16)  # 2 MiB of keys: room for their count, not for them
     with pytest.raises(GGUFFormatError, match="run past 1 MiB before the tensor data"):
         gguf_file.GGUFFile(source, name="endless.gguf")
     assert source.served <= 1 << 20
@@ -58,3 +61,14 @@ def test_the_stream_reads_real_keys_below_the_limit():
     source.seek(0)
     first = source.read(24 + 2 * ENTRY)
     assert first[:4] == b"GGUF" and first[24 + 8:24 + 24] == b"0000000000000000"
+
+
+@pytest.mark.parametrize("keys, needle", [(1 << 39, "the file has"), (1 << 35, "read up to 256 MiB")],
+                         ids=["more-than-the-file-holds", "more-than-the-limit-holds"])
+def test_a_key_count_no_file_could_hold_is_refused_at_once(keys, needle):
+    source = EndlessKeys(keys)
+    start = time.monotonic()
+    with pytest.raises(GGUFFormatError, match=f"header claims {keys} metadata pairs.*{needle}"):
+        gguf_file.GGUFFile(source, name="claims.gguf")
+    assert time.monotonic() - start < 1
+    assert source.served <= gguf_file.FIRST_READ

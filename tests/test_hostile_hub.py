@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.local_hub import LocalHub, drip, hang, hub_env, model_info, raw
+from tests.local_hub import Blob, LocalHub, drip, hang, hub_env, model_info, raw
 from tests.warm import run_cli
 
 TOKEN = "hf_HostileHubToken0123456789abcdef"
@@ -152,7 +153,28 @@ def test_next_page_link_to_itself_stops(hub, tmp_path):
 
 # -- hangs: every request ends within its deadline, and on SIGTERM ----------------------------------------
 
-@pytest.mark.parametrize("answer", [hang, drip(headers_too=True), drip(headers_too=False)],
+def _slow(data: bytes, every_s: float = 0.2):
+    """The file's own bytes, one every `every_s` seconds, under its true size (a HEAD answered as the Hub
+    does): a download that is slow, not one that announces what the file is not."""
+    def fn(handler) -> None:
+        if handler.command == "HEAD":
+            return handler._route_get()
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.close_connection = True
+        try:
+            for byte in data:
+                handler.wfile.write(bytes([byte]))
+                handler.wfile.flush()
+                if handler.hub.closing.wait(every_s):
+                    return
+        except OSError:
+            pass
+    return fn
+
+
+@pytest.mark.parametrize("answer", [hang, drip(headers_too=True), _slow(CONFIG.encode())],
                          ids=["never-answers", "drips-headers", "drips-body"])
 def test_a_server_that_never_finishes_ends_within_the_deadline(hub, tmp_path, answer):
     _repo(hub)
@@ -173,7 +195,7 @@ def test_model_info_that_never_answers_ends(hub, tmp_path):
 
 def test_sigterm_ends_a_hung_download(hub, tmp_path):
     _repo(hub)
-    hub.answer(r"/z-lab/d/resolve/.*/config\.json", drip(headers_too=False))
+    hub.answer(r"/z-lab/d/resolve/.*/config\.json", _slow(CONFIG.encode()))
     env = hub_env(hub, tmp_path, DFLASH_GGUF_HUB_TIMEOUT="600")
     proc = subprocess.Popen([sys.executable, "-m", "dflash_gguf.cli", "convert", DRAFTER, "-t", "z-lab/t", "-o",
                              tmp_path / "out.gguf"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -192,6 +214,79 @@ def test_sigterm_ends_a_hung_download(hub, tmp_path):
             proc.kill()
             proc.wait()
     assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "Traceback" not in stderr
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def _start_convert(hub, tmp_path, target, **env) -> subprocess.Popen:
+    """The command line as a user starts it: SIGINT as a terminal delivers it (not ignored, as a suite
+    started with `make test &` would have it)."""
+    env = hub_env(hub, tmp_path, **env)
+    return subprocess.Popen([sys.executable, "-m", "dflash_gguf.cli", "convert", "z-lab/tiny-dflash", "-t", target,
+                             "-o", tmp_path / "out.gguf"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _stop(proc: subprocess.Popen, sig: int, started) -> tuple[str, float]:
+    """Wait until `started()`, send `sig`; (stderr, seconds the command took to end)."""
+    try:
+        deadline = time.monotonic() + 30
+        while not started():
+            assert time.monotonic() < deadline and proc.poll() is None, "the command never got there"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        proc.send_signal(sig)
+        start = time.monotonic()
+        _, stderr = proc.communicate(timeout=30)
+        return stderr, time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_ctrl_c_ends_a_hub_download_at_once_and_the_rerun_succeeds(hub, fixtures, target_gguf, tmp_path):
+    hub.add_folder("z-lab/tiny-dflash", fixtures / "dflash-b16")
+    # the weights, from the CDN, as announced, a byte at a time
+    hub.answer(r"/_lfs/.*", _slow((fixtures / "dflash-b16" / "model.safetensors").read_bytes()))
+    proc = _start_convert(hub, tmp_path, target_gguf, DFLASH_GGUF_HUB_TIMEOUT="600")
+    stderr, took = _stop(proc, signal.SIGINT, lambda: any(c["path"].startswith("/_lfs/") for c in hub.calls))
+    assert proc.returncode == 130, stderr
+    assert took < 1, took
+    assert "Traceback" not in stderr
+    assert not (tmp_path / "out.gguf").exists()
+    assert not list((tmp_path / "hf-home").rglob("*.incomplete")), "a partial download was left"
+    hub.hostile.clear()
+    proc, _ = _run(hub, tmp_path, "convert", "z-lab/tiny-dflash", "-t", target_gguf, "-o", tmp_path / "out.gguf")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_sigterm_ends_a_connect_that_never_completes(hub, fixtures, target_gguf, tmp_path):
+    """The weights' CDN: a listening socket whose backlog is full, so that a connect to it waits forever
+    (in huggingface_hub's download thread, which no signal reaches)."""
+    sha = hub.add_folder("z-lab/tiny-dflash", fixtures / "dflash-b16")
+    blackhole = socket.socket()
+    blackhole.bind(("127.0.0.1", 0))
+    blackhole.listen(0)
+    port = blackhole.getsockname()[1]
+    waiting = []
+    for _ in range(4):
+        waiting.append(socket.socket())
+        waiting[-1].setblocking(False)
+        waiting[-1].connect_ex(("127.0.0.1", port))
+    weights = Blob((fixtures / "dflash-b16" / "model.safetensors").read_bytes())
+    hub.answer(r"/z-lab/tiny-dflash/resolve/[^/]+/model\.safetensors", raw(302, b"", {
+        "X-Repo-Commit": sha, "Location": f"http://127.0.0.1:{port}/_lfs/{weights.sha256}",
+        "X-Linked-Size": weights.size, "X-Linked-Etag": f'"{weights.sha256}"', "ETag": f'"{weights.git_oid}"'}))
+    try:
+        proc = _start_convert(hub, tmp_path, target_gguf, DFLASH_GGUF_HUB_TIMEOUT="600")
+        stderr, took = _stop(proc, signal.SIGTERM, lambda: any(c["path"].endswith("model.safetensors")
+                                                               for c in hub.calls))
+    finally:
+        for s in (blackhole, *waiting):
+            s.close()
+    assert proc.returncode == 143, stderr
+    assert took < 1, took
     assert "Traceback" not in stderr
     assert not (tmp_path / "out.gguf").exists()
 
@@ -276,6 +371,19 @@ def test_a_fifo_in_the_cache_is_refused_not_read(hub, tmp_path, what):
     proc, took = _convert(hub, tmp_path, HF_HUB_OFFLINE="1", timeout=30)
     _one_line(proc, path.name, "not a regular file")
     assert took < 20
+
+
+@pytest.mark.parametrize("listing", [
+    b"[" * 200_000 + b"]" * 200_000,
+    b'{"format_version": 1, "files": {"../x": {"size": 1, "blob_id": "a"}}}',
+], ids=["nested-deep", "path-out"])
+def test_an_unusable_cached_listing_is_one_line(hub, tmp_path, listing):
+    storage, sha = _cached_repo(hub, tmp_path)
+    tree = storage / "trees" / f"{sha}.json"
+    tree.parent.mkdir(exist_ok=True)
+    tree.write_bytes(listing)
+    proc, _ = _convert(hub, tmp_path, HF_HUB_OFFLINE="1")
+    _one_line(proc, str(tree), "cached file listing is unusable")
 
 
 def test_a_ref_or_snapshot_leading_out_of_the_cache_is_refused(hub, tmp_path):

@@ -20,6 +20,7 @@ from gguf import GGMLQuantizationType as QT
 from dflash_gguf import __version__
 from dflash_gguf.gguf.file import GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, encode_header
 from dflash_gguf.licenses import split_front_matter
+from dflash_gguf.owned_folder import MANIFEST
 from tests.conftest import dflash_gguf
 from tests.refusal import assert_refused
 from tests.gguf_compare import differences
@@ -301,7 +302,8 @@ def test_release_from_repo_ids_records_its_sources(hub, fixtures, target_gguf, t
                        "-o", rel, "--target-license", "apache-2.0", "--json", env=hub_env(hub, tmp_path))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert sorted(p.name for p in rel.iterdir()) == ["LICENSE", "README.md", "dflash-tiny-target-F16.gguf"]
+    assert sorted(p.name for p in rel.iterdir() if p.name != MANIFEST) == ["LICENSE", "README.md",
+                                                                        "dflash-tiny-target-F16.gguf"]
     (variant,) = report["variants"]
     assert "read on the Hub without downloading it" in variant["validation"]["note"]
 

@@ -194,7 +194,7 @@ def test_an_incomplete_cached_snapshot_offline_is_one_line(hub, fixtures, tmp_pa
 
 def test_the_endpoint_recorded_never_carries_a_password(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env["HF_ENDPOINT"] = "http://mirror-user:s3cret@127.0.0.1:8090/"
+    env["HF_ENDPOINT"] = "http://mirror-user:s3cret-long@127.0.0.1:8090/"
     code = "from dflash_gguf.hub.resolve import HubSource; print(HubSource('o/n', 'a' * 40).url)"
     shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert shown.strip() == "http://127.0.0.1:8090/o/n"

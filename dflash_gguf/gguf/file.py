@@ -162,6 +162,10 @@ STREAM_HEADER_LIMIT = 256 << 20
 
 
 _U64 = struct.Struct("<Q")
+# The smallest encodings of a metadata pair (key length, value type, a one-byte value) and of a tensor
+# info (name length, dimension count, type, offset): what a header's counts need at the least.
+MIN_KV_BYTES = 8 + 4 + 1
+MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
 
 
 class GGUFFile:
@@ -297,6 +301,18 @@ class GGUFFile:
             return items, sub, pos
         raise GGUFFormatError(f"{self.path}: {what} has unknown value type {vtype}")
 
+    def _check_counts(self, n_kv: int, n_tensors: int, pos: int) -> None:
+        """The header's counts against the bytes there are to hold them (each entry takes at least its
+        smallest encoding; a file object's prefix stops at STREAM_HEADER_LIMIT): refused at once, not
+        after reading up to where they run out."""
+        room = (self.size if self._stream is None else min(self.size, STREAM_HEADER_LIMIT)) - pos
+        need = n_kv * MIN_KV_BYTES + n_tensors * MIN_TENSOR_INFO_BYTES
+        if need > room:
+            raise GGUFFormatError(f"{self.path}: header claims {n_kv} metadata pairs and {n_tensors} tensors, which "
+                                  f"take at least {need} bytes; the file has {room} bytes for them"
+                                  + (f" (read up to {STREAM_HEADER_LIMIT >> 20} MiB)" if self._stream else "")
+                                  + ": truncated, corrupt, or not a model GGUF")
+
     def _parse(self) -> None:
         if self._map[:4] != MAGIC:
             raise GGUFFormatError(f"{self.path}: not a GGUF file (magic {bytes(self._map[:4])!r})")
@@ -305,8 +321,7 @@ class GGUFFile:
             raise GGUFFormatError(f"{self.path}: unsupported GGUF version {version}")
         n_tensors, pos = self._unpack("<Q", pos, "header")
         n_kv, pos = self._unpack("<Q", pos, "header")
-        if n_kv > self.size or n_tensors > self.size:
-            raise GGUFFormatError(f"{self.path}: header claims {n_kv} keys / {n_tensors} tensors: corrupt")
+        self._check_counts(n_kv, n_tensors, pos)
         for i in range(n_kv):
             key_raw, pos = self._string(pos, f"metadata entry {i}")
             key = key_raw.decode("utf-8", errors="replace")

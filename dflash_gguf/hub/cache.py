@@ -16,9 +16,10 @@ import os
 from pathlib import Path
 
 from ..confined_reader import find_in
-from ..errors import HubError
+from ..errors import DflashError, HubError
+from ..inputs import parse_json
 from ..terminal import shown
-from .client import API_BODY_LIMIT, COMMIT
+from .client import API_BODY_LIMIT, COMMIT, file_name
 
 REF_LIMIT = 4096  # a ref file holds a commit id
 
@@ -102,11 +103,37 @@ def snapshot(repo: str, revision: str) -> Path | None:
 
 def check_repo(repo: str, revision: str | None) -> Path | None:
     """Everything of the repository's cache huggingface_hub reads for `revision`, checked before it
-    does: the ref, the snapshot folder and the cached file listing. The snapshot folder, or None."""
+    does: the ref, the snapshot folder and the cached file listing (parsed with the JSON limits and the
+    listing's typed reader: huggingface_hub's own parser has none). The snapshot folder, or None."""
     folder = snapshot(repo, revision or "main")
     if folder is not None:
-        _read_confined(folder.parent.parent, f"trees/{folder.name}.json", "cached file listing", API_BODY_LIMIT)
+        path = folder.parent.parent / "trees" / f"{folder.name}.json"
+        listing = _read_confined(folder.parent.parent, f"trees/{path.name}", "cached file listing", API_BODY_LIMIT)
+        if listing is not None:
+            try:
+                _check_listing(parse_json(listing, path), str(path))
+            except DflashError as err:
+                why = str(err).removeprefix(f"{shown(path)}: ")
+                raise _refused(path, f"this cached file listing is unusable ({why})") from None
     return folder
+
+
+def _check_listing(payload, where: str) -> None:
+    """A cached file listing as huggingface_hub writes it (`{"format_version": 1, "files": {path: {"size",
+    "blob_id", ...}}}`), through the typed reader before huggingface_hub parses it (with no depth limit)
+    and builds downloads from it. A listing of another format version it ignores, and so do we."""
+    if not isinstance(payload, dict):
+        raise HubError("not a JSON object")
+    if payload.get("format_version") != 1:
+        return
+    files = payload.get("files")
+    if not isinstance(files, dict):
+        raise HubError("its 'files' is not an object")
+    for name, info in files.items():
+        file_name(name, where, "listed path")
+        if not isinstance(info, dict) or type(info.get("size")) is not int or info["size"] < 0 \
+                or not isinstance(info.get("blob_id"), str):
+            raise HubError(f"{name[:80]!r} has no size or blob id")
 
 
 def check_snapshot(folder: Path | str) -> Path:

@@ -5,16 +5,27 @@ may supply (`set_client_factory`); `install()` supplies this one. Whatever a ser
 mirror, or something pretending to be one) answers, the client holds to:
 
 - the token (the Authorization header) goes only to the configured endpoint's scheme, host and
-  port: never to a redirect, a listing's next-page link or an upload's verify URL elsewhere;
+  port: never to a redirect, a listing's next-page link or an upload's verify URL elsewhere (GitHub's
+  id-token request of the OIDC exchange carries GitHub's own token, to GitHub's URL only);
+- a request with a body (the OIDC exchange's id token, a commit) is never redirected to another host
+  (307, 308), and the access token the exchange answers is known to the secret filter at once;
+- a response header holding a byte above 0x7f (which no rebuilt response can carry) is refused by name;
 - every request has a total deadline (connect, headers and body): its answer starts within
   DFLASH_GGUF_HUB_TIMEOUT seconds, its body averages MIN_RATE bytes a second and is never silent that
   long; a command's Hub traffic gets COMMAND_TIMEOUTS such deadlines plus its bytes at MIN_RATE; and
-  every request stops within SLICE_S of SIGTERM (downloads run in huggingface_hub's worker threads,
-  which a signal does not reach);
+  every request stops within SLICE_S of SIGINT, SIGTERM or SIGHUP (downloads run in huggingface_hub's
+  worker threads, which a signal does not reach);
 - a command gets RETRY_LIMIT answers that ask to be retried (429, 5xx) and waits at most about a
   second after each: a Retry-After of an hour, or a storm of 503s, ends in one line, not a wait;
 - an API answer is at most API_BODY_LIMIT bytes, decompressed included (a gzip bomb stops there), and
   a file's body is never decompressed: it was asked for as is;
+- a file's body is read up to the size the Hub announced for it (its listing, else the first answer
+  giving one) and not a byte beyond; an answer announcing another size is refused (`_Announced`), so
+  no blob unlike the announcement is stored in the cache;
+- a connect, name lookup or TLS handshake is waited for in SLICE_S steps (`_interruptible`), so a
+  signal ends it at once, in any thread;
+- huggingface_hub's own side files under HF_HOME (the agent registry, telemetry) are switched off
+  (`no_side_files`, which lists what it may still touch);
 - a listing's next-page link that comes back, or more than MAX_PAGES pages, stops the listing;
 - identifiers huggingface_hub turns into cache paths are checked before it sees them: commit ids
   (X-Repo-Commit, model info `sha`) are 40 hex digits, ETags and file names are plain names, and none
@@ -34,12 +45,13 @@ import time
 import zlib
 from dataclasses import dataclass
 from importlib.metadata import version
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from ..confined_reader import safe_name
 from ..errors import DflashError, HubError
 from ..inputs import parse_json
-from ..secrets import TOKEN_ENV, hub_token, scrub
+from ..environment import check_flags
+from ..secrets import TOKEN_ENV, check_endpoint_credentials, hub_token, register, scrub
 from ..signals import on_terminate
 from .names import COMMIT
 
@@ -48,7 +60,7 @@ log = logging.getLogger(__name__)
 TIMEOUT_ENV = "DFLASH_GGUF_HUB_TIMEOUT"
 DEFAULT_TIMEOUT_S = 60.0
 MIN_RATE = 16 << 10         # bytes a second a body must average once its first deadline has passed
-SLICE_S = 0.25              # a blocked read wakes this often to see the deadline and SIGTERM
+SLICE_S = 0.25              # a blocked read wakes this often to see the deadline and a signal
 API_BODY_LIMIT = 32 << 20   # an API answer (model info, a tree listing page), decompressed
 RETRY_LIMIT = 3             # answers asking to be retried (429, 5xx), per command
 RETRYABLE = (408, 429, 500, 502, 503, 504)
@@ -57,6 +69,7 @@ _ETAG = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _DIGITS = re.compile(r"[0-9]{1,16}")
 # huggingface_hub's integer settings, parsed when it is imported (a traceback there otherwise)
 _INT_SETTINGS = ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT")
+_HEADER_SETTINGS = ("HF_HUB_USER_AGENT_ORIGIN",)  # sent as part of a header
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -72,6 +85,8 @@ def check_environment(environ=os.environ) -> None:
         why = None
         if any(ord(c) < 33 or ord(c) == 127 for c in endpoint):
             why = "holds a space, line break or control character"
+        elif not endpoint.isascii():
+            why = "holds a character outside ASCII, which no request line can carry (write it percent-encoded)"
         else:
             try:
                 parts = urlsplit(endpoint)
@@ -82,6 +97,13 @@ def check_environment(environ=os.environ) -> None:
                 why = "is not an http:// or https:// URL"
         if why:
             raise HubError(f"HF_ENDPOINT {why}; set it to the Hub's address, e.g. https://huggingface.co, or unset it")
+    for name in _HEADER_SETTINGS:
+        value = environ.get(name)
+        if value is not None and not all(" " <= c <= "~" for c in value):
+            raise HubError(f"{name} holds a character outside printable ASCII, which no HTTP header can carry; "
+                           "use plain ASCII or unset it")
+    check_flags(environ)
+    check_endpoint_credentials()
     for name in _INT_SETTINGS:
         value = environ.get(name)
         if value is not None and value.strip() and not _DIGITS.fullmatch(value.strip()):
@@ -189,35 +211,50 @@ def file_names(names, where: object) -> list[str]:
     return [file_name(name, str(where)) for name in names]
 
 
-def _tree_fields(payload, where: str) -> None:
-    """A tree listing or paths-info answer: a list of entries whose paths and ids are checked."""
+def tree_sizes(payload, where: str) -> dict[str, int]:
+    """A parsed tree listing or paths-info answer (or the listing cached in trees/): a list of entries
+    whose paths, ids and sizes are checked. Each file's size, by path."""
+    sizes = {}
     if not isinstance(payload, list):
         raise HubError(f"{where}: the file listing is not a JSON list; check HF_ENDPOINT")
     for i, entry in enumerate(payload):
         if not isinstance(entry, dict):
             raise HubError(f"{where}: the file listing's entry {i} is not an object")
-        file_name(entry.get("path"), where, f"listing entry {i} path")
+        path = file_name(entry.get("path"), where, f"listing entry {i} path")
         lfs = entry.get("lfs")
         if isinstance(lfs, dict) and lfs.get("oid") is not None:
             oid = lfs["oid"]
             if not isinstance(oid, str) or not re.fullmatch(r"[0-9a-f]{64}", oid):
                 raise HubError(f"{where}: listing entry {i} has an LFS oid that is not a sha256")
+        size = entry.get("size")
+        if entry.get("type") == "file" and size is not None:
+            if type(size) is not int or not 0 <= size < 1 << 50:
+                raise HubError(f"{where}: listing entry {i} ({path}) has a size that is not a number of bytes")
+            sizes[path] = size
+    return sizes
+
+
+def read_tree(body: bytes, where: str) -> dict[str, int]:
+    """A file listing answer through the JSON limits and the typed reader: each file's size, by path."""
+    return tree_sizes(_json(body, where), where)
 
 
 _MODEL_INFO = re.compile(r"/api/models/[^/]+/[^/]+(?:/revision/.+)?")
-_TREE = re.compile(r"/api/models/[^/]+/[^/]+/(?:tree|paths-info)/.+")
+_TREE = re.compile(r"/api/models/(?P<repo>[^/]+/[^/]+)/(?:tree|paths-info)/(?P<rev>[^/]+)(?:/.*)?")
 
 
 def _checked_api(path: str) -> bool:
     return bool(_MODEL_INFO.fullmatch(path) or _TREE.fullmatch(path))
 
 
-def check_api_answer(path: str, body: bytes, where: str) -> None:
-    """The identifiers of an API answer huggingface_hub makes paths of, checked by the typed readers."""
+def check_api_answer(path: str, body: bytes, where: str) -> dict[str, int] | None:
+    """The identifiers of an API answer huggingface_hub makes paths of, checked by the typed readers;
+    for a file listing, each file's size by path."""
     if _MODEL_INFO.fullmatch(path):
         read_model_info(body, where)
     elif _TREE.fullmatch(path):
-        _tree_fields(_json(body, where), where)
+        return read_tree(body, where)
+    return None
 
 
 def _json(body: bytes, where: str):
@@ -229,6 +266,81 @@ def _json(body: bytes, where: str):
 
 
 # ---------------------------------------------------------------------------------------------------
+# Sizes announced: a file's body is read up to what the Hub said it holds, never beyond
+# ---------------------------------------------------------------------------------------------------
+
+_RESOLVE = re.compile(r"/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)")
+# The ETags of an empty file: its git blob id and its sha256 (an LFS file's)
+_EMPTY_ETAGS = ("e69de29bb2d1d6434b8b29ae775ad8c2e48c5391",
+                "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
+
+
+class _Announced:
+    """The size the Hub announced for each file this command fetches (a process runs one command): its
+    file listing's, else the first answer about the file that gives one (X-Linked-Size, or the
+    Content-Length of a whole file), carried across redirects to where the file is read from. Any
+    later answer announcing another size is refused, a body is read up to the size and not one byte
+    beyond, and one that ends short fails huggingface_hub's own size check: so no blob unlike the
+    announcement (nor an empty one whose ETag names content) is ever moved into the cache."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.listed: dict[tuple[str, str, str], int] = {}
+        self.urls: dict[str, tuple[str, int | None]] = {}  # URL -> (the file, its size when known)
+
+    def listing(self, path: str, sizes: dict[str, int]) -> None:
+        m = _TREE.fullmatch(path)
+        if m and sizes:
+            rev = unquote(m["rev"])
+            with self.lock:
+                self.listed.update({(m["repo"], rev, name): size for name, size in sizes.items()})
+
+    def body_limit(self, request, response, where: str) -> tuple[str, int] | None:
+        """(the file, the most bytes its body may hold) for an answer about a file; refused in one line
+        when it announces another size than the Hub did. None for anything else."""
+        url = str(request.url)
+        m = _RESOLVE.fullmatch(urlsplit(url).path)
+        with self.lock:
+            name, size = self.urls.get(url, (None, None))
+            if m:
+                name = unquote(m["path"])
+                size = self.listed.get((m["repo"], unquote(m["rev"]), name), size)
+        if name is None:
+            return None
+        headers, status = response.headers, response.status_code
+        said = headers.get("X-Linked-Size") or (headers.get("Content-Length") if status == 200 else None)
+        if said is not None:
+            said = int(said)  # digits: checked with the other headers
+            if size is not None and said != size:
+                raise HubError(f"{where}: the server announces {said} bytes for {name}, where the Hub announced "
+                               f"{size}; it is not read: check HF_ENDPOINT")
+            size = said
+        tag = (headers.get("X-Linked-ETag") or headers.get("ETag") or "").strip().removeprefix("W/").strip('"')
+        if size == 0 and re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", tag) and tag not in _EMPTY_ETAGS:
+            raise HubError(f"{where}: the server announces {name} as empty while its ETag names content; it is not "
+                           "stored: check HF_ENDPOINT")
+        location = headers.get("Location")
+        with self.lock:
+            self.urls[url] = (name, size)
+            if 300 <= status < 400 and location:
+                self.urls[str(request.url.join(location))] = (name, size)
+        if request.method == "HEAD" or size is None:
+            return None
+        if status == 206:
+            return name, _range_length(request.headers.get("Range", ""), size)
+        return (name, size) if status == 200 else None
+
+
+def _range_length(asked: str, size: int) -> int:
+    """The bytes a `Range: bytes=A-B` (or `A-`) asks of a file of `size` bytes."""
+    m = re.fullmatch(r"bytes=(\d+)-(\d*)", asked.strip())
+    if not m:
+        return size
+    end = min(int(m[2]) + 1, size) if m[2] else size
+    return max(0, end - int(m[1]))
+
+
+# ---------------------------------------------------------------------------------------------------
 # Deadlines, at the socket: every read and write of a request waits at most until its deadline
 # ---------------------------------------------------------------------------------------------------
 
@@ -237,7 +349,7 @@ _current = threading.local()
 
 
 def stop() -> None:
-    """Make every request in flight, in every thread, end within SLICE_S (called on SIGTERM)."""
+    """Make every request in flight, in every thread, end within SLICE_S (called on SIGINT, SIGTERM, SIGHUP)."""
     _stopping.set()
 
 
@@ -301,6 +413,40 @@ def _clamp(timeout: float | None) -> float | None:
     return left if timeout is None else min(timeout, left)
 
 
+def _interruptible(connect):
+    """`connect()` (a name lookup, a TCP connect or a TLS handshake: one blocking call that neither a
+    signal nor `stop()` reaches in a worker thread) run in a helper thread and waited for in SLICE_S
+    steps, so that the deadline and a stop end the wait at once; a connection that completes after the
+    wait was given up is closed by the helper."""
+    lock, done, box = threading.Lock(), threading.Event(), {}
+
+    def run() -> None:
+        try:
+            box["stream"] = connect()
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
+            box["error"] = err
+        with lock:
+            done.set()
+            abandoned = box.get("abandoned", False)
+        if abandoned and "stream" in box:
+            box["stream"].close()
+
+    threading.Thread(target=run, name="hub-connect", daemon=True).start()
+    try:
+        while not done.wait(SLICE_S):
+            _clamp(None)  # raises once stopped or past the deadline
+    except BaseException:
+        with lock:
+            box["abandoned"] = True
+            finished = done.is_set()
+        if finished and "stream" in box:
+            box["stream"].close()
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["stream"]
+
+
 def _make_backend():
     # startup: only commands that reach the Hub load the HTTP stack
     import httpcore2
@@ -332,7 +478,8 @@ def _make_backend():
             self._inner.close()
 
         def start_tls(self, ssl_context, server_hostname=None, timeout=None):
-            return Stream(self._inner.start_tls(ssl_context, server_hostname, _clamp(timeout)))
+            limit = _clamp(timeout)
+            return Stream(_interruptible(lambda: self._inner.start_tls(ssl_context, server_hostname, limit)))
 
         def get_extra_info(self, info: str):
             return self._inner.get_extra_info(info)
@@ -342,10 +489,13 @@ def _make_backend():
             self._inner = inner
 
         def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-            return Stream(self._inner.connect_tcp(host, port, _clamp(timeout), local_address, socket_options))
+            limit = _clamp(timeout)
+            return Stream(_interruptible(lambda: self._inner.connect_tcp(host, port, limit, local_address,
+                                                                         socket_options)))
 
         def connect_unix_socket(self, path, timeout=None, socket_options=None):
-            return Stream(self._inner.connect_unix_socket(path, _clamp(timeout), socket_options))
+            limit = _clamp(timeout)
+            return Stream(_interruptible(lambda: self._inner.connect_unix_socket(path, limit, socket_options)))
 
         def sleep(self, seconds: float) -> None:
             self._inner.sleep(seconds)
@@ -361,6 +511,33 @@ def _origin(url) -> tuple[str, str, int | None]:
     parts = urlsplit(str(url))
     port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
     return parts.scheme, (parts.hostname or "").lower(), port
+
+
+_KEEPS_BODY = (307, 308)  # a redirect that re-sends the request's body (httpx turns the others into a GET)
+
+
+def _check_redirect(request, response, where: str) -> None:
+    """A request with a body (the OIDC exchange's id token, a commit) is never re-sent to another host."""
+    location = response.headers.get("Location")
+    if response.status_code not in _KEEPS_BODY or not location or request.method in ("GET", "HEAD"):
+        return
+    try:
+        target = request.url.join(location)
+    except Exception:  # httpx raises its own errors for a Location that is not a URL  # noqa: BLE001
+        target = None
+    if target is None or _origin(target) != _origin(request.url):
+        raise HubError(f"{where}: the server redirects this {request.method} (and its body) to another host "
+                       f"({scrub(location)[:80]!r}); it is not re-sent: check HF_ENDPOINT")
+
+
+def _ci_minting(request) -> bool:
+    """GitHub's id-token request of the OIDC exchange (huggingface_hub's _oidc.py): its own bearer token
+    goes to its own URL, and only there."""
+    url, token = os.environ.get("ACTIONS_ID_TOKEN_REQUEST_URL"), os.environ.get("ACTIONS_ID_TOKEN_REQUEST_TOKEN")
+    if not (url and token and os.environ.get("HF_OIDC_RESOURCE")):
+        return False
+    same = _origin(request.url) == _origin(url) and request.url.path == urlsplit(url).path
+    return same and request.headers.get("Authorization") == f"Bearer {token}"
 
 
 class _Budget:
@@ -379,20 +556,27 @@ def _make_transport(endpoint: str):
     backend_class = _make_backend()
     home = _origin(endpoint)
     budget = _Budget()
+    announced = _Announced()
 
     class _Body(httpx2.SyncByteStream):
         """A response body read within its deadline and limit, gzip/deflate decoded here (bounded)."""
 
-        def __init__(self, inner, deadline: _Deadline, encoding: str, limit: int | None, where: str):
+        def __init__(self, inner, deadline: _Deadline, encoding: str, limit: int | None, where: str,
+                     file: tuple[str, int] | None = None):
             self._inner, self._deadline, self._limit, self._where = inner, deadline, limit, where
+            self._file = file  # (a file's name, the bytes announced for it): not one byte more is read
             self._decoder = None
             if encoding in ("gzip", "deflate"):
                 self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 32 if encoding == "gzip" else zlib.MAX_WBITS)
 
         def __iter__(self):
-            out = 0
+            out = received = 0
             for chunk in self._inner:
                 self._deadline.got(len(chunk))
+                received += len(chunk)
+                if self._file is not None and received > self._file[1]:
+                    raise HubError(f"{self._where}: the server sent more than the {self._file[1]} bytes announced "
+                                   f"for {self._file[0]}; it is not stored: check HF_ENDPOINT")
                 if self._decoder is not None:
                     chunk = self._decoder.decompress(chunk, self._limit - out + 1)  # API answers only
                 out += len(chunk)
@@ -413,9 +597,9 @@ def _make_transport(endpoint: str):
 
         def handle_request(self, request: httpx2.Request) -> httpx2.Response:
             where = shown_url(request.url)
-            if _origin(request.url) != home:
+            if _origin(request.url) != home and not _ci_minting(request):
                 request.headers.pop("Authorization", None)  # the token is the endpoint's alone
-            api = urlsplit(str(request.url)).path.startswith("/api/")
+            api = urlsplit(str(request.url)).path.startswith(("/api/", "/oauth/"))
             # an API answer may come compressed (decoded by _Body, bounded); a file comes as it is
             request.headers["Accept-Encoding"] = "gzip, deflate" if api else "identity"
             deadline = _Deadline(where, timeout_s())
@@ -423,6 +607,7 @@ def _make_transport(endpoint: str):
             response = self._inner.handle_request(request)
             try:
                 self._check_headers(response, where)
+                _check_redirect(request, response, where)
                 retry = self._retry(response, where)
                 self._check_next_page(response, request.url, where)
                 encoding = response.headers.get("Content-Encoding", "identity").strip().lower() or "identity"
@@ -434,7 +619,8 @@ def _make_transport(endpoint: str):
                 if limit is not None and encoding == "identity" and declared and int(declared) > limit:
                     raise HubError(f"{where}: the server announces a {declared}-byte answer, over the "
                                    f"{limit >> 20} MiB an API answer may be")
-                body = _Body(response.stream, deadline, encoding, limit, where)
+                file = announced.body_limit(request, response, where)  # None: not a file's answer
+                body = _Body(response.stream, deadline, encoding, limit, where, file)
                 headers = [(k, v) for k, v in response.headers.multi_items()
                            if encoding == "identity" or k.lower() not in ("content-encoding", "content-length")]
                 if retry:
@@ -444,7 +630,7 @@ def _make_transport(endpoint: str):
                 path = urlsplit(str(request.url)).path
                 if api and response.status_code < 300 and _checked_api(path):
                     content = b"".join(body)
-                    check_api_answer(path, content, where)
+                    announced.listing(path, check_api_answer(path, content, where) or {})
                     return httpx2.Response(response.status_code, headers=headers, content=content,
                                            extensions=response.extensions)
                 return httpx2.Response(response.status_code, headers=headers, stream=body,
@@ -454,6 +640,11 @@ def _make_transport(endpoint: str):
                 raise
 
         def _check_headers(self, response, where: str) -> None:
+            for name, value in response.headers.raw:
+                if not (name + value).isascii():  # the rebuilt response could not carry it
+                    shown_name = name.decode("ascii", "backslashreplace")[:60]
+                    raise HubError(f"{where}: the server's {shown_name} header holds a byte above 0x7f, which no "
+                                   "HTTP header may carry; the server is broken: check HF_ENDPOINT")
             commit = response.headers.get("X-Repo-Commit")
             if commit is not None:
                 commit_id(commit.strip(), where, "X-Repo-Commit header")
@@ -529,6 +720,31 @@ def _proxy_mounts(transport_class) -> dict:
             for pattern, url in get_environment_proxies().items()}
 
 
+def no_side_files(constants) -> None:
+    """huggingface_hub's side files under HF_HOME, switched off for this process: the one place that says
+    which files of its own the library may touch.
+
+    - `.agent_harnesses.json` (the agent registry, read and rewritten whenever telemetry is on, and
+      fetched from the endpoint once a day): never read, written or fetched. The registry is set empty
+      in-process, so detection finds nothing without opening the file (a FIFO there would block every
+      command, a link to /dev/zero fill memory, and what a hostile endpoint served would be trusted for
+      a day); telemetry (the torch version and agent in the user agent) is off.
+    - `.check_for_update_done`, `.check_for_skill_update_done`: the `hf` command line's, never touched.
+    - The token files (`token`, `stored_tokens`): read once by secrets.hub_token, as untrusted local state,
+      and handed over as HF_TOKEN, which huggingface_hub reads first.
+    - The cache (HF_HUB_CACHE): what it reads there is checked first (hub/cache.py); what it writes is
+      checked against what the Hub announced (the transport's announced sizes).
+    """
+    constants.HF_HUB_DISABLE_TELEMETRY = True
+    constants.HF_HUB_DISABLE_UPDATE_CHECK = True
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+    from huggingface_hub.utils import _detect_agent
+
+    # The registry huggingface_hub itself falls back to when none can be had: no harness, no file read.
+    # tests/test_hub_side_files.py checks the installed version has these names.
+    _detect_agent._registry = _detect_agent._EMPTY_REGISTRY
+
+
 _installed = False
 
 
@@ -560,6 +776,7 @@ def install() -> None:
     # it hands out) and into a blob store keyed by a hash the server gives: none of it passes the guard.
     # Plain HTTP download and LFS upload, which every Hub still serves, do.
     constants.HF_HUB_DISABLE_XET = True
+    no_side_files(constants)
     transport_class = _make_transport(constants.ENDPOINT)
 
     def client() -> httpx2.Client:
@@ -571,7 +788,28 @@ def install() -> None:
     _resolve_token()
     on_terminate(stop)
     _route_library_logs(hf_logging.get_logger("huggingface_hub"))
+    _exchange_oidc(constants)
     _installed = True
+
+
+def _exchange_oidc(constants) -> None:
+    """With HF_OIDC_RESOURCE set, huggingface_hub trades the CI's id token for an access token at its first
+    request, through the shared (guarded) client, and sends that token from then on: trade it here,
+    first, so that the filter knows the token before anything can print it."""
+    if not os.environ.get("HF_OIDC_RESOURCE") or constants.is_offline_mode():
+        return
+    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+    from huggingface_hub import get_token
+    from huggingface_hub.errors import HfHubHTTPError, OIDCError
+
+    try:
+        token = get_token()
+    except (OIDCError, HfHubHTTPError, ValueError, KeyError, TypeError) as err:
+        raise HubError(f"HF_OIDC_RESOURCE: the OIDC token exchange failed ({scrub(str(err))[:300]}); check "
+                       "HF_OIDC_RESOURCE, HF_OIDC_ID_TOKEN and HF_ENDPOINT") from None
+    if not isinstance(token, str):
+        raise HubError("HF_OIDC_RESOURCE: the OIDC token exchange answered no access token; check HF_ENDPOINT")
+    register(token, "HF_OIDC_RESOURCE: the access token the OIDC exchange answered")
 
 
 def _route_library_logs(library: logging.Logger) -> None:
