@@ -61,6 +61,9 @@ def _tune_result(speedup: float, min_speedup: float = 1.05) -> dict:
     alone = {"label": "target -t 1", "tokens_per_second": 100.0}
     return {"candidates": [], "best_drafting": spec, "target_alone": alone,
             "settings": {"prompts": 6, "n_predict": 32, "min_speedup": min_speedup}, "speedup": speedup,
+            "speedup_unreliable": None,
+            "confirmation": {"speedup": speedup, "speedup_unreliable": None, "speedup_unit": "paired pass",
+                             "speedup_runs": [speedup] * 3, "speedup_range": [speedup, speedup]},
             "drafting_pays": speedup >= min_speedup, "chosen_label": "x", "llama": {"backend": "cpu", "build": "b"}}
 
 
@@ -104,8 +107,8 @@ def test_the_demo_closes_with_each_drafters_verdict():
                "dflash2": {"speedup": 1.41, "mean_acceptance_length": 4.2},
                "dspark": {"speedup": 0.81, "mean_acceptance_length": 6.2}}
     lines = verdict_lines(reports)
-    assert lines[0] == "dflash: " + PAYS + ": 1.08x the target alone (at least 1.05x); tau 3.10"
-    assert lines[1].startswith("dflash2: " + PAYS + ": 1.41x")
+    assert lines[0] == "DFlash: " + PAYS + ": 1.08x the target alone (at least 1.05x); tau 3.10"
+    assert lines[1].startswith("DFlash 2: " + PAYS + ": 1.41x")
     assert lines[2].startswith("dspark: " + DOES_NOT_PAY + ": 0.81x")
 
 
