@@ -30,10 +30,22 @@ from ..gguf.target import load_target
 from ..options import parse_rpc
 from .build import REFERENCE_KERNELS_ENV, has_reference_kernels
 from .server import DEFAULT_HOST, LlamaServer
+from .speed import cpus as allowed_cpus
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PARALLEL = 1  # one slot: DFlash acceptance drops with many (llama.cpp #27117)
+THREADS = ("-t", "--threads")
+SMALL_MACHINE_CPUS = 2
+
+
+def default_threads(cpus: int | None = None) -> list[str]:
+    """`-t 1` where this process may use two CPUs or fewer, unless the user's arguments set -t: llama.cpp's
+    default there is a thread per core, and its thread pool spins at every barrier, so one other busy
+    process makes a 2-thread server 10-20x slower while a 1-thread one keeps its pace
+    (benchmarks/contention.py, docs/speed.md#threads-under-contention). On larger machines llama.cpp's
+    own count stands; `tune` measures every count either way."""
+    return ["-t", "1"] if (cpus or allowed_cpus()) <= SMALL_MACHINE_CPUS else []
 
 # llama-server options the runner sets itself and cannot take from after `--`: the fix for each
 _REFUSED: dict[tuple[str, ...], str] = {
@@ -275,9 +287,11 @@ class Launch:
         return speculative_args(self.draft, self.draft_length) if self.draft is not None else []
 
     def recipe(self) -> list[str]:
-        """The runner's own arguments: the drafter's, --metrics, the slots, the RPC servers, --exact's."""
+        """The runner's own arguments: the drafter's, the threads of a small machine, --metrics, the
+        slots, the RPC servers, --exact's."""
         rpc = ["--rpc", ",".join(self.rpc)] if self.rpc else []
-        return [*self.speculative_args(), "--metrics", "--parallel", str(self.parallel), *rpc,
+        threads = [] if self.user_value(THREADS) is not None else default_threads()
+        return [*self.speculative_args(), *threads, "--metrics", "--parallel", str(self.parallel), *rpc,
                 *(EXACT_ARGS if self.exact else ())]
 
     def args(self) -> list[str]:

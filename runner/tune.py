@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -46,14 +45,13 @@ from .. import typed_reader as values
 from ..errors import ServerArgsError, ServerError, ServerStartError
 from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient
-from .launch import ONE_CLIENT_PER_RPC_SERVER, launch_recipe, parse_server_args, read_draft
+from .launch import ONE_CLIENT_PER_RPC_SERVER, THREADS, launch_recipe, parse_server_args, read_draft
 from .measure import Progress, ServerRun, mean_acceptance_length, measuring_launch
 from .prompts import Prompt, tokenize_prompts
 from .server import LlamaServer
-from .speed import Speedup, judge, load_average
+from .speed import Speedup, cpus, judge, load_average
 from .speed_verdict import DEFAULT_MIN_SPEEDUP, drafting_pays
 
-THREADS = ("-t", "--threads")
 P_MIN = ("--spec-draft-p-min", "--draft-p-min")
 P_MINS = (0.2, 0.4, 0.6, 0.8)
 QUICK_P_MINS = (0.5,)
@@ -189,14 +187,6 @@ class Candidate:
 # ---------------------------------------------------------------------------------------------
 # The grid
 # ---------------------------------------------------------------------------------------------
-
-def cpu_count() -> int:
-    """The CPUs this process may run on (the affinity mask, not the machine's total)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
 
 def thread_grid(cpus: int) -> list[int]:
     """1..cpus; beyond 4 CPUs, the powers of two below and the count itself."""
@@ -492,7 +482,7 @@ class _Tuner:
         s = self.settings
         longest = read_draft(self.draft).draft_length
         fixed_threads = self.user.value_of(THREADS) is not None
-        threads: list[int | None] = [None] if fixed_threads else thread_grid(s.cpus or cpu_count())
+        threads: list[int | None] = [None] if fixed_threads else thread_grid(s.cpus or cpus())
         p_fixed = self.user.value_of(P_MIN) is not None
         n_fixed = "draft_max" in self.user.honoured
 
