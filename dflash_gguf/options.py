@@ -181,6 +181,32 @@ rpc_option = click.option(
          "--device unless -devd is given after `--` (docs/llama.md: a target across hosts).")
 
 
+AUTO = "auto"  # --spec-draft-n-max auto: the draft-length controller (ggml_patches/0008)
+
+
+class DraftMaxType(click.ParamType):
+    """A draft length of at least 1, or `auto`."""
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value == AUTO:
+            return value
+        text = str(value).strip().lower()
+        if text == AUTO:
+            return AUTO
+        try:
+            number = int(text)
+        except ValueError:
+            number = 0
+        if number < 1:
+            self.fail(f"{value!r}: give a whole number of at least 1, or auto", param, ctx)
+        return number
+
+
+DRAFT_MAX = DraftMaxType()
+
+
 def server_options(f):
     """The options of the commands that start llama-server. Host, port, slots and draft length may
     also be given after `--` in llama-server's own spelling; the runner then uses those."""
@@ -188,9 +214,12 @@ def server_options(f):
         host_option,
         port_option(),
         parallel_option,
-        click.option("--draft-max", type=click.IntRange(min=1), default=None,
-                     help="Longest draft. Default: what the drafter was trained for "
-                          "(dflash.block_size - 1; a whole block for anchor-first DSpark)."),
+        click.option("--draft-max", type=DRAFT_MAX, default=None,
+                     help="Longest draft, or `auto`: llama-server chooses each step's draft length, 0 (a plain "
+                          "target step) up to what the drafter was trained for, from the acceptance it sees "
+                          "and what each verify batch costs on this machine (docs/speed.md). Default: what the "
+                          "drafter was trained for (dflash.block_size - 1; a whole block for anchor-first DSpark), "
+                          "or what `tune` chose."),
         click.option("--log", "log_path", type=OUTPUT_FILE, default=None,
                      help="Keep llama-server's log in this file. Default: a temporary file, "
                           "removed after a clean stop."),

@@ -27,7 +27,7 @@ from ..gguf import layout
 from ..gguf.compat import check_dflash2_shapes, check_fits_target
 from ..gguf.describe import DrafterDescription, describe
 from ..gguf.target import load_target
-from ..options import parse_rpc
+from ..options import AUTO, parse_rpc
 from .build import REFERENCE_KERNELS_ENV, has_reference_kernels
 from .server import DEFAULT_HOST, LlamaServer
 from .speed import cpus as allowed_cpus
@@ -183,6 +183,8 @@ def parse_server_args(args: Sequence[str]) -> ServerArgs:
                 if "," in value or value.endswith(".sock"):
                     raise ServerArgsError(f"--host {value!r} after --: the runner talks to one TCP address; give one host")
                 honoured[takes] = value
+            elif takes == "draft_max" and value.strip().lower() == AUTO:
+                honoured[takes] = AUTO
             elif takes is not None:
                 honoured[takes] = _number(flag, value, 1)
             else:  # an API key is honoured by sending it, and stays on llama-server's command line
@@ -238,14 +240,17 @@ def read_draft(draft_gguf: str | Path) -> DrafterDescription:
     return desc
 
 
-def speculative_args(draft: str | Path | DrafterDescription, draft_max: int | None = None,
+def speculative_args(draft: str | Path | DrafterDescription, draft_max: int | str | None = None,
                      shown_path: str | None = None) -> list[str]:
     """The drafter's part of the recipe: `-md`, `--spec-type` and the longest draft it was trained
     for (`draft_max` shortens it; llama.cpp would clamp a longer one). `shown_path` replaces the
     file's path (a model card names the file as it is published)."""
     desc = draft if isinstance(draft, DrafterDescription) else describe(draft)
     desc.require_runnable()
-    n_max = desc.draft_length if draft_max is None else min(int(draft_max), desc.draft_length)
+    if draft_max == AUTO:
+        n_max: int | str = AUTO
+    else:
+        n_max = desc.draft_length if draft_max is None else min(int(draft_max), desc.draft_length)
     return ["-md", shown_path or str(desc.path), "--spec-type", str(desc.spec_type), "--spec-draft-n-max", str(n_max)]
 
 
@@ -266,7 +271,7 @@ class Launch:
     target: Path
     draft: DrafterDescription | None
     parallel: int = DEFAULT_PARALLEL
-    draft_max: int | None = None
+    draft_max: int | str | None = None  # AUTO: llama-server chooses each step's length up to the drafter's
     host: str = DEFAULT_HOST
     port: int | None = None
     api_key: str | None = None
@@ -281,10 +286,24 @@ class Launch:
         """The --spec-draft-n-max in effect: the drafter's trained length, or shorter if asked."""
         if self.draft is None:
             return None
-        return self.draft.draft_length if self.draft_max is None else min(self.draft_max, self.draft.draft_length)
+        if self.draft_max is None or self.draft_max == AUTO:
+            return self.draft.draft_length
+        return min(self.draft_max, self.draft.draft_length)
+
+    @property
+    def draft_setting(self) -> int | str | None:
+        """What reports give as the draft length: the --spec-draft-n-max in effect, or "auto"."""
+        return AUTO if self.auto else self.draft_length
+
+    @property
+    def auto(self) -> bool:
+        """Whether llama-server chooses the draft length each step (--spec-draft-n-max auto)."""
+        return self.draft is not None and self.draft_max == AUTO
 
     def speculative_args(self) -> list[str]:
-        return speculative_args(self.draft, self.draft_length) if self.draft is not None else []
+        if self.draft is None:
+            return []
+        return speculative_args(self.draft, AUTO if self.auto else self.draft_length)
 
     def recipe(self) -> list[str]:
         """The runner's own arguments: the drafter's, the threads of a small machine, --metrics, the

@@ -22,9 +22,13 @@ few pairs is not measured further.
     3 draft length            powers of two up to the trained length at the best thread count,
                               then midpoints around the best (coarse to fine)
     4 p_min                   a few confidence cut-offs at the best length
-    5 confirmation            the best setting again, in fresh passes (the search's best is the
-                              luckiest of many noisy estimates): the reported speedup, and the
-                              verdict: drafting pays when it reaches `min_speedup`
+    5 controller              --spec-draft-n-max auto (ggml_patches/0008: the length chosen per
+                              step from live acceptance and measured costs), reported beside the
+                              static settings and preferred within CONTROLLER_MARGIN of the best
+    6 confirmation            the best setting again, in fresh passes (the search's best is the
+                              luckiest of many noisy estimates), judged by runner/speed.py: the
+                              reported speedup, and the verdict: drafting pays when it reaches
+                              `min_speedup`
 
 What the user fixes after `--` (`-t`, `--spec-draft-n-max`, `--spec-draft-p-min`) is not swept.
 Two servers are up at a time (the reference and the setting measured), so the target's memory
@@ -45,6 +49,7 @@ from .. import typed_reader as values
 from ..errors import ServerArgsError, ServerError, ServerStartError
 from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient
+from ..options import AUTO
 from .launch import ONE_CLIENT_PER_RPC_SERVER, THREADS, launch_recipe, parse_server_args, read_draft
 from .measure import Progress, ServerRun, mean_acceptance_length, measuring_launch
 from .prompts import Prompt, tokenize_prompts
@@ -60,6 +65,9 @@ REFINE_STEPS = 3            # midpoint rounds around the best draft length
 # measured further: it cannot become the fastest, and a slow one (threads fighting over busy cores)
 # costs minutes
 ABANDON_AFTER, ABANDON_BELOW = 4, 0.33
+# the controller (--spec-draft-n-max auto) is served when it measures within this of the best static
+# length: it also follows text the tuning prompts do not show
+CONTROLLER_MARGIN = 0.97
 # ... and one request taking this many times the reference's (at least SLOW_MIN_SECONDS) is not waited for
 SLOW_FACTOR, SLOW_MIN_SECONDS = 6, 5.0
 PROBE_REQUESTS = 2          # per thread count, to pick the first reference
@@ -82,7 +90,7 @@ class Setting:
 
     drafting: bool
     threads: int | None = None
-    draft_max: int | None = None
+    draft_max: int | str | None = None  # AUTO: llama-server's draft-length controller
     p_min: float | None = None
 
     def server_args(self) -> list[str]:
@@ -114,7 +122,8 @@ class Setting:
         data = values.mapping(source, name, data)
         return cls(drafting=values.boolean(source, f"{name}.drafting", data.get("drafting")),
                    threads=_optional(values.integer, source, f"{name}.threads", data, 1, MAX_THREADS),
-                   draft_max=_optional(values.integer, source, f"{name}.draft_max", data, 1, MAX_DRAFT),
+                   draft_max=AUTO if data.get("draft_max") == AUTO else
+                   _optional(values.integer, source, f"{name}.draft_max", data, 1, MAX_DRAFT),
                    p_min=_optional(values.number, source, f"{name}.p_min", data, lo=0.0, hi=1.0))
 
 
@@ -228,6 +237,15 @@ def best_drafting(candidates: Sequence[Candidate]) -> Candidate | None:
     ok = [c for c in candidates if c.setting.drafting and c.error is None and c.ratios]
     return max(ok, key=lambda c: (not c.stalled, not c.abandoned, c.speedup, len(c.ratios),
                                   -(c.setting.threads or 0)), default=None)
+
+
+def with_controller(best: Candidate, candidates: Sequence[Candidate]) -> Candidate:
+    """The controller's candidate instead of `best` when it measured within CONTROLLER_MARGIN of it."""
+    auto = [c for c in candidates if c.setting.drafting and c.setting.draft_max == AUTO and c.error is None
+            and c.ratios and not c.stalled and not c.abandoned]
+    if auto and best is not None and best.speedup is not None and auto[0].speedup >= best.speedup * CONTROLLER_MARGIN:
+        return auto[0]
+    return best
 
 
 def faster_alone(candidates: Sequence[Candidate]) -> Candidate | None:
@@ -530,8 +548,12 @@ class _Tuner:
                     if not more or self.over_budget():
                         break
                     self.stage(reference, f"draft length, refine {i + 1}", [spec(t_best, n) for n in more])
+            if not n_fixed and not self.over_budget():
+                self.stage(reference, "controller", [spec(t_best, AUTO)])
+            elif not n_fixed:
+                stopped = stopped or "controller"
             # fresh passes of the best: the search's best is the luckiest of many noisy estimates
-            best = best_drafting(self.candidates.values())
+            best = with_controller(best_drafting(self.candidates.values()), self.candidates.values())
             self.progress(f"confirmation: {best.setting.label()} against {alone.label()}")
             confirmed = self.measure(reference, best.setting, s.confirm_rounds, "confirmation", into={})
         return confirmed, alone, stopped

@@ -29,6 +29,7 @@ from dflash_gguf.runner.tune import (
     drafting_pays,
     midpoints,
     thread_grid,
+    with_controller,
 )
 from dflash_gguf.runner.build import build_info
 from tests.conftest import REPO, dflash_gguf
@@ -112,6 +113,28 @@ def test_setting_flags_and_record_round_trip():
     assert Setting(True, draft_max=4).server_args() == []
     assert Setting.from_dict(json.loads(json.dumps(s.to_dict()))) == s
     assert s.label() == "drafter -t 2 n_max 4 p_min 0.25" and Setting(False).label() == "target alone"
+
+
+def test_the_controller_is_a_setting_of_its_own_and_is_served_within_three_percent_of_the_best():
+    auto = Setting(True, threads=1, draft_max="auto")
+    assert auto.label() == "drafter -t 1 n_max auto" and Setting.from_dict(auto.to_dict()) == auto
+    static = Candidate(Setting(True, 1, 4), ratios=[1.30, 1.30, 1.30])
+    close = Candidate(auto, ratios=[1.27, 1.27, 1.27])
+    assert with_controller(static, [static, close]) is close  # 1.27 >= 0.97 * 1.30
+    far = Candidate(auto, ratios=[1.20, 1.20, 1.20])
+    assert with_controller(static, [static, far]) is static
+    stopped = Candidate(auto, ratios=[1.40], abandoned=True)
+    assert with_controller(static, [static, stopped]) is static
+
+
+def test_draft_max_auto_reaches_llama_server_and_reports(tiny_pair):
+    target, draft = tiny_pair
+    for launch in (launch_recipe(target, draft, draft_max="auto"),
+                   launch_recipe(target, draft, server_args=["--spec-draft-n-max", "AUTO"])):
+        args = launch.args()
+        assert args[args.index("--spec-draft-n-max") + 1] == "auto"
+        assert launch.auto and launch.draft_setting == "auto" and launch.draft_length == 7
+    assert not launch_recipe(target, draft, draft_max=3).auto
 
 
 # ---------------------------------------------------------------------------------------------

@@ -306,6 +306,6 @@ def concurrency_curve(target: str | Path, draft: str | Path, prompts: Sequence[s
     return BenchReport(
         target=str(target), draft=str(draft), levels=rows,
         settings={"levels": list(levels), "n_predict": settings.n_predict, "rounds": settings.rounds,
-                  "prompts": len(prompt_ids), "draft_max": launch.draft_length, "exact": settings.exact},
+                  "prompts": len(prompt_ids), "draft_max": launch.draft_setting, "exact": settings.exact},
         launch=launch.summary(), llama=build_info(bin_dir, settings.backend), warnings=list(launch.warnings),
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

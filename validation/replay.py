@@ -43,6 +43,7 @@ TOP = 8  # logits kept per row: the top few, for the report and the noise measur
 # llama-server's own defaults (common/common.h) for what decides the numerics
 _N_BATCH, _N_UBATCH = 2048, 512
 _DRAFT_N_MAX = 3
+AUTO_N_MAX = 64  # what --spec-draft-n-max auto sets llama-server's n_max to (patch 0008)
 # the speculative types for which the server keeps recurrent-state snapshots (need_n_rs_seq)
 _SNAPSHOT_SPEC_TYPES = {"draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark"}
 _CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30,
@@ -98,9 +99,18 @@ class ServerContext:
             repack="--no-repack" not in given.passthrough and "-nr" not in given.passthrough,
             swa_full="--swa-full" in given.passthrough,
             kv_unified="-no-kvu" not in given.passthrough and "--no-kv-unified" not in given.passthrough,
-            n_rs_seq=number(("--spec-draft-n-max",), _DRAFT_N_MAX) if spec_types & _SNAPSHOT_SPEC_TYPES else 0,
+            n_rs_seq=_n_rs_seq(given) if spec_types & _SNAPSHOT_SPEC_TYPES else 0,
             reference_kernels=reference_kernels,
         )
+
+
+def _n_rs_seq(given: ServerArgs) -> int:
+    """The server's snapshots per sequence: its --spec-draft-n-max, which `auto` sets to AUTO_N_MAX
+    (ggml_patches/0008, common/arg.cpp) before the drafter clamps its own copy to its block."""
+    value = given.value_of(("--spec-draft-n-max",))
+    if value is None:
+        return _DRAFT_N_MAX
+    return AUTO_N_MAX if value.strip().lower() == "auto" else int(value)
 
 
 @dataclass

@@ -302,7 +302,7 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], s
         replay=replay_info,
         settings={"n_predict": settings.n_predict, "parallel": launch.parallel, "exact": settings.exact,
                   "rounds": settings.rounds,
-                  "temperature": settings.temperature, "draft_max": launch.draft_length, "baseline": str(baseline)},
+                  "temperature": settings.temperature, "draft_max": launch.draft_setting, "baseline": str(baseline)},
         launch={**launch.summary(), "speculative_command": spec_command, "target_command": alone_command},
         llama=build_info(bin_dir, settings.backend),
         reference=reference,
