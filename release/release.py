@@ -70,7 +70,7 @@ def _not_validated(why: str) -> dict:
     return {"validated": False, "tau": None, "speedup": None, "note": f"{NOT_VALIDATED} ({why})"}
 
 
-def validate_variant(target: Path | TargetInfo, draft_path: Path, settings=None) -> dict:
+def validate_variant(target: Path | TargetInfo, draft_path: Path, settings=None, progress=None) -> dict:
     """Run `validate` (validation/validate.py) on one variant beside its target, on the built-in prompts
     with `settings` (its build and llama-server arguments are the release's).
 
@@ -90,7 +90,8 @@ def validate_variant(target: Path | TargetInfo, draft_path: Path, settings=None)
     if not Path(target).is_file():
         return _not_validated("the target was given as a folder; validation runs its GGUF")
     target, draft_path = Path(target), Path(draft_path)
-    result = validator.validate(target, draft_path, list(BUILTIN_PROMPTS), settings or validator.ValidationSettings())
+    result = validator.validate(target, draft_path, list(BUILTIN_PROMPTS), settings or validator.ValidationSettings(),
+                                progress=progress)
     if validator.verdict(result, False) != 0:
         bad = sum(1 for d in result.divergences if d.get("kind") == "mismatch")
         raise ReleaseError(f"{draft_path.name}: validation failed: with the drafter, {bad} token(s) were not "
@@ -201,7 +202,9 @@ def _make_variant(making: _Making, settled: _Settled, qtype: str, base: Path, ba
     if making.validation is None:
         validation = _not_validated("--skip-validate")
     else:
-        validation = validate_variant(making.target, path, making.validation)
+        say(f"validating {path.name}: every token proven against the target, then the speed in interleaved rounds")
+        validation = validate_variant(making.target, path, making.validation,
+                                      progress=lambda msg: say(f"  {path.name}: {msg}"))
         say(f"validated {path.name}: {validation['note']}")
     return VariantResult(path.name, qtype, used_recipe, path.stat().st_size, sha256_file(path),
                          validation, counts, off)

@@ -277,7 +277,7 @@ def _fake_validator(monkeypatch, report: ValidationReport | None, calls: list) -
     its report and which settings it passes are checked."""
     from dflash_gguf.validation import validate as validator
 
-    def validate(target, draft, prompts, settings):
+    def validate(target, draft, prompts, settings, progress=None):
         calls.append((Path(target), Path(draft).name, len(prompts), settings))
         return report
 
