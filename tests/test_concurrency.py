@@ -50,7 +50,7 @@ def test_a_stream_whose_answer_differs_from_the_target_alone_is_not_identical():
     # the JSON's keys, as before the report was typed (validation/concurrency.py Level, BenchReport)
     assert list(row.to_dict()) == [
         "concurrency", "requests_per_stream", "rounds", "aggregate_tokens_per_second", "per_request_tokens_per_second",
-        "speedup", "speedup_runs", "speed", "tau", "acceptance_rate", "slots", "identical", "streams", "target_alone_identical",
+        "speedup", "speedup_runs", "speed", "tau", "acceptance_rate", "slots", "drafting", "identical", "streams", "target_alone_identical",
         "target_alone_streams"]
     report = BenchReport("t.gguf", "d.gguf", [row], {}, {}, {}, [], "2026-12-03T00:00:00Z")
     assert list(report.to_dict()) == ["target", "draft", "identical", "stops_paying_at", "verdict", "levels",
@@ -60,7 +60,7 @@ def test_a_stream_whose_answer_differs_from_the_target_alone_is_not_identical():
 
 def test_where_drafting_stops_paying_is_read_from_the_curve():
     def rows(*speedups):
-        return [Level(2 ** i, 1, 1, {}, {}, s, [s], {"speedup": s}, 1.0, 0.0, [], True, [], True, [])
+        return [Level(2 ** i, 1, 1, {}, {}, s, [s], {"speedup": s}, 1.0, 0.0, [], {}, True, [], True, [])
                 for i, s in enumerate(speedups)]
 
     assert stops_paying(rows(1.8, 1.2, 0.9, 0.7)) == 4

@@ -15,6 +15,32 @@ from typing import Iterable
 from .server_steps import Step
 
 
+def timings_profile(timings: Iterable[dict]) -> dict:
+    """The same profile from the responses' own timings (patch 0008: `draft_n_chosen_hist`,
+    `draft_offered_per_depth`, `draft_accepted_per_depth`), summed over requests: what a run that
+    does not log its steps (bench) knows. Empty where the build reports none."""
+    chosen: Counter[int] = Counter()
+    offered: Counter[int] = Counter()
+    accepted: Counter[int] = Counter()
+    for t in timings:
+        for n, count in enumerate(t.get("draft_n_chosen_hist") or []):
+            chosen[n] += int(count)
+        for i, (o, a) in enumerate(zip(t.get("draft_offered_per_depth") or [], t.get("draft_accepted_per_depth") or [])):
+            offered[i + 1] += int(o)
+            accepted[i + 1] += int(a)
+    return _profile(chosen, offered, accepted, offered)
+
+
+def _profile(chosen: Counter, offered: Counter, accepted: Counter, reached: Counter) -> dict:
+    total = sum(chosen.values())
+    depths = [{"depth": d, "offered": offered[d], "accepted": accepted[d],
+               "rate": round(accepted[d] / offered[d], 4) if offered[d] else None,
+               "conditional": round(accepted[d] / reached[d], 4) if reached[d] else None}
+              for d in sorted(offered) if offered[d]]
+    return {"steps": total, "draft_lengths": {str(n): chosen[n] for n in sorted(chosen) if chosen[n]},
+            "parked_share": round(chosen[0] / total, 4) if total else None, "per_depth": depths}
+
+
 def depth_profile(steps: Iterable[Step]) -> dict:
     """The draft lengths chosen, the parked share and per-depth acceptance of `steps` (every
     generation step of a run; replayed and restored steps left out: they verify nothing new)."""
@@ -33,11 +59,20 @@ def depth_profile(steps: Iterable[Step]) -> dict:
             offered[depth] += 1
             reached[depth] += depth - 1 <= step.accepted
             accepted[depth] += depth <= step.accepted
-    total = sum(chosen.values())
-    depths = []
-    for depth in sorted(offered):
-        depths.append({"depth": depth, "offered": offered[depth], "accepted": accepted[depth],
-                       "rate": round(accepted[depth] / offered[depth], 4),
-                       "conditional": round(accepted[depth] / reached[depth], 4) if reached[depth] else None})
-    return {"steps": total, "draft_lengths": {str(n): chosen[n] for n in sorted(chosen)},
-            "parked_share": round(chosen[0] / total, 4) if total else None, "per_depth": depths}
+    return _profile(chosen, offered, accepted, reached)
+
+
+def drafting_lines(profile: dict) -> list[str]:
+    """What the steps drafted (validation/acceptance.py depth_profile), as the table prints it."""
+    if not profile.get("steps"):
+        return []
+    steps = profile["steps"]
+    lengths = ", ".join(f"{n}: {count}" for n, count in profile["draft_lengths"].items())
+    lines = [f"drafts sent per step    {lengths} (of {steps} steps; parked, 0 drafts: "
+             f"{profile['parked_share']:.1%})"]
+    depths = profile["per_depth"]
+    if depths:
+        lines.append("acceptance by depth     " + "  ".join(
+            f"{d['depth']}: {d['conditional']:.2f}" for d in depths if d["conditional"] is not None)
+            + "  (depth i accepted when depth i-1 was)")
+    return lines

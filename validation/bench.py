@@ -37,6 +37,7 @@ from ..runner.launch import ONE_CLIENT_PER_RPC_SERVER, Launch, launch_recipe, pa
 from ..runner.build import build_info
 from ..runner.measure import measuring_launch
 from ..runner.speed import judge, load_average, shown
+from .acceptance import timings_profile
 from .validate import ValidationSettings, run_server
 
 log = logging.getLogger(__name__)
@@ -157,6 +158,7 @@ class Level:
     tau: float
     acceptance_rate: float
     slots: list[dict]  # per server slot: requests, drafted, accepted, acceptance_rate, tau
+    drafting: dict  # validation/acceptance.py timings_profile: draft lengths chosen, parked share, per depth
     identical: bool  # every drafter stream equal to the target alone's one-slot answers
     streams: list[dict]
     # the target's own answers at N slots against one slot: batch invariance of the build, not the drafter
@@ -215,6 +217,7 @@ def _level(n: int, jobs: list[list[int]], alone: list[Pass], spec: list[Pass], r
         tau=round(tau, 4),
         acceptance_rate=round(measure.acceptance_rate(drafted, accepted), 4),
         slots=_slots(spec),
+        drafting=timings_profile(c.timings for p in spec for stream in p.answers for c in stream),
         identical=all(s["identical"] for s in drafter_streams),
         streams=drafter_streams,
         target_alone_identical=all(s["identical"] for s in alone_streams),

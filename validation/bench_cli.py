@@ -12,6 +12,7 @@ from ..errors import OptionError
 from ..hub import resolve as hub
 from ..options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, n_predict_option,
                        prompts_option, rounds_option, target_option)
+from .acceptance import drafting_lines
 from .bench import ALONE, DEFAULT_LEVELS, DRAFTER, BenchReport, BenchSettings, concurrency_curve, verdict_line
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 from ..runner.speed import shown
@@ -45,6 +46,8 @@ def print_curve(report: BenchReport) -> None:
             f"NO: {sum(not s['identical'] for s in r.streams)} of {len(r.streams)} streams differ"
         click.echo(f"{r.concurrency:>7}  {agg[ALONE]:>10.1f} {agg[DRAFTER]:>10.1f}  {per[ALONE] or 0:>9.1f} "
                    f"{per[DRAFTER] or 0:>9.1f}  {_speedup(r.speedup):>7}  {r.tau:>5.2f}  {slots:<24} {same}")
+        for line in drafting_lines(r.drafting):
+            click.echo(f"{'':>9}{line}")
         if not r.target_alone_identical:
             click.echo(f"{'':>9}note: the target alone at -np {r.concurrency} differs from its one-slot "
                        "answers too (the build is not batch-invariant for this model)")

@@ -20,6 +20,7 @@ from ..outputs import Input, Output, Replace, check_outputs, write_text
 from ..runner.launch import with_rpc
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 from ..runner.speed import MIN_ROUNDS, shown
+from .acceptance import drafting_lines
 from .distribution import DEFAULT_ALPHA
 from .validate import ValidationReport, ValidationSettings, is_report, validate, verdict
 from .validate_sampled import DistributionReport, Sampling, validate_distribution
@@ -132,22 +133,6 @@ def _print_table(report: ValidationReport) -> None:
     if launch["added"]:
         click.echo(f"  added for checking    {' '.join(launch['added'])} (room in every slot for the prompts; "
                    "the debug log of the server's steps)")
-
-
-def drafting_lines(profile: dict) -> list[str]:
-    """What the steps drafted (validation/acceptance.py depth_profile), as the table prints it."""
-    if not profile.get("steps"):
-        return []
-    steps = profile["steps"]
-    lengths = ", ".join(f"{n}: {count}" for n, count in profile["draft_lengths"].items())
-    lines = [f"drafts sent per step    {lengths} (of {steps} steps; parked, 0 drafts: "
-             f"{profile['parked_share']:.1%})"]
-    depths = profile["per_depth"]
-    if depths:
-        lines.append("acceptance by depth     " + "  ".join(
-            f"{d['depth']}: {d['conditional']:.2f}" for d in depths if d["conditional"] is not None)
-            + "  (depth i accepted when depth i-1 was)")
-    return lines
 
 
 def _print_distribution(report: DistributionReport) -> None:
