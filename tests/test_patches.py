@@ -273,3 +273,72 @@ def test_quantized_target_runs_on_this_cpu(llama_bin: Path, target_gguf: Path, q
     with LlamaServer(quantized, ["-t", "1", "-c", "256"], bin_dir=llama_bin, log_path=tmp_path / "server.log") as server:
         answer = server.client.complete("Hello world", 8, ignore_eos=True)
     assert answer.n_predicted == 8, f"AMX CPU: {_has_amx()}"
+
+
+# ---------------------------------------------------------------------------------------------
+# 0008: --spec-draft-n-max auto chooses the verified draft length per slot and step
+# ---------------------------------------------------------------------------------------------
+
+# the decision line 0008 logs at -lv 5, one per slot and generation step
+AUTO_LINE = re.compile(r"spec auto: slot=(\d+) n=(\d+) parked=([01]) E=([\d.]+) cost_ms=([\d.]+) why=(\w+)")
+
+
+def test_draft_length_auto_is_identical_and_parks(llama_bin: Path, trained_pair: dict[str, Path], tmp_path: Path):
+    """`--spec-draft-n-max auto` emits the tokens of the static setting and of the target alone at
+    temperature 0 (only how many drafted tokens are verified changes), reports its choices in each
+    response's timings, and parks (plain target steps, no draft pass) where drafting cannot pay.
+
+    The trained pair's DFlash 2 drafter has an 8-token block (n 0..7). On CPU its draft pass costs
+    about 5 target tokens (measured 4-5 ms against 0.8-1.2 ms per plain step on 2 cores) while its
+    drafts are accepted about 4 deep, so after the start-up calibration (4 full drafts, 2 plain
+    steps) the controller parks; every 8, 16, 32, 64 parked steps it drafts one block to score it.
+    Unpatched: "auto" is not a number and llama-server exits at argument parsing."""
+    from tests.fixtures.trained_gguf import held_out_prompts
+
+    prompts = held_out_prompts()[:3]
+    common = ["--parallel", "1", "-c", "1024", "-t", "1"]
+    spec = ["-md", trained_pair["dflash2"], "--spec-type", "draft-dflash"]
+    runs: dict[str, list] = {}
+    for name, args in (("alone", common), ("static", common + spec + ["--spec-draft-n-max", "7"]),
+                       ("auto", common + spec + ["--spec-draft-n-max", "auto", "-lv", "5"])):
+        with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / f"{name}.log") as server:
+            runs[name] = [server.client.complete(p, 64, ignore_eos=True) for p in prompts]
+
+    agree = [i for i in range(len(prompts)) if runs["static"][i].tokens == runs["alone"][i].tokens]
+    assert agree, "the static setting and the target alone disagree on every prompt (batching noise?)"
+    for i in range(len(prompts)):
+        assert runs["auto"][i].tokens == runs["static"][i].tokens, f"prompt {i}: auto differs from static"
+
+    decisions = AUTO_LINE.findall((tmp_path / "auto.log").read_text(errors="replace"))
+    steps = 0
+    for answer in runs["auto"]:
+        t = answer.timings
+        hist, offered, accepted = t["draft_n_chosen_hist"], t["draft_offered_per_depth"], t["draft_accepted_per_depth"]
+        assert len(hist) == 8 and len(offered) == len(accepted) == 7
+        assert sum(n * c for n, c in enumerate(hist)) == answer.draft_n
+        assert sum(accepted) == answer.draft_n_accepted
+        assert offered[0] == sum(hist[1:]) and all(a <= o for a, o in zip(accepted, offered))
+        assert len(t["draft_full_offered_per_depth"]) == 7  # whole drafted blocks, scored afterwards
+        steps += sum(hist)
+    assert len(decisions) == steps, "one `spec auto:` line per generation step"
+    assert [int(d[1]) for d in decisions[:6]] == [7, 7, 7, 7, 0, 0]  # start-up calibration
+    after = decisions[6:]
+    parked = [d for d in after if d[2] == "1"]
+    assert len(parked) > len(after) / 2, f"parked {len(parked)} of {len(after)} steps"
+    probes = [i for i, d in enumerate(after) if d[5] == "probe"]
+    assert probes and all(int(after[i][1]) == 0 for i in probes)
+
+
+@pytest.mark.parametrize("extra", [(), ("-md", "DRAFTER", "--spec-type", "ngram-simple")],
+                         ids=["no-drafter", "ngram"])
+def test_draft_length_auto_without_block_drafter_is_refused(llama_bin: Path, trained_pair: dict[str, Path],
+                                                             extra: tuple[str, ...]):
+    """auto needs a DFlash / DSpark drafter: without one, one error line and exit status 2, before
+    anything is loaded (unpatched: "auto" is an invalid value, exit status 1)."""
+    args = [trained_pair["dflash2"] if a == "DRAFTER" else a for a in extra]
+    proc = run_tool(llama_bin, "llama-server", "-m", trained_pair["target"], *args, "--spec-draft-n-max", "auto",
+                    "--host", "127.0.0.1", "--port", str(free_port()), "-t", "1", timeout=30)
+    log = proc.stdout + proc.stderr
+    lines = [line for line in log.splitlines() if "--spec-draft-n-max auto" in line]
+    assert proc.returncode == 2, f"exit status {proc.returncode}:\n{log[-1500:]}"
+    assert len(lines) == 1 and " E " in lines[0], log[-1500:]
