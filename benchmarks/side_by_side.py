@@ -16,17 +16,18 @@ def progress(msg: str) -> None:
 @dataclass
 class SideBySide:
     """Per server: milliseconds per generated token of each round (the server's own `predicted_ms`),
-    the first round's tokens per prompt and its accepted draft tokens."""
+    the first round's tokens per prompt, its accepted draft tokens and its answers."""
 
     ms: dict[str, list[float]] = field(default_factory=dict)
     tokens: dict[str, list[list[int]]] = field(default_factory=dict)
     accepted: dict[str, int] = field(default_factory=dict)
+    answers: dict[str, list] = field(default_factory=dict)
 
 
 def measure_side_by_side(servers: dict, ids: list[list[int]], n_predict: int, rounds: int) -> SideBySide:
     """`servers`: name -> started LlamaServer; `ids`: the prompts as token ids (greedy, no prompt cache)."""
     names = list(servers)
-    out = SideBySide({n: [] for n in names}, {n: [] for n in names}, {n: 0 for n in names})
+    out = SideBySide({n: [] for n in names}, {n: [] for n in names}, {n: 0 for n in names}, {n: [] for n in names})
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         per_round = {name: [0.0, 0] for name in names}
@@ -36,6 +37,7 @@ def measure_side_by_side(servers: dict, ids: list[list[int]], n_predict: int, ro
                 per_round[name][0] += float(c.timings.get("predicted_ms", 0.0))
                 per_round[name][1] += c.n_predicted
                 if r == 0:
+                    out.answers[name].append(c)
                     out.tokens[name].append(c.tokens)
                     out.accepted[name] += c.draft_n_accepted
         for name, (t, n) in per_round.items():

@@ -1,0 +1,114 @@
+"""The draft-length controller against the target alone and the static lengths, side by side.
+
+For each target type, drafter and prompt set, one server per setting (the target alone, static
+`--spec-draft-n-max` 1, 3 and the drafter's whole length, and `auto`), all up together; each round
+sends every prompt to each server in turn, the order rotating by round (benchmarks/side_by_side.py).
+Reported per set: tokens/s of each, the best static setting, auto over the target alone and over
+the best static, auto's parked share and draft lengths (from the responses' timings), and whether
+every setting's tokens equal the target alone's.
+
+Prompt sets: `chat` (SmolLM2's held-out chat prompts), `code` and `rewrite` (benchmarks/prompts/:
+code requests, and requests to repeat a given text, where a drafter is accepted deep), and `mixed`
+(rewrite and chat requests alternating: the text changes from request to request, which no single
+static length suits).
+
+    python -m benchmarks.controller [--types F16] [--drafters dflash2] [--sets chat,code,mixed]
+                                    [--rounds 3] [--n-predict 64] [--prompts 4]
+
+JSON on stdout, progress on stderr; docs/speed.md#the-draft-length-controller shows the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from dflash_gguf.options import AUTO
+from dflash_gguf.runner.build import find_bin_dir
+from dflash_gguf.runner.launch import launch_recipe, read_draft
+from dflash_gguf.runner.prompts import read_prompts, tokenize_prompts
+from dflash_gguf.validation.acceptance import timings_profile
+from benchmarks.side_by_side import measure_side_by_side, progress
+from tests.fixtures.smollm2 import EVAL_PROMPTS, smollm2_ggufs
+
+PROMPTS = Path(__file__).parent / "prompts"
+
+
+def prompt_set(name: str, count: int) -> list:
+    chat = read_prompts(EVAL_PROMPTS)[:count]
+    if name == "chat":
+        return chat
+    if name == "mixed":
+        rewrite = read_prompts(PROMPTS / "rewrite.jsonl")
+        return [p for pair in zip(rewrite * count, chat) for p in pair][:2 * count]
+    return read_prompts(PROMPTS / f"{name}.jsonl")[:count]
+
+
+ALONE = "alone"
+
+
+def settings(draft: Path) -> dict[str, int | str]:
+    """Each server's --spec-draft-n-max by name (the target alone has none)."""
+    longest = read_draft(draft).draft_length
+    lengths = sorted({1, 3, longest} & set(range(1, longest + 1)))
+    return {**{f"n {n}": n for n in lengths}, AUTO: AUTO}
+
+
+def measure(target: Path, draft: Path, texts: list, rounds: int, n_predict: int, bin_dir: Path) -> dict:
+    with contextlib.ExitStack() as stack:
+        launches = {ALONE: launch_recipe(target, None, server_args=["-c", "4096"])}
+        for name, n_max in settings(draft).items():
+            launches[name] = launch_recipe(target, draft, draft_max=n_max, server_args=["-c", "4096"], check=False)
+        servers = {name: stack.enter_context(launch.server(bin_dir=bin_dir)) for name, launch in launches.items()}
+        ids = tokenize_prompts(servers[ALONE].client, texts)
+        for server in servers.values():
+            server.client.complete(ids[0][:8], 4, cache_prompt=False)
+        out = measure_side_by_side(servers, ids, n_predict, rounds)
+    ms, answers, names = out.ms, out.answers, list(out.ms)
+    speed = {n: round(1000.0 / statistics.median(v), 2) for n, v in ms.items()}
+    per_round = {n: [1000.0 / x for x in v] for n, v in ms.items()}
+    ratio = lambda a, b: [x / y for x, y in zip(per_round[a], per_round[b])]  # noqa: E731
+    statics = [n for n in speed if n.startswith("n ")]
+    best = max(statics, key=speed.get)
+    return {"tokens_per_second": speed, "best_static": best,
+            "auto_over_alone": round(statistics.median(ratio(AUTO, ALONE)), 3),
+            "auto_over_alone_range": [round(min(ratio(AUTO, ALONE)), 3), round(max(ratio(AUTO, ALONE)), 3)],
+            "best_static_over_alone": round(statistics.median(ratio(best, ALONE)), 3),
+            "auto_over_best_static": round(statistics.median(ratio(AUTO, best)), 3),
+            "auto_drafting": timings_profile(c.timings for c in answers[AUTO]),
+            "identical": {n: [c.tokens for c in answers[n]] == [c.tokens for c in answers[ALONE]]
+                          for n in names if n != ALONE},
+            "rounds": rounds, "prompts": len(ids), "n_predict": n_predict}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--types", default="F16")
+    parser.add_argument("--drafters", default="dflash2")
+    parser.add_argument("--sets", default="chat,code,mixed")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--n-predict", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=4)
+    args = parser.parse_args(argv)
+    files = smollm2_ggufs()
+    bin_dir = find_bin_dir(None, None)
+    rows = []
+    for qtype in args.types.split(","):
+        for drafter in args.drafters.split(","):
+            for name in args.sets.split(","):
+                progress(f"{qtype} {drafter} {name}")
+                row = measure(files[qtype], files[drafter], prompt_set(name, args.prompts), args.rounds,
+                              args.n_predict, bin_dir)
+                rows.append({"type": qtype, "drafter": drafter, "set": name, **row})
+                progress(f"{qtype} {drafter} {name}: auto {row['auto_over_alone']}x alone, "
+                         f"{row['auto_over_best_static']}x the best static ({row['best_static']})")
+    json.dump({"rows": rows}, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()
