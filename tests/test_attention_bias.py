@@ -80,7 +80,7 @@ def test_inconsistent_biases_are_refused(case, published, target_gguf, tmp_path)
 @pytest.fixture(scope="session")
 def f32_models(fixtures, published, tmp_path_factory) -> dict[str, Path]:
     from dflash_gguf.convert.converter import convert
-    from dflash_gguf.convert.target_model import convert_target
+    from tests.fixtures.target_model import convert_target
 
     work = tmp_path_factory.mktemp("f32-bias")
     models = {"target": convert_target(fixtures / "target-hf", work / "target.gguf", "f32"),

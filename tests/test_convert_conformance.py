@@ -59,7 +59,7 @@ def test_migrated_legacy_matches_upstream(drafter, fixtures, upstream_gguf, tmp_
 
 @pytest.mark.parametrize("outtype", ["f16", "q8_0"])
 def test_target_converter_matches_upstream(outtype, fixtures, tmp_path):
-    from dflash_gguf.convert.target_model import convert_target
+    from tests.fixtures.target_model import convert_target
     from tests.upstream import run_upstream_converter
 
     ours = convert_target(fixtures / "target-hf", tmp_path / "ours.gguf", outtype)

@@ -237,7 +237,7 @@ def test_fp8_drafter_drafts_the_reference_draft(family, llama_bin, published, fi
     """llama-speculative-simple's first draft with the converted FP8 drafter equals the z-lab
     reference's on the dequantized weights (float32 on both sides, as tests/test_patches.py does)."""
     from dflash_gguf.convert.converter import convert
-    from dflash_gguf.convert.target_model import convert_target
+    from tests.fixtures.target_model import convert_target
     from tests.llama_tools import parse_drafts, run_tool
     from tests.reference_drafts import reference_draft, tokenize
     from tests.test_patches import F32_CACHES, N_DRAFT, PROMPT

@@ -90,7 +90,7 @@ def test_sinks_are_written_as_float32(published, target_gguf, tmp_path):
 def test_mask_embedding_from_a_gguf_target(target_type, published, fixtures, tmp_path):
     """token_embd = the target GGUF's embeddings (dequantized here by hand for Q8_0), mask row
     replaced by mask_embedding.pt; output = the target's head (tied: its embeddings, unpatched)."""
-    from dflash_gguf.convert.target_model import convert_target
+    from tests.fixtures.target_model import convert_target
 
     target = convert_target(fixtures / "target-hf", tmp_path / f"target-{target_type}.gguf", target_type)
     out = tmp_path / "mask.gguf"
@@ -156,7 +156,7 @@ def test_broken_mask_embedding_is_refused(case, published, fixtures, tmp_path):
 def f32_pair(fixtures, published, tmp_path_factory):
     """The tiny target and the published drafters (plus dflash-b16) in float32."""
     from dflash_gguf.convert.converter import convert
-    from dflash_gguf.convert.target_model import convert_target
+    from tests.fixtures.target_model import convert_target
 
     work = tmp_path_factory.mktemp("f32-published")
     models = {"target": convert_target(fixtures / "target-hf", work / "target.gguf", "f32")}

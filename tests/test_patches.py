@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from dflash_gguf.convert.converter import convert
-from dflash_gguf.convert.target_model import convert_target
+from tests.fixtures.target_model import convert_target
 from dflash_gguf.runner.server import LlamaServer, free_port
 
 from tests.llama_tools import parse_drafts, run_tool

@@ -31,7 +31,7 @@ N_PREDICT = 48
 @pytest.fixture(scope="module")
 def f32_pair(tmp_path_factory, llama_bin) -> dict[str, Path]:
     from dflash_gguf.convert.converter import convert
-    from dflash_gguf.convert.target_model import convert_target
+    from tests.fixtures.target_model import convert_target
 
     work = tmp_path_factory.mktemp("trained-dspark-f32")
     target = convert_target(TRAINED / "target", work / "target.gguf", "f32")
