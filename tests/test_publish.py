@@ -247,3 +247,22 @@ def test_a_token_file_that_is_a_fifo_is_refused_not_waited_on(hub, tmp_path):
     proc = run_cli(["publish", folder, "--repo", "me/tiny"], env=env, timeout=60)
     assert_refused(proc, str(tmp_path / "hf-home" / "token"), "not a regular file", "HF_TOKEN")
     assert not hub.calls
+
+
+def test_time_between_library_calls_is_not_hub_traffic(hub, tmp_path, monkeypatch):
+    """The command clock (COMMAND_TIMEOUTS request deadlines) runs only while a request is in flight: a
+    process that publishes twice, with its own work between (a test worker, a library caller), is not
+    refused for the time in between (once it was, 600 s after its first request)."""
+    import time
+
+    from huggingface_hub import HfApi
+
+    from dflash_gguf.hub import client
+
+    monkeypatch.setenv(client.TIMEOUT_ENV, "0.5")  # the command's budget: 10 x 0.5 s
+    monkeypatch.setattr(client, "_command", [])
+    publish(_folder(tmp_path / "rel"), "org/model", api=HfApi(endpoint=hub.url, token=TOKEN), message="first")
+    time.sleep(6)  # more than the whole budget, spent outside any request
+    publish(_folder(tmp_path / "rel2"), "org/model", api=HfApi(endpoint=hub.url, token=TOKEN), message="second")
+    assert [c[0]["value"]["summary"] for c in hub.commits["org/model"]] == ["first", "second"]
+    assert client._command[0].active == 0  # every request finished with its clock

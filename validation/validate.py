@@ -115,7 +115,10 @@ def measure_speed(speed_launch: Launch, target: Path, prompt_ids: list[list[int]
     """The target alone and `speed_launch` up together, `settings.rounds` interleaved rounds over the
     prompts (one request at a time), judged against the rounds' own tau."""
     if settings.rounds == 0:
-        return None, not_measured("not measured (--rounds 0)")
+        return None, not_measured("not measured (rounds 0)")
+    if speed_launch.rpc:
+        return None, not_measured("the target is spread over --rpc servers, which serve one llama-server at a "
+                                  "time, so the target alone and the speculative server cannot take turns")
     progress(f"speed: the target alone and the speculative server up together, {settings.rounds} interleaved "
              f"round(s) over {len(prompt_ids)} prompt(s)")
 

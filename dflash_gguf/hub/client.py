@@ -363,13 +363,42 @@ class _Clock:
         return self.start + self.timeout + self.received / MIN_RATE - time.monotonic()
 
 
+class _CommandClock(_Clock):
+    """The clock of a command's Hub traffic: it runs only while a request is in flight, so time spent
+    between requests (converting, validating; a library caller's own work between calls) is not Hub
+    traffic taking too long."""
+
+    def __init__(self, timeout: float):
+        super().__init__(timeout)
+        self.active, self.idle_since = 0, None
+
+    def begin(self) -> None:
+        with _command_lock:
+            if self.active == 0 and self.idle_since is not None:
+                self.start += time.monotonic() - self.idle_since
+            self.active += 1
+
+    def end(self) -> None:
+        with _command_lock:
+            self.active -= 1
+            if self.active == 0:
+                self.idle_since = time.monotonic()
+
+
 class _Deadline(_Clock):
     """A request's deadline: its answer starts within `timeout`, its body averages MIN_RATE bytes a
-    second, it is never silent for `timeout`, and the command's Hub traffic is within its own clock."""
+    second, it is never silent for `timeout`, and the command's Hub traffic is within its own clock
+    (`finish`, once, when the request is done with)."""
 
     def __init__(self, url: str, timeout: float):
         super().__init__(timeout)
-        self.url, self.last = url, self.start
+        self.url, self.last, self.finished = url, self.start, False
+        _command_clock().begin()
+
+    def finish(self) -> None:
+        if not self.finished:
+            self.finished = True
+            _command_clock().end()
 
     def got(self, n: int) -> None:
         self.received += n
@@ -391,13 +420,14 @@ class _Deadline(_Clock):
 
 
 COMMAND_TIMEOUTS = 10  # a command's Hub traffic: this many request deadlines, plus its bytes at MIN_RATE
-_command: list[_Clock] = []
+_command: list[_CommandClock] = []
+_command_lock = threading.Lock()
 
 
-def _command_clock() -> _Clock:
+def _command_clock() -> _CommandClock:
     """The clock of this command's Hub traffic (a process runs one command), started at its first request."""
     if not _command:
-        _command.append(_Clock(COMMAND_TIMEOUTS * timeout_s()))
+        _command.append(_CommandClock(COMMAND_TIMEOUTS * timeout_s()))
     return _command[0]
 
 
@@ -587,7 +617,10 @@ def _make_transport(endpoint: str):
                     yield chunk
 
         def close(self) -> None:
-            self._inner.close()
+            try:
+                self._inner.close()
+            finally:
+                self._deadline.finish()
 
     class GuardedTransport(httpx2.BaseTransport):
         def __init__(self, inner: httpx2.HTTPTransport):
@@ -604,7 +637,11 @@ def _make_transport(endpoint: str):
             request.headers["Accept-Encoding"] = "gzip, deflate" if api else "identity"
             deadline = _Deadline(where, timeout_s())
             _current.deadline = deadline
-            response = self._inner.handle_request(request)
+            try:
+                response = self._inner.handle_request(request)
+            except BaseException:
+                deadline.finish()
+                raise
             try:
                 self._check_headers(response, where)
                 _check_redirect(request, response, where)
@@ -629,7 +666,10 @@ def _make_transport(endpoint: str):
                     headers.append(("Retry-After", "0"))
                 path = urlsplit(str(request.url)).path
                 if api and response.status_code < 300 and _checked_api(path):
-                    content = b"".join(body)
+                    try:
+                        content = b"".join(body)
+                    finally:
+                        body.close()
                     announced.listing(path, check_api_answer(path, content, where) or {})
                     return httpx2.Response(response.status_code, headers=headers, content=content,
                                            extensions=response.extensions)
@@ -637,6 +677,7 @@ def _make_transport(endpoint: str):
                                        extensions=response.extensions)
             except BaseException:
                 response.close()
+                deadline.finish()
                 raise
 
         def _check_headers(self, response, where: str) -> None:
