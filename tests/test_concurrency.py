@@ -95,7 +95,8 @@ def test_bench_at_one_and_two_streams_is_identical_on_every_stream_under_exact(t
                                   "exact": True}
     assert "--no-repack" in report["launch"]["recipe"]
     # two rounds support no speedup: each level says why, and the verdict judges none
-    assert all(r["speedup"] is None and r["speed"]["speedup_unreliable"] == "2 rounds measured, at least 3 are needed"
+    assert all(r["speedup"] is None and
+               r["speed"]["speedup_unreliable"].startswith("2 rounds measured, at least 3 are needed")
                for r in report["levels"])
     assert report["verdict"].startswith("not measured reliably at concurrency 1, 2")
     assert report["launch"]["user_args"] == ["-t", "1"]

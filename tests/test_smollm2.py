@@ -102,7 +102,7 @@ def test_lossless_on_held_out_chat_prompts(drafter, qtype, smollm2, held_out, tm
     reference = ["--reference-draft", COMMITTED / drafter, "--reference-target", hf_target()] if qtype == "F16" else []
     report = tmp_path / "report.json"
     proc = dflash_gguf("validate", "--target", smollm2[qtype], "--draft", smollm2[drafter], "--prompts", held_out,
-                       "-n", N, "--threads", THREADS, "--report", report, *reference)
+                       "-n", N, "--threads", THREADS, "--rounds", "1", "--report", report, *reference)
     data = json.loads(report.read_text())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert data["positions_checked"] == data["produced"] == N_PROMPTS * N
@@ -110,6 +110,8 @@ def test_lossless_on_held_out_chat_prompts(drafter, qtype, smollm2, held_out, tm
     # the drafter drafted at every step; the committed drafters are weak (replayed reference tau 1.56 and
     # 1.81, reference_tau.json), so the F16 comparison with the reference is what holds tau
     assert data["drafted"] > 0, data
+    # speed is not what this proves: one round is measured and, too few to stand, withheld
+    assert data["speedup"] is None and data["speedup_unreliable"].startswith("1 round measured, at least 3 are needed")
     if reference:
         ref = data["reference"]["mean_acceptance_length"]
         assert data["mean_acceptance_length"] >= 0.95 * ref, (data["mean_acceptance_length"], ref)
@@ -127,7 +129,8 @@ def test_exact_mode_is_batch_invariant(smollm2, held_out, llama_bin, tmp_path):
     alone's. Without patch 0007 the batching noise here is about 0.5 logits at widths 1-7, 1.9 at 8."""
     report = tmp_path / "report.json"
     proc = dflash_gguf("validate", "--target", smollm2["Q4_K_M"], "--draft", smollm2["dflash2"], "--prompts", held_out,
-                       "-n", N, "--threads", THREADS, "--exact", "--llama-bin", llama_bin, "--report", report)
+                       "-n", N, "--threads", THREADS, "--exact", "--rounds", "1", "--llama-bin", llama_bin,
+                       "--report", report)
     data = json.loads(report.read_text())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     noise = data["replay"]["noise_by_width"]
