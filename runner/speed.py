@@ -62,7 +62,7 @@ class Speedup:
 
     ratios: tuple[float, ...]
     unit: str                      # what each ratio is: "round" or "request pair"
-    tau: float | None              # the bound: None when nothing was drafted
+    tau: float | None              # the bound (1.0 for a run that drafted nothing); None: not known
     load: float | None             # the highest 1-minute load average seen while measuring
     cores: int
     unreliable: str | None

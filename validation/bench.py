@@ -200,8 +200,8 @@ def _level(n: int, jobs: list[list[int]], alone: list[Pass], spec: list[Pass], r
     drafted = sum(c.draft_n for p in spec for s in p.answers for c in s)
     accepted = sum(c.draft_n_accepted for p in spec for s in p.answers for c in s)
     tau = measure.mean_acceptance_length(produced, accepted, requests)
-    judged = judge(speedups, tau if drafted else None, "round", max((p.load for p in [*alone, *spec]
-                                                                      if p.load is not None), default=None))
+    load = max((p.load for p in [*alone, *spec] if p.load is not None), default=None)
+    judged = judge(speedups, tau, "round", load)
     drafter_streams = _streams(spec, jobs, reference)
     alone_streams = _streams(alone, jobs, reference)
     return Level(
