@@ -123,6 +123,7 @@ def judge(ratios: Sequence[float], tau: float | None, unit: str = "round", load:
           cores: int | None = None, min_rounds: int = MIN_ROUNDS) -> Speedup:
     """The `Speedup` of `ratios` (speculative over target alone), bounded by `tau` when drafting ran."""
     ratios = tuple(float(r) for r in ratios if r > 0)
+    tau = tau if tau and tau > 0 else None  # 0: no verify step at all (mean_acceptance_length), no bound known
     cores = cores or cpus()
     why = _why(ratios, tau, unit, min_rounds)
     busy = oversubscribed(load, cores)
