@@ -128,3 +128,37 @@ def test_replay_threads_follow_the_command_line_then_llama_arg_threads(monkeypat
     for unusable in ("abc", "0", ""):
         monkeypatch.setenv("LLAMA_ARG_THREADS", unusable)
         assert ServerContext.from_args(["-m", "t.gguf"], 512).threads is None
+
+
+# a tree step (patch 0009): 4 nodes under the root 7042 at pos 5 - 30 (depth 1), 31 (depth 1, a
+# sibling), 198 (under 30), 11 (under 198) - of which 30, 198 were accepted, then the target's 504
+TREE_LOG = """\
+0.00.100.000 I srv   load_model: spec tree: budget=4 n_seq_max=5 kv_unified=1
+0.02.760.505 D slot process_toke: id  0 | task 3 | n_gen = 1, n_remaining = 11, next token:  7042 ' Paris'
+0.02.820.025 D dflash draft: seq_id=0 pos=5 id_last=7042 n=4 ids=[30,31,198,11]
+0.02.820.050 D slot handle_last_: id  0 | task 3 | spec tree: slot=0 pos=5 last=7042 n=4 tokens=[30,31,198,11] parents=[0,0,1,3]
+0.02.820.076 D slot handle_last_: id  0 | task 3 | generate_draft: id=7042, #tokens=5, #draft=4, pos_next=5
+0.03.017.223 D slot process_toke: id  0 | task 3 | n_gen = 2, n_remaining = 10, next token:    30 '.'
+0.03.017.223 D slot process_toke: id  0 | task 3 | n_gen = 3, n_remaining = 9, next token:   198 ' '
+0.03.017.223 D slot process_toke: id  0 | task 3 | n_gen = 4, n_remaining = 8, next token:   504 'The'
+0.03.017.230 D slot   operator(): id  0 | task 3 | spec tree accepted: slot=0 path=[1,3]
+0.03.017.232 D slot   operator(): id  0 | task 3 | accepted 2/4 draft tokens, new n_tokens = 8
+"""
+
+
+def test_a_tree_step_is_read_from_the_server_log(tmp_path):
+    from dflash_gguf.validation.server_steps import tree_memory
+
+    log = tmp_path / "server.log"
+    log.write_text(TREE_LOG)
+    (task,) = read_steps(log)
+    (step,) = task.steps
+    assert (step.position, step.width, step.drafts, step.parents, step.path, step.accepted) == \
+        (5, 5, [30, 31, 198, 11], [0, 0, 1, 3], [1, 3], 2)
+    assert [step.depth(j) for j in range(5)] == [0, 1, 1, 2, 3]
+    assert step.walk([30, 198]) == [1, 3] and step.walk([31]) == [2] and step.walk([198]) is None
+    assert step.emitted(remaining=10) == 3
+    assert tree_memory(log) == (5, True)
+    chain = tmp_path / "chain.log"
+    chain.write_text(LOG)
+    assert tree_memory(chain) is None and not any(s.is_tree for t in read_steps(chain) for s in t.steps)

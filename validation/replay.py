@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ import numpy as np
 
 from ..runner import bindings as engine
 from ..runner.launch import EXACT_ENV, ServerArgs
-from .server_steps import Step
+from .server_steps import Step, tree_memory
 
 TOP = 8  # logits kept per row: the top few, for the report and the noise measurement
 
@@ -102,6 +103,12 @@ class ServerContext:
             n_rs_seq=_n_rs_seq(given) if spec_types & _SNAPSHOT_SPEC_TYPES else 0,
             reference_kernels=reference_kernels,
         )
+
+
+    def as_logged(self, log: Path) -> "ServerContext":
+        """This context with the sequences and KV layout the server set itself for a draft tree (its log)."""
+        tree = tree_memory(log)
+        return self if tree is None else dataclasses.replace(self, n_seq=tree[0], kv_unified=tree[1])
 
 
 def _n_rs_seq(given: ServerArgs) -> int:
@@ -193,17 +200,21 @@ class Replay:
 
     # -----------------------------------------------------------------------------------------
 
-    def _decode(self, tokens: Sequence[int], position: int, outputs: Sequence[int]) -> list[np.ndarray]:
-        """One llama_decode call, as the server makes it; the logits of the rows in `outputs`."""
+    def _decode(self, tokens: Sequence[int], position: int, outputs: Sequence[int],
+                positions: Sequence[int] | None = None, seqs: Sequence[Sequence[int]] | None = None) -> list[np.ndarray]:
+        """One llama_decode call, as the server makes it; the logits of the rows in `outputs`. Token i
+        goes to `position + i` in sequence 0, unless `positions` and `seqs` say otherwise (a tree)."""
         lib = self._lib
-        batch = lib.llama_batch_init(len(tokens), 0, 1)
+        batch = lib.llama_batch_init(len(tokens), 0, max((len(s) for s in seqs), default=1) if seqs else 1)
         try:
             wanted = set(outputs)
             for i, token in enumerate(tokens):
                 batch.token[i] = int(token)
-                batch.pos[i] = position + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
+                batch.pos[i] = positions[i] if positions is not None else position + i
+                ids = seqs[i] if seqs is not None else (0,)
+                batch.n_seq_id[i] = len(ids)
+                for k, seq in enumerate(ids):
+                    batch.seq_id[i][k] = seq
                 batch.logits[i] = 1 if i in wanted else 0
             batch.n_tokens = len(tokens)
             status = lib.llama_decode(self._ctx, batch)
@@ -216,6 +227,43 @@ class Replay:
             return rows
         finally:
             lib.llama_batch_free(batch)
+
+    @staticmethod
+    def _sequences(step: Step) -> dict[int, list[int]]:
+        """Per node of a tree step (0: the root), the sequences of the leaves under it, the leaves
+        numbered 1, 2, ... in node order."""
+        has_child = set(step.parents)
+        under: dict[int, list[int]] = {j: [] for j in range(len(step.parents) + 1)}
+        leaves = [j for j in range(1, len(step.parents) + 1) if j not in has_child]
+        for seq, node in enumerate(leaves, start=1):
+            while True:
+                under[node].append(seq)
+                if node == 0:
+                    break
+                node = step.parents[node - 1]
+        return under
+
+    def _decode_tree(self, step: Step) -> list[np.ndarray]:
+        """A tree step's batch as the server makes it (patch 0009): the root (`last`, in sequence 0 and
+        every leaf's) and the nodes at `position + depth`, each in the sequences of the leaves under
+        it, every leaf seeing sequence 0's cache through a copy; every row's logits."""
+        lib, memory = self._lib, self._lib.llama_get_memory(self._ctx)
+        under = self._sequences(step)
+        for seq in under[0]:
+            lib.llama_memory_seq_cp(memory, 0, seq, -1, -1)
+        seqs = [[0, *under[0]]] + [under[j] for j in range(1, len(step.parents) + 1)]
+        positions = [step.position + step.depth(j) for j in range(len(step.parents) + 1)]
+        return self._decode([step.last, *step.drafts], step.position, list(range(len(seqs))), positions, seqs)
+
+    def _keep_path(self, step: Step, path: Sequence[int]) -> None:
+        """After a tree step, the server's seq_cp / seq_rm: the accepted nodes join sequence 0, the
+        leaves' sequences go."""
+        lib, memory = self._lib, self._lib.llama_get_memory(self._ctx)
+        under = self._sequences(step)
+        if path:
+            lib.llama_memory_seq_cp(memory, under[path[-1]][0], 0, step.position + 1, step.position + 1 + len(path))
+        for seq in under[0]:
+            lib.llama_memory_seq_rm(memory, seq, -1, -1)
 
     def _forget_after(self, position: int) -> None:
         lib = self._lib
@@ -291,6 +339,17 @@ class Replay:
             drafts = list(step.drafts) if len(step.drafts) == step.width - 1 else []
             if not drafts:  # not logged: the emitted tokens stand in (rejected rows come after every checked row)
                 drafts = (source[done:done + step.width - 1] + [source[done + n_emit - 1]] * step.width)[:step.width - 1]
+            if step.is_tree:
+                path = self._tree_path(step, emitted[done:done + n_emit - 1])
+                logits = self._decode_tree(step)
+                self._keep_path(step, path or [])
+                if path is None:
+                    break  # the emitted tokens are not a path of the logged tree: not this run's batch
+                for r, node in enumerate([0, *path]):
+                    rows.append(self._row(logits[node], step.position + r, step.width, emitted[done + r]))
+                done += n_emit
+                self._forget_after(step.position + n_emit)
+                continue
             tokens = [step.last] + drafts  # the server's batch, even where a response says otherwise
             if step.restored_from is not None and not step.replay:
                 checkpoint = self._checkpoint()  # saved before the verify batch; a replay step reuses it
@@ -303,6 +362,14 @@ class Replay:
             done += n_emit
             self._forget_after(step.position + n_emit)
         return rows
+
+    @staticmethod
+    def _tree_path(step: Step, accepted: Sequence[int]) -> list[int] | None:
+        """The nodes that emitted `accepted` (the tree's drafts the run emitted): the server's logged
+        path where it carries those tokens, else the walk down the tree by them."""
+        if step.path is not None and [step.drafts[j - 1] for j in step.path[:len(accepted)]] == list(accepted):
+            return step.path[:len(accepted)]
+        return step.walk(accepted)
 
     def plain(self, prompt: Sequence[int], emitted: Sequence[int], prompt_batches: Sequence[int] = ()) -> list[Row]:
         """The rows of plain decoding: one token per batch."""

@@ -19,6 +19,11 @@ and the log has both:
   the verify batch, and when drafts are rejected it logs `restoring speculative checkpoint`, loads
   that state, drops the cache from `pos_max + 1` on and emits nothing; the next step verifies the
   tokens the target took (its `accepted` then counts one fewer than it took: `spec_is_replay`).
+
+A tree step (patch 0009, `--spec-tree-budget N`) verifies a draft tree in one batch: the server logs
+its nodes in batch order with their parents (`spec tree: ... tokens=[..] parents=[..]`, 0 the root,
+node j at position `pos_next + depth(j)`) before the step's `generate_draft` line, and the nodes it
+accepted (`spec tree accepted: ... path=[..]`) after it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 DEBUG_ARGS = ("-lv", "5")  # what the log needs: llama-server's debug verbosity
 
@@ -37,6 +43,10 @@ _ACCEPTED = re.compile(_SLOT + r"accepted (?P<a>\d+)/(?P<n>\d+) draft tokens, ne
 _DRAFTS = re.compile(r"dflash draft: seq_id=(?P<seq>\d+) pos=(?P<pos>\d+) id_last=-?\d+ n=\d+ ids=\[(?P<ids>[0-9,]*)\]")
 _TOKEN = re.compile(_SLOT + r"n_gen = \d+, n_remaining = -?\d+, next token:\s*(?P<id>-?\d+)")  # every request emits one
 _RESTORE = re.compile(_SLOT + r"restoring speculative checkpoint \(pos_min = -?\d+, pos_max = (?P<pos>-?\d+)")
+_TREE = re.compile(r"spec tree: slot=(?P<slot>\d+) pos=(?P<pos>\d+) last=-?\d+ n=(?P<n>\d+) "
+                   r"tokens=\[(?P<tokens>[0-9,]*)\] parents=\[(?P<parents>[0-9,]*)\]")
+_TREE_PATH = re.compile(r"spec tree accepted: slot=(?P<slot>\d+) path=\[(?P<path>[0-9,]*)\]")
+_TREE_MEMORY = re.compile(r"spec tree: budget=(?P<budget>\d+) n_seq_max=(?P<n_seq>\d+) kv_unified=(?P<unified>[01])")
 _PROMPT_BATCH = re.compile(_SLOT + r"main/do_checkpoint = \w+, pos_min = -?\d+, pos_max = (?P<pos>-?\d+)")
 
 
@@ -53,6 +63,32 @@ class Step:
     #                              when the request ended inside it (the server logs no count then)
     restored_from: int | None = None  # rolled back through the checkpoint: the cache from here on dropped
     replay: bool = False  # verifies again what the target took before a restore (its drafts: those tokens)
+    parents: list[int] = field(default_factory=list)  # a tree step: each draft's parent (0: `last`, j: drafts[j-1])
+    path: list[int] | None = None  # a tree step: the drafts it accepted (1-based), as the server logged them
+
+    @property
+    def is_tree(self) -> bool:
+        return bool(self.parents)
+
+    def depth(self, node: int) -> int:
+        """Node `node`'s distance from the root (0 for the root, 1-based nodes)."""
+        depth = 0
+        while node:
+            node, depth = self.parents[node - 1], depth + 1
+        return depth
+
+    def walk(self, tokens: Sequence[int]) -> list[int] | None:
+        """The nodes (1-based) that carry `tokens` from the root down, one child per token; None when
+        one of them is not a child of the node before it."""
+        path, node = [], 0
+        for token in tokens:
+            child = next((j for j in range(1, len(self.parents) + 1)
+                          if self.parents[j - 1] == node and self.drafts[j - 1] == token), None)
+            if child is None:
+                return None
+            path.append(child)
+            node = child
+        return path
 
     def emitted(self, remaining: int) -> int:
         """Tokens of the request this step emitted, `remaining` being those not yet accounted for."""
@@ -82,13 +118,36 @@ class TaskSteps:
         return sum(step.restored_from is not None for step in self.steps)
 
 
+def tree_memory(log: Path) -> tuple[int, bool] | None:
+    """The target context's sequences and KV layout a server that verifies trees set itself (patch
+    0009's start-up line); None when its log has none (no tree)."""
+    with open(log, encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            if (m := _TREE_MEMORY.search(line)) is not None:
+                return int(m["n_seq"]), m["unified"] == "1"
+    return None
+
+
 def read_steps(log: Path) -> list[TaskSteps]:
     """The requests of a llama-server debug log, in the order they started."""
     tasks: dict[int, TaskSteps] = {}
     pending_drafts: dict[int, tuple[int, list[int]]] = {}  # slot -> (pos, ids) of its latest draft
+    pending_trees: dict[int, tuple[int, list[int], list[int]]] = {}  # slot -> (pos, tokens, parents)
+    open_trees: dict[int, Step] = {}  # slot -> its tree step waiting for its path
     open_step: dict[int, Step] = {}  # task -> its draft step waiting for "accepted"
     with open(log, encoding="utf-8", errors="replace") as lines:
         for line in lines:
+            if (m := _TREE.search(line)) is not None:
+                ids = [int(t) for t in m["tokens"].split(",") if t]
+                parents = [int(t) for t in m["parents"].split(",") if t]
+                if len(ids) == len(parents) == int(m["n"]):
+                    pending_trees[int(m["slot"])] = (int(m["pos"]), ids, parents)
+                continue
+            if (m := _TREE_PATH.search(line)) is not None:
+                step = open_trees.pop(int(m["slot"]), None)
+                if step is not None:
+                    step.path = [int(t) for t in m["path"].split(",") if t]
+                continue
             if (m := _DRAFTS.search(line)) is not None:
                 ids = [int(t) for t in m["ids"].split(",") if t]
                 pending_drafts[int(m["seq"])] = (int(m["pos"]), ids)
@@ -106,6 +165,10 @@ def read_steps(log: Path) -> list[TaskSteps]:
                     replay = previous is not None and previous.restored_from is not None
                     step = Step(pos, n + 1, int(m["last"]), drafts if len(drafts) == n else [],
                                 drafted[1] if drafted is not None and drafted[0] == pos else [], replay=replay)
+                    tree = pending_trees.pop(slot, None)
+                    if tree is not None and tree[0] == pos and len(tree[1]) == n:
+                        step.drafts, step.proposed, step.parents = tree[1], tree[1], tree[2]
+                        open_trees[slot] = step
                     open_step[task] = step
                 else:
                     step = Step(pos, 1, int(m["last"]))

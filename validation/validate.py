@@ -148,12 +148,11 @@ def _replayed(model: Path, contexts: list[ServerContext], bin_dir: Path, jobs: l
 
 
 def _check_tokens(spec: ServerRun, alone: ServerRun, prompt_ids: list[list[int]], tasks: dict[str, list[TaskSteps]],
-                  commands: dict[str, list[str]], model: Path, bin_dir: Path, n_ctx: int, reference_kernels: bool,
-                  progress: Progress) -> tuple[list, dict]:
+                  contexts: list[ServerContext], model: Path, bin_dir: Path, progress: Progress) -> tuple[list, dict]:
     """Replay the one-at-a-time speculative pass batch by batch on `model` alone, and plain decoding
-    of the target-alone pass, each with its server's context and prompt batches; judge every token.
-    The judgements per prompt, and what the replay was."""
-    contexts = [ServerContext.from_args(commands[run][1:], n_ctx, reference_kernels) for run in ("speculative", "alone")]
+    of the target-alone pass, each with its server's context (`contexts`: the speculative run's, the
+    target alone's) and prompt batches; judge every token. The judgements per prompt, and what the
+    replay was."""
     progress(f"replaying every verify batch of the speculative run on {model.name} alone")
     spec_jobs = [lambda r, ids=ids, c=c, task=task: r.run(ids, c.tokens, task.steps, task.prompt_batches, task.tokens)
                  for ids, c, task in zip(prompt_ids, spec.sequential, tasks["speculative"])]
@@ -269,9 +268,10 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], s
                                               progress, log_path=logs["alone"])
         # the last requests of each log are its one-at-a-time pass
         tasks = {run: read_steps(logs[run])[-len(prompt_ids):] for run in logs}
-        judgements, replay_info = _check_tokens(spec, alone, prompt_ids, tasks,
-                                                {"speculative": spec_command, "alone": alone_command}, baseline,
-                                                bin_dir, n_ctx * launch.parallel, launch.exact, progress)
+        commands = {"speculative": spec_command, "alone": alone_command}
+        contexts = [ServerContext.from_args(commands[run][1:], n_ctx * launch.parallel, launch.exact).as_logged(logs[run])
+                    for run in ("speculative", "alone")]
+        judgements, replay_info = _check_tokens(spec, alone, prompt_ids, tasks, contexts, baseline, bin_dir, progress)
 
     results, divergences = [], []
     for text, s, seq, t, j in zip(prompts, spec.completions, spec.sequential, alone.completions, judgements):
