@@ -57,12 +57,14 @@ _REFUSED: dict[tuple[str, ...], str] = {
     ("--ssl-key-file", "--ssl-cert-file"): "the runner talks plain HTTP to the server it starts",
     ("--models-dir", "--models-preset"): "the runner serves one target and its drafter",
 }
+MAX_TREE_BUDGET = 255  # a sequence per leaf: llama.cpp's LLAMA_MAX_SEQ (256) bounds the tree of one slot
 # ... and the ones it honours: read from after `--` and used in place of its own
 _HONOURED: dict[tuple[str, ...], str] = {
     ("--port",): "port",
     ("--host",): "host",
     ("-np", "--parallel"): "parallel",
     ("--spec-draft-n-max",): "draft_max",
+    ("--spec-tree-budget",): "tree_budget",
     ("--rpc",): "rpc",
 }
 _API_KEY = ("--api-key",)
@@ -185,6 +187,8 @@ def parse_server_args(args: Sequence[str]) -> ServerArgs:
                 honoured[takes] = value
             elif takes == "draft_max" and value.strip().lower() == AUTO:
                 honoured[takes] = AUTO
+            elif takes == "tree_budget":
+                honoured[takes] = _number(flag, value, 0, MAX_TREE_BUDGET)
             elif takes is not None:
                 honoured[takes] = _number(flag, value, 1)
             else:  # an API key is honoured by sending it, and stays on llama-server's command line
@@ -272,6 +276,7 @@ class Launch:
     draft: DrafterDescription | None
     parallel: int = DEFAULT_PARALLEL
     draft_max: int | str | None = None  # AUTO: llama-server chooses each step's length up to the drafter's
+    tree_budget: int = 0            # --spec-tree-budget: nodes of a draft tree verified per step (0: the chain)
     host: str = DEFAULT_HOST
     port: int | None = None
     api_key: str | None = None
@@ -303,7 +308,8 @@ class Launch:
     def speculative_args(self) -> list[str]:
         if self.draft is None:
             return []
-        return speculative_args(self.draft, AUTO if self.auto else self.draft_length)
+        tree = ["--spec-tree-budget", str(self.tree_budget)] if self.tree_budget else []
+        return [*speculative_args(self.draft, AUTO if self.auto else self.draft_length), *tree]
 
     def recipe(self) -> list[str]:
         """The runner's own arguments: the drafter's, the threads of a small machine, --metrics, the
@@ -365,10 +371,17 @@ def launch_recipe(target: str | Path, draft: str | Path | None, *, parallel: int
         warnings += ("--exact with --rpc: the RPC servers compute their layers with their own kernels; start each "
                      "with `dflash-gguf llama rpc-server --exact` (GGML_CPU_USE_REF=1), or their layers are not "
                      "batch-invariant",)
+    draft_max = _once("draft_max", draft_max, given)
+    tree_budget = given.honoured.get("tree_budget", 0)
+    if tree_budget and draft_max == AUTO:
+        raise ServerArgsError("--spec-tree-budget after -- with --draft-max auto: the controller chooses chain lengths "
+                              "and does not verify trees yet; give one of them")
+    if tree_budget and desc is None:
+        raise ServerArgsError("--spec-tree-budget after --: a draft tree needs a drafter (--draft)")
     return Launch(
         target=Path(target), draft=desc,
         parallel=_once("parallel", parallel, given) or DEFAULT_PARALLEL,
-        draft_max=_once("draft_max", draft_max, given),
+        draft_max=draft_max, tree_budget=tree_budget,
         host=_once("host", host, given) or DEFAULT_HOST,
         port=_once("port", port, given),
         rpc=rpc_servers,

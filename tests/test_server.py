@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -350,6 +351,33 @@ def test_server_args_honoured_are_taken_out_and_the_rest_kept_in_order(tmp_path:
     assert given.passthrough == ("-c", "512", "-ctkd", "q8_0", "--api-key-file", str(keys), "-c", "2048")
     assert given.api_key == "k1" and given.value_of(CTX_SIZE) == "2048"  # llama.cpp takes the last
     assert parse_server_args(["--api-key", "a,b"]).api_key == "a"
+
+
+def test_a_tree_budget_after_the_dashes_goes_to_the_drafting_server_only(target_gguf: Path,
+                                                                         converted: dict[str, Path]):
+    from dflash_gguf.runner.launch import launch_recipe
+
+    launch = launch_recipe(target_gguf, converted["dflash2-b8"], server_args=["--spec-tree-budget", "16", "-c", "512"])
+    assert launch.tree_budget == 16 and launch.user_args == ("-c", "512")
+    assert launch.args()[launch.args().index("--spec-tree-budget") + 1] == "16"
+    assert "--spec-tree-budget" not in launch.alone().args()  # llama-server refuses a tree without a drafter
+    assert "--spec-tree-budget" not in launch_recipe(target_gguf, converted["dflash2-b8"]).args()
+
+
+@pytest.mark.parametrize("args, draft, needle", [
+    (["--spec-tree-budget", "-1"], True, "--spec-tree-budget '-1' after --: expected a whole number, 0..255"),
+    (["--spec-tree-budget=many"], True, "--spec-tree-budget 'many' after --: expected a whole number"),
+    (["--spec-tree-budget", "300"], True, "0..255"),
+    (["--spec-tree-budget", "8", "--spec-draft-n-max", "auto"], True, "with --draft-max auto"),
+    (["--spec-tree-budget", "8"], False, "a draft tree needs a drafter"),
+])
+def test_a_tree_budget_llama_server_would_refuse_is_refused_first(target_gguf: Path, converted: dict[str, Path],
+                                                                 args: list[str], draft: bool, needle: str):
+    from dflash_gguf.errors import ServerArgsError
+    from dflash_gguf.runner.launch import launch_recipe
+
+    with pytest.raises(ServerArgsError, match=re.escape(needle)):
+        launch_recipe(target_gguf, converted["dflash2-b8"] if draft else None, server_args=args)
 
 
 def test_rpc_servers_from_the_option_or_after_the_dashes_go_into_the_launch(target_gguf: Path,
