@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from ..errors import GGUFFormatError, OptionError
+from ..gguf.compat import check_drafter
 from ..gguf.describe import describe
 from ..gguf.file import GGUFFile
 from ..gguf.target import load_target
@@ -155,13 +156,16 @@ def _print_report(r: dict, list_tensors: bool) -> None:
             say(f"    - {p}")
     else:
         say("  problems        none found")
+    if r.get("target"):
+        say(f"  fits target     {r['target']['file']}")
 
 
 @click.command(short_help="Describe a drafter GGUF: variant, draft length, taps, which llama.cpp runs it, its problems.")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @json_option
 @click.option("--tensors", "list_tensors", is_flag=True, help="List every tensor with its type, shape and size.")
-def inspect(file: Path, as_json: bool, list_tensors: bool) -> None:
+@target_option(required=False, folder_ok=True)
+def inspect(file: Path, as_json: bool, list_tensors: bool, target) -> None:
     """Describe a drafter GGUF: variant (DFlash / DFlash 2 / DSpark / legacy), block size, draft
     length and --spec-type as llama-server runs it, which llama.cpp runs it (stock llama.cpp, or a
     build with one of dflash-gguf's patches: measured, dflash_gguf/gguf/llama_support.py), target layers in both numberings (HF
@@ -169,15 +173,28 @@ def inspect(file: Path, as_json: bool, list_tensors: bool) -> None:
     problems it can see (legacy layout, sliding-window layers without window metadata, missing
     keys or tensors). The JSON report (--json) always lists every tensor.
 
+    With --target, the drafter is also checked against that target as `convert` and `serve` check
+    it, and as llama-server would: hidden size, target layers (in range, and recorded by the
+    target's llama.cpp graph: most architectures do not record the last layer's output),
+    vocabulary, mask token; a drafter that does not fit is refused in one line.
+
     Exit status 0 when no problem is found, 1 when problems are listed, 2 when the file is not a
-    readable GGUF.
+    readable GGUF or does not fit --target.
 
     \b
     Examples:
       dflash-gguf inspect dflash-Qwen3-8B-F16.gguf
       dflash-gguf inspect dflash-Qwen3-8B-F16.gguf --json --tensors
+      dflash-gguf inspect dflash-Qwen3-8B-F16.gguf --target Qwen3-8B-Q4_K_M.gguf
     """
-    report = describe(file).to_dict()
+    desc = describe(file)
+    report = desc.to_dict()
+    if target is not None:
+        info = load_target(target)
+        warnings = check_drafter(desc.facts(), info)
+        report["target"] = {"file": str(info.path), "fits": True, "warnings": warnings}
+        for message in warnings:
+            say(f"warning: {message}", err=True)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:

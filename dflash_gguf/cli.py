@@ -19,6 +19,7 @@ from .release.cli import commands as release_commands
 from .runner.llama_cli import commands as llama_commands
 from .runner.serve_cli import commands as serve_commands
 from .runner.tune_cli import commands as tune_commands
+from .runner.watch import commands as watch_commands
 from .secrets import ScrubbingStream, filter_log_handlers, scrub
 from .signals import exit_status, raise_on_terminate, signal_name
 from .terminal import shown
@@ -127,8 +128,8 @@ def main(verbose: bool) -> None:
 
 def _register() -> None:
     # Each package owns its commands; this file only gathers them.
-    groups = (convert_commands, llama_commands, serve_commands, tune_commands, validate_commands, doctor_commands,
-              bench_commands, quantize_commands, release_commands, train_commands)
+    groups = (convert_commands, llama_commands, serve_commands, watch_commands, tune_commands, validate_commands,
+              doctor_commands, bench_commands, quantize_commands, release_commands, train_commands)
     for command in [c for group in groups for c in group]:
         main.add_command(command)
 

@@ -239,6 +239,11 @@ RECORDING_ARCHS = frozenset({
     "minimax-01", "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "qwen3", "qwen35", "qwen35moe",
     "qwen3moe", "qwen3next", "qwen4exp",
 })
+# Of those, the ones whose graph also records the last layer's output (`res->t_layer_inp[n_layer]`),
+# so that a drafter may tap it; the others record the inputs of layers 0..n_layer-1 only, and
+# llama-server refuses a drafter that taps the last layer's output of their targets
+# (common/speculative.cpp, common_speculative_dflash_mismatch).
+RECORDS_LAST_OUTPUT = frozenset({"deepseek4", "mimo2", "nemotron_h"})
 
 # Families with published drafters (or users asking for them) whose targets cannot serve DFlash in
 # the pinned tree: their graphs record no layer inputs.

@@ -15,11 +15,9 @@ from ..gguf.keys import General
 from ..gguf.license import license_from_gguf
 from ..gguf.target import TargetInfo, load_target
 from ..hub import resolve as hub
-from ..hub.names import is_repo_id
+from ..hub.names import QUANT_SUFFIX, is_repo_id
 from ..inputs import parse_json
 from ..licenses import License, license_from_folder, strictest
-
-QUANT_SUFFIX = re.compile(r"[-._](F32|F16|BF16|Q\d[A-Z0-9_]*|IQ\d[A-Z0-9_]*|MXFP4[A-Z0-9_]*)$", re.IGNORECASE)
 
 
 def safe_name(text: str) -> str:

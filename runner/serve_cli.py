@@ -28,11 +28,12 @@ from . import tuned_settings as tuned
 from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient, Metrics
 from .launch import Launch, launch_recipe, with_rpc
+from .pairing import find_drafter
 from .server import LlamaServer, stop_on_signals
 from .server_log import is_server_log
 
 
-def _start(target: Path, draft: Path, *, backend: str | None, llama_bin: Path | None, host: str | None,
+def _start(target: Path, draft: Path | None, *, backend: str | None, llama_bin: Path | None, host: str | None,
            port: int | None, parallel: int | None, draft_max: int | None, log_path: Path | None,
            startup_timeout: float, server_args: tuple[str, ...], use_tuned: bool = False,
            request_timeout: float | None = 600.0, exact: bool = False) -> tuple[Launch, LlamaServer]:
@@ -42,12 +43,12 @@ def _start(target: Path, draft: Path, *, backend: str | None, llama_bin: Path | 
     target = hub.local_gguf(target)
     if log_path is not None:
         check_outputs([Output(log_path, "--log", Replace.OWNED, owned=is_server_log, what="llama-server log")],
-                      [Input(target, "--target"), Input(draft, "--draft")])
+                      [Input(target, "--target")] + ([Input(draft, "--draft")] if draft is not None else []))
     launch = launch_recipe(target, draft, parallel=parallel, draft_max=draft_max, host=host, port=port,
                            server_args=server_args, exact=exact)
     bin_dir = find_bin_dir(backend, llama_bin)
     applied = _tuned(tuned.TuneKey.of(target, draft, build_info(bin_dir, backend)["build"], exact), target,
-                     draft_max, server_args) if use_tuned else None
+                     draft_max, server_args) if use_tuned and draft is not None else None
     if applied is not None:
         launch = launch_recipe(target, draft if applied.drafting else None, parallel=parallel,
                                draft_max=applied.draft_max, host=host, port=port, server_args=applied.server_args,
@@ -78,16 +79,28 @@ def _tuned(key: tuned.TuneKey, target: Path, draft_max: int | None,
 
 @click.command("serve", cls=ServerArgsCommand)
 @target_option()
-@draft_option()
+@draft_option(required=False)  # left out: the drafter is looked for (runner/pairing.py)
+@click.option("--no-draft", is_flag=True, help="Serve the target alone: no drafter, none looked for.")
 @build_options
 @server_options
 @click.option("--no-tuned", is_flag=True,
               help="Ignore the setting `dflash-gguf tune` saved for this target, drafter and build.")
 @exact_option
-def serve(target: Path, draft: Path, backend: str | None, llama_bin: Path | None, host: str | None,
-          port: int | None, parallel: int | None, draft_max: int | None, log_path: Path | None,
+def serve(target: Path, draft: Path | None, no_draft: bool, backend: str | None, llama_bin: Path | None,
+          host: str | None, port: int | None, parallel: int | None, draft_max: int | None, log_path: Path | None,
           startup_timeout: float, rpc: str | None, no_tuned: bool, exact: bool, server_args: tuple[str, ...]) -> None:
     """Run llama-server with TARGET and its DFlash drafter until Ctrl-C or SIGTERM.
+
+    \b
+    Without --draft, serve looks for the drafter itself, in this order: `dflash-*.gguf` and
+    `dspark-*.gguf` beside the target (the one of the target's quant first); for a target
+    in the Hugging Face cache (a Hub repo id, fetched), the cached sidecar files of its
+    repository; then drafter GGUFs in the Hugging Face cache whose name names the
+    target's model (dflash-<Model>-<QUANT>.gguf). Nothing is downloaded for the search.
+    Each is checked as --draft is; the first that fits is used, and stderr says which,
+    and why each other one was skipped (one line each). When none fits, the target is
+    served ALONE and stderr says so: a drafter that fails the check is never used.
+    --no-draft serves the target alone without looking.
 
     \b
     The pair is checked first with the converter's rules (hidden size, target layers,
@@ -112,10 +125,19 @@ def serve(target: Path, draft: Path, backend: str | None, llama_bin: Path | None
     \b
     Examples:
       dflash-gguf serve --target Qwen3-8B-Q4_K_M.gguf --draft dflash-Qwen3-8B-F16.gguf
+      dflash-gguf serve --target Qwen3-8B-Q4_K_M.gguf     # the drafter beside it, if one fits
       dflash-gguf serve -t t.gguf -d d.gguf --port 8080 -- -c 8192 -ngl 99
       dflash-gguf serve -t t.gguf -d d.gguf --rpc 10.0.0.2:50052,10.0.0.3:50052 -- -devd none
     """
+    if no_draft and draft is not None:
+        raise OptionError("serve: --no-draft serves the target alone; give it or --draft, not both")
     server_args = with_rpc(rpc, server_args)
+    target = hub.local_gguf(target)
+    if draft is None and not no_draft:
+        pairing = find_drafter(target)
+        for line in pairing.lines():
+            click.echo(line, err=True)
+        draft = pairing.chosen.path if pairing.chosen is not None else None
     launch, server = _start(target, draft, backend=backend, llama_bin=llama_bin, host=host, port=port,
                             parallel=parallel, draft_max=draft_max, log_path=log_path,
                             startup_timeout=startup_timeout, server_args=server_args, use_tuned=not no_tuned,
@@ -125,7 +147,8 @@ def serve(target: Path, draft: Path, backend: str | None, llama_bin: Path | None
         with stop_on_signals(), server:
             click.echo(server.client.url)
             sys.stdout.flush()
-            how = f"drafting with {draft.name}" if launch.draft else f"the target alone, {draft.name} not loaded"
+            how = (f"drafting with {draft.name}" if launch.draft else "the target alone" if draft is None
+                   else f"the target alone, {draft.name} not loaded")
             click.echo(f"llama-server pid {server.pid} ready, {how}; log {server.log_path}. Ctrl-C stops it.",
                        err=True)
             rc = server.wait()

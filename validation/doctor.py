@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 from ..confined_reader import file_in
 from ..convert.converter import sliding_window
 from ..errors import DflashError, ServerArgsError, TargetError
-from ..families import FAMILIES, RECORDING_ARCHS, UNSERVED
+from ..families import FAMILIES
 from ..gguf import layout
 from ..gguf.checkpoint import DrafterCheckpoint
 from ..gguf.describe import describe
@@ -164,16 +164,12 @@ def check_files(target: Path, draft: Path, checkpoint: Path | None = None) -> li
         findings.append(Finding("tokenizer", f"{draft.name} embeds another vocabulary than {target.name} "
                                 f"({len(draft_tokens)} vs {len(target_tokens)} tokens, first difference at id {differ}); "
                                 "re-convert the drafter with --target set to this target"))
-    if target_arch not in RECORDING_ARCHS:
-        family = f" ({UNSERVED[target_arch]})" if target_arch in UNSERVED else ""
-        findings.append(Finding("target-taps", f"{target.name} is a {target_arch!r} model, whose llama.cpp graph "
-                                f"records no layer inputs for a drafter to read{family}; use a target of the "
-                                "architecture the drafter was trained for"))
     findings += check_target_family(target, target_arch, target_keys)
     try:
-        check_pair(target, desc)
+        check_pair(target, desc)  # gguf/compat.py: taps the target's graph does not record included
     except TargetError as err:
-        findings.append(Finding("target-taps" if "target_layer_ids" in str(err) else "pair", str(err)))
+        taps = "target_layer_ids" in str(err) or "records no layer inputs" in str(err)
+        findings.append(Finding("target-taps" if taps else "pair", str(err)))
     except DflashError as err:
         findings.append(Finding("pair", str(err)))
     return findings

@@ -21,6 +21,9 @@ _PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?", re.ASCII)
 _BRANCH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}", re.ASCII)
 _PULL_REQUEST = re.compile(r"refs/pr/[1-9][0-9]{0,8}", re.ASCII)
 COMMIT = re.compile(r"[0-9a-f]{40}", re.ASCII)
+# A GGUF file name's quantization suffix (`-Q4_K_M`, `.F16`): how a repository's files of one model
+# tell their quants apart, and what `dflash-<Model>-<QUANT>.gguf` ends with.
+QUANT_SUFFIX = re.compile(r"[-._](F32|F16|BF16|Q\d[A-Z0-9_]*|IQ\d[A-Z0-9_]*|MXFP4[A-Z0-9_]*)$", re.IGNORECASE)
 
 REPO_ID_RULES = ("ORG/NAME: ASCII letters, digits, '-', '_', '.', starting and ending with a letter or digit, "
                  "without '--' or '..'")
