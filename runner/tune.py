@@ -25,12 +25,16 @@ few pairs is not measured further.
     5 controller              --spec-draft-n-max auto (ggml_patches/0008: the length chosen per
                               step from live acceptance and measured costs), reported beside the
                               static settings and preferred within CONTROLLER_MARGIN of the best
-    6 confirmation            the best setting again, in fresh passes (the search's best is the
+    6 draft tree              --spec-tree-budget 8, 16, 32 (ggml_patches/0009: a tree of drafts from
+                              the drafter's one pass, verified in one batch) at the best length;
+                              DFlash and DFlash 2 drafters only (a DSpark drafter verifies the chain)
+    7 confirmation            the best setting again, in fresh passes (the search's best is the
                               luckiest of many noisy estimates), judged by runner/speed.py: the
                               reported speedup, and the verdict: drafting pays when it reaches
                               `min_speedup`
 
-What the user fixes after `--` (`-t`, `--spec-draft-n-max`, `--spec-draft-p-min`) is not swept.
+What the user fixes after `--` (`-t`, `--spec-draft-n-max`, `--spec-draft-p-min`,
+`--spec-tree-budget`) is not swept.
 Two servers are up at a time (the reference and the setting measured), so the target's memory
 is needed twice unless its weights are mapped from one file (llama.cpp's default on CPU).
 """
@@ -50,7 +54,8 @@ from ..errors import ServerArgsError, ServerError, ServerStartError
 from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient
 from ..options import AUTO
-from .launch import ONE_CLIENT_PER_RPC_SERVER, THREADS, launch_recipe, parse_server_args, read_draft
+from .launch import (MAX_TREE_BUDGET, ONE_CLIENT_PER_RPC_SERVER, THREADS, launch_recipe, parse_server_args,
+                     read_draft)
 from .measure import Progress, ServerRun, mean_acceptance_length, measuring_launch
 from .prompts import Prompt, tokenize_prompts
 from .server import LlamaServer
@@ -61,6 +66,8 @@ P_MIN = ("--spec-draft-p-min", "--draft-p-min")
 P_MINS = (0.2, 0.4, 0.6, 0.8)
 QUICK_P_MINS = (0.5,)
 REFINE_STEPS = 3            # midpoint rounds around the best draft length
+TREE_BUDGETS = (8, 16, 32)  # nodes of a draft tree, as published tree verifiers sweep them
+QUICK_TREE_BUDGETS = (16,)
 # a setting whose median ratio in its first pass, after this many request pairs, is below this is not
 # measured further: it cannot become the fastest, and a slow one (threads fighting over busy cores)
 # costs minutes
@@ -92,12 +99,15 @@ class Setting:
     threads: int | None = None
     draft_max: int | str | None = None  # AUTO: llama-server's draft-length controller
     p_min: float | None = None
+    tree_budget: int | None = None      # --spec-tree-budget: a draft tree of this many nodes per step
 
     def server_args(self) -> list[str]:
         """What this setting adds before the user's arguments (the draft length goes to the launch)."""
         args = ["-t", str(self.threads)] if self.threads is not None else []
         if self.drafting and self.p_min is not None:
             args += ["--spec-draft-p-min", f"{self.p_min:g}"]
+        if self.drafting and self.tree_budget:
+            args += ["--spec-tree-budget", str(self.tree_budget)]
         return args
 
     def label(self) -> str:
@@ -110,6 +120,8 @@ class Setting:
             parts.append(f"n_max {self.draft_max}")
         if self.p_min is not None:
             parts.append(f"p_min {self.p_min:g}")
+        if self.tree_budget:
+            parts.append(f"tree {self.tree_budget}")
         return " ".join(parts)
 
     def to_dict(self) -> dict:
@@ -124,7 +136,8 @@ class Setting:
                    threads=_optional(values.integer, source, f"{name}.threads", data, 1, MAX_THREADS),
                    draft_max=AUTO if data.get("draft_max") == AUTO else
                    _optional(values.integer, source, f"{name}.draft_max", data, 1, MAX_DRAFT),
-                   p_min=_optional(values.number, source, f"{name}.p_min", data, lo=0.0, hi=1.0))
+                   p_min=_optional(values.number, source, f"{name}.p_min", data, lo=0.0, hi=1.0),
+                   tree_budget=_optional(values.integer, source, f"{name}.tree_budget", data, 0, MAX_TREE_BUDGET))
 
 
 @dataclass
@@ -490,7 +503,8 @@ class _Tuner:
         return dataclasses.replace(
             setting, threads=setting.threads if threads is None else threads,
             draft_max=self.user.honoured.get("draft_max", setting.draft_max) if setting.drafting else None,
-            p_min=setting.p_min if p_min is None or not setting.drafting else p_min)
+            p_min=setting.p_min if p_min is None or not setting.drafting else p_min,
+            tree_budget=self.user.honoured.get("tree_budget", setting.tree_budget) if setting.drafting else None)
 
     def over_budget(self) -> bool:
         limit = self.settings.max_seconds
@@ -498,11 +512,15 @@ class _Tuner:
 
     def run(self) -> tuple[Candidate, Setting, str]:
         s = self.settings
-        longest = read_draft(self.draft).draft_length
+        described = read_draft(self.draft)
+        longest = described.draft_length
         fixed_threads = self.user.value_of(THREADS) is not None
         threads: list[int | None] = [None] if fixed_threads else thread_grid(s.cpus or cpus())
         p_fixed = self.user.value_of(P_MIN) is not None
         n_fixed = "draft_max" in self.user.honoured
+        # a tree needs a DFlash or DFlash 2 drafter, and a length the server does not choose itself
+        tree_open = "tree_budget" not in self.user.honoured and described.spec_type == "draft-dflash" \
+            and self.user.honoured.get("draft_max") != AUTO
 
         def spec(t: int | None, n: int | None, p: float | None = None) -> Setting:
             # what the user fixed stays theirs: the launch reads it from after --
@@ -552,6 +570,13 @@ class _Tuner:
                 self.stage(reference, "controller", [spec(t_best, AUTO)])
             elif not n_fixed:
                 stopped = stopped or "controller"
+            if tree_open and not self.over_budget():
+                n_best = best_drafting([c for c in self.candidates.values() if c.setting.draft_max != AUTO])
+                n = n_best.setting.draft_max if n_best is not None else longest
+                self.stage(reference, "draft tree", [dataclasses.replace(spec(t_best, n), tree_budget=b)
+                                                     for b in (QUICK_TREE_BUDGETS if s.quick else TREE_BUDGETS)])
+            elif tree_open:
+                stopped = stopped or "draft tree"
             # fresh passes of the best: the search's best is the luckiest of many noisy estimates
             best = with_controller(best_drafting(self.candidates.values()), self.candidates.values())
             self.progress(f"confirmation: {best.setting.label()} against {alone.label()}")

@@ -29,6 +29,7 @@ from typing import Sequence
 from .. import typed_reader as values
 from ..errors import DflashError
 from ..inputs import parse_json, read_bytes
+from ..options import AUTO
 from ..outputs import write_text
 from ..paths import tuned_dir
 from .launch import parse_server_args
@@ -145,6 +146,9 @@ def apply(record: dict, draft_max: int | None, server_args: Sequence[str]) -> Tu
         taken += ["-t", str(chosen.threads)]
     if chosen.drafting and chosen.p_min is not None and given.value_of(P_MIN) is None:
         taken += ["--spec-draft-p-min", f"{chosen.p_min:g}"]
+    user_auto = AUTO in (draft_max, given.honoured.get("draft_max"))  # the controller does not verify trees
+    if chosen.drafting and chosen.tree_budget and "tree_budget" not in given.honoured and not user_auto:
+        taken += ["--spec-tree-budget", str(chosen.tree_budget)]
     user_draft_max = draft_max is not None or "draft_max" in given.honoured
     tuned_draft_max = chosen.draft_max if chosen.drafting and not user_draft_max else None
     shown = taken + (["--spec-draft-n-max", str(tuned_draft_max)] if tuned_draft_max is not None else [])

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from dflash_gguf.errors import InputError
 from dflash_gguf.convert.converter import convert
 from dflash_gguf.runner import tuned_settings as tuned
 from dflash_gguf.runner.client import LlamaClient
@@ -113,6 +114,15 @@ def test_setting_flags_and_record_round_trip():
     assert Setting(True, draft_max=4).server_args() == []
     assert Setting.from_dict(json.loads(json.dumps(s.to_dict()))) == s
     assert s.label() == "drafter -t 2 n_max 4 p_min 0.25" and Setting(False).label() == "target alone"
+
+
+def test_a_tree_is_a_drafting_flag_and_its_budget_is_read_back_in_range():
+    tree = Setting(True, threads=1, draft_max=7, tree_budget=16)
+    assert tree.server_args() == ["-t", "1", "--spec-tree-budget", "16"] and tree.label() == "drafter -t 1 n_max 7 tree 16"
+    assert Setting(False, threads=1, tree_budget=16).server_args() == ["-t", "1"]
+    assert Setting.from_dict(json.loads(json.dumps(tree.to_dict()))) == tree
+    with pytest.raises(InputError, match="chosen.tree_budget"):
+        Setting.from_dict({**tree.to_dict(), "tree_budget": 4096})
 
 
 def test_the_controller_is_a_setting_of_its_own_and_is_served_within_three_percent_of_the_best():
@@ -225,6 +235,18 @@ def _launch(target: Path, draft: Path, record: dict, draft_max: int | None = Non
     launch = launch_recipe(target, draft if applied.drafting else None, draft_max=applied.draft_max,
                            server_args=applied.server_args, check=False)
     return applied, launch
+
+
+def test_serve_takes_a_tuned_tree_unless_the_user_chose_the_controller_or_a_budget(tiny_pair):
+    target, draft = tiny_pair
+    record = _record(Setting(True, 1, 7, tree_budget=8), True)
+    applied, launch = _launch(target, draft, record)
+    assert launch.tree_budget == 8 and "--spec-tree-budget 8" in " ".join(applied.taken)
+    assert launch.args()[launch.args().index("--spec-tree-budget") + 1] == "8"
+    applied, launch = _launch(target, draft, record, args=("--spec-tree-budget", "32"))
+    assert launch.tree_budget == 32 and "--spec-tree-budget" not in " ".join(applied.taken)
+    applied, launch = _launch(target, draft, record, draft_max="auto")
+    assert launch.tree_budget == 0 and launch.auto
 
 
 def test_serve_takes_every_tuned_flag_the_user_left_open(tiny_pair):
@@ -359,7 +381,7 @@ def test_a_drafter_that_cannot_pay_is_measured_so_and_serve_runs_the_target_alon
                    "--spec-draft-n-max", "2")
     assert [c["stages"] for c in result["candidates"]] == [["threads, drafter"], ["p_min"]]
     assert result["drafting_pays"] is False and result["speedup"] < 1.05, result["speedup"]
-    assert result["chosen"] == {"drafting": False, "threads": 1, "draft_max": None, "p_min": None}
+    assert result["chosen"] == {"drafting": False, "threads": 1, "draft_max": None, "p_min": None, "tree_budget": None}
 
     answer, stderr, log = _serve(target, draft, llama_bin, tmp_path / "alone.log")
     assert "drafting does not pay here" in stderr and "WITHOUT the drafter" in stderr
@@ -395,4 +417,4 @@ def test_max_seconds_ends_the_search_but_the_verdict_is_still_measured(tiny_pair
     assert result["stopped_before"] == "p_min"
     assert [c["stages"] for c in result["candidates"]] == [["threads, drafter"]]
     assert result["best_drafting"]["stages"] == ["confirmation"] and result["best_drafting"]["pairs"] > 0
-    assert result["chosen"] == {"drafting": False, "threads": 1, "draft_max": None, "p_min": None}
+    assert result["chosen"] == {"drafting": False, "threads": 1, "draft_max": None, "p_min": None, "tree_budget": None}
