@@ -30,6 +30,7 @@ from ..hashing import hash_files
 from ..hub import resolve as hub
 from ..licenses import License, license_from_folder, with_override
 from ..terminal import shown
+from ..variants import architecture
 from .mask_embedding import own_embeddings
 
 log = logging.getLogger(__name__)
@@ -178,14 +179,14 @@ def _check_variant_settings(ckpt: DrafterCheckpoint) -> None:
     conv, selector = ckpt.conv, ckpt.selector  # each raises when only one of its pair is set
     if ckpt.variant == layout.DFLASH2 and not (conv and selector):
         missing = "conv_kernel_size/conv_group_size" if not conv else "selector_rank/selector_top_k"
-        raise CheckpointError(f"{ckpt.config_path}: DFlash2DraftModel needs {missing}; add them to dflash_config")
+        raise CheckpointError(f"{ckpt.config_path}: {architecture(layout.DFLASH2)} needs {missing}; add them to dflash_config")
     _check_attention_bias(ckpt)
     if ckpt.variant == layout.DSPARK:
         _check_dspark(ckpt)
     if ckpt.variant == layout.DFLASH and (conv or selector):
         raise CheckpointError(
-            f"{ckpt.config_path}: DFlashDraftModel config sets DFlash 2 fields (conv/selector); "
-            "set architectures to DFlash2DraftModel or remove them")
+            f"{ckpt.config_path}: {architecture(layout.DFLASH)} config sets DFlash 2 fields (conv/selector); "
+            f"set architectures to {architecture(layout.DFLASH2)} or remove them")
 
 
 def _check_dspark(ckpt: DrafterCheckpoint) -> None:

@@ -247,3 +247,32 @@ def test_the_walk_through_is_read_as_a_user_reads_it():
                                            "dflash-gguf serve -t $T -d d.gguf -- -c 8192"]
     assert make_targets_shown("`make demo`, `make no-such-target` and\n```sh\nmake test  # x\n```\n") == {
         "demo", "no-such-target", "test"}
+
+
+def _leaf_commands(command: click.Command, path: tuple[str, ...] = ()):
+    if isinstance(command, click.Group):
+        for name, sub in sorted(command.commands.items()):
+            yield from _leaf_commands(sub, (*path, name))
+    else:
+        yield " ".join(path), command
+
+
+def test_the_readme_names_the_commands_without_json():
+    """README's `--json` line names the commands that lack it (issue 50: it said "everywhere")."""
+    lines = _outside_fences(README.read_text(encoding="utf-8"))
+    start = next(i for i, line in enumerate(lines) if line.startswith("- `--json`"))
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith("  "))
+    item = " ".join(lines[start:end])
+    stated = set(CODE_SPAN.findall(item.partition(" but ")[2].split("(", 1)[0]))
+    lacking = {path for path, command in _leaf_commands(cli) if "--json" not in _declared(command)}
+    assert stated == lacking, f"README.md's --json line: the commands without --json are {sorted(lacking)}"
+
+
+def test_the_zoo_page_lists_every_family():
+    from dflash_gguf.families import FAMILIES
+
+    text = "\n".join(_outside_fences((REPO / "docs" / "testing.md").read_text(encoding="utf-8")))
+    listed = re.search(r"published drafters target \((\d+): ([^)]*)\)", text)
+    assert listed, "docs/testing.md: the zoo's paragraph lists its families as '(N: a, b, ...)'"
+    names = [n.strip() for n in listed.group(2).split(",")]
+    assert (int(listed.group(1)), names) == (len(FAMILIES), list(FAMILIES))

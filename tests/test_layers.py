@@ -90,6 +90,49 @@ def _imports(path: Path, module: str):
                 yield node.lineno, target
 
 
+DOC = REPO / "docs" / "testing.md"
+
+
+def _folders(layer: str) -> list[str]:
+    """Where a layer's modules are, as the repository spells them."""
+    if layer == "base":
+        return [f"{PACKAGE}/*.py"]
+    if layer == "model":
+        return [f"{PACKAGE}/{sub}/" for sub in MODEL]
+    if layer == "options":
+        return [f"{PACKAGE}/{OPTIONS}.py"]
+    if layer == "entry":
+        return sorted(ENTRY)
+    return [f"{_package_dirs()[f'{PACKAGE}.{layer}'].relative_to(REPO).as_posix()}/"]
+
+
+def stated_layering() -> str:
+    """The layering as docs/testing.md states it, made from LAYERS: lowest first, the layers of one rank
+    joined by '/', then where each layer's modules are."""
+    order = list(LAYERS)
+    ranks = sorted(set(LAYERS.values()))
+    chain = " <- ".join("/".join(sorted((n for n, r in LAYERS.items() if r == rank), key=order.index))
+                        for rank in ranks)
+    where = "; ".join(f"{name}: {', '.join(_folders(name))}" for name in sorted(LAYERS, key=LAYERS.get))
+    return f"{chain} ({where})"
+
+
+def _doc_paragraph(text: str, opening: str) -> str:
+    """The list item of docs/testing.md that opens with `opening`, its lines joined by single spaces."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(opening))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("  ")), len(lines))
+    return " ".join(line.strip() for line in lines[start:end])
+
+
+def test_docs_state_the_layering_this_test_holds():
+    """docs/testing.md states the layering from this file's LAYERS, not by hand (issue 50: it once said
+    `dflash_gguf <- convert <- quantize/runner <- release` while this test held another order)."""
+    stated = _doc_paragraph(DOC.read_text(encoding="utf-8"), "- `tests/test_layers.py`")
+    assert stated_layering() in stated.replace("`", ""), \
+        f"docs/testing.md: write the layering as tests/test_layers.py holds it:\n{stated_layering()}"
+
+
 def test_every_layer_is_declared():
     for name in _package_dirs():
         assert name.split(".")[1] in LAYERS, f"{name}: give its layer in tests/test_layers.py LAYERS"
@@ -102,8 +145,7 @@ def test_imports_go_down_the_layers(path, module, layer):
         reached = _layer_of_module(target)
         if reached is not None and LAYERS[reached] > LAYERS[layer]:
             wrong.append(f"{path.relative_to(REPO)}:{line} ({layer}) imports {target} ({reached})")
-    assert not wrong, "imports against the layers (base <- model <- options <- convert <- runner <- quantize/validation <- release):\n" + \
-        "\n".join(wrong)
+    assert not wrong, f"imports against the layers ({stated_layering()}):\n" + "\n".join(wrong)
 
 
 def test_the_scan_sees_an_upward_import(tmp_path):

@@ -16,6 +16,9 @@ from ..hub import resolve as hub
 from ..options import (build_options, force_option, json_option, out_option, prompts_option, seed_option,
                        target_option, threads_option)
 from ..outputs import Input, Output, check_outputs
+from ..variants import VARIANTS, Variant
+
+TRAINED = tuple(v.value for v, row in VARIANTS.items() if row.block_size)  # what --variant takes
 
 
 def _layer_list(_ctx, _param, value: str | None) -> tuple[int, ...] | None:
@@ -55,10 +58,11 @@ class _StepBar:
 @target_option()
 @prompts_option(required=True)
 @out_option(required=True, folder=True)
-@click.option("--variant", type=click.Choice(("dflash", "dflash2")), default="dflash", show_default=True)
+@click.option("--variant", type=click.Choice(TRAINED), default=Variant.DFLASH.value, show_default=True)
 @click.option("--layers", type=click.IntRange(1, 16), help="Drafter layers. Default: as published drafters of a "
               "target that size (5 for billion-parameter targets, 2 below).")
-@click.option("--block-size", type=click.IntRange(2, 64), help="Draft block. Default: 16 (DFlash), 8 (DFlash 2).")
+@click.option("--block-size", type=click.IntRange(2, 64), help="Draft block. Default: "
+              + ", ".join(f"{VARIANTS[v].block_size} ({VARIANTS[v].title})" for v in TRAINED) + ".")
 @click.option("--target-layers", callback=_layer_list, metavar="IDS",
               help="The target layers the drafter reads (HF numbering, comma-separated). Default: z-lab's spacing.")
 @click.option("--init", "init", type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -107,7 +111,7 @@ def train_command(target, prompts_file, out, variant, layers, block_size, target
       dflash-gguf convert my-drafter --target SmolLM2-135M-Instruct-Q4_K_M.gguf -o dflash-SmolLM2.gguf
     """
     require("reference", "dflash-gguf train (the z-lab drafter classes, trained with torch)")
-    if init is not None and (layers or block_size or target_layers or variant != "dflash"):
+    if init is not None and (layers or block_size or target_layers or variant != Variant.DFLASH):
         raise OptionError("--init: the drafter's shape comes from its config.json; leave out --variant, --layers, "
                           "--block-size and --target-layers")
     if minutes is not None and steps is not None:
@@ -127,9 +131,9 @@ def train_command(target, prompts_file, out, variant, layers, block_size, target
                            checkpoint_minutes=checkpoint_minutes, validate=not no_validate, device=torch_device,
                            llama_bin=llama_bin, backend=backend)
     # extra: [train] (PyTorch): the command line starts without it
-    from .settings import VARIANTS
+    from .settings import VARIANTS as RECIPES
 
-    spec = VARIANTS[variant]
+    spec = RECIPES[variant]
     bar = _StepBar(block_size or spec["block_size"], spec["seqs_per_step"] * spec["anchors_per_seq"])
     summary = train(target, prompts_file, out, options, force=force, progress=lambda m: click.echo(m, err=True),
                     step_progress=bar)

@@ -20,7 +20,7 @@ from gguf.quants import dequantize
 from torch import nn
 
 from ..errors import TargetError
-from ..gguf.keys import per_arch
+from ..gguf.keys import General, Model, Tokenizer, per_arch
 
 # families whose decoder layer is the drafter's (Qwen3 attention; llama's lacks the q/k norms)
 COPYABLE = ("llama", "qwen3")
@@ -80,21 +80,21 @@ class GGUFWeights:
         return value
 
     def _shape(self) -> TargetShape:
-        arch = self._need("general.architecture")
-        key = lambda name: per_arch(f"{{arch}}.{name}", arch)  # noqa: E731
-        n_embd = int(self._need(key("embedding_length")))
-        n_head = int(self.layer_value(key("attention.head_count"), self._need(key("attention.head_count"))))
+        arch = self._need(General.ARCHITECTURE)
+        key = lambda template: per_arch(template, arch)  # noqa: E731
+        n_embd = int(self._need(key(Model.EMBEDDING_LENGTH)))
+        n_head = int(self.layer_value(key(Model.HEAD_COUNT), self._need(key(Model.HEAD_COUNT))))
         return TargetShape(
-            arch=arch, n_embd=n_embd, n_layer=int(self._need(key("block_count"))), n_head=n_head,
-            n_head_kv=int(self.layer_value(key("attention.head_count_kv"), n_head)),
-            head_dim=int(self.field(key("attention.key_length"), n_embd // n_head)),
-            n_ff=int(self.layer_value(key("feed_forward_length"), self._need(key("feed_forward_length")))),
-            n_vocab=len(self._need("tokenizer.ggml.tokens")),
+            arch=arch, n_embd=n_embd, n_layer=int(self._need(key(Model.BLOCK_COUNT))), n_head=n_head,
+            n_head_kv=int(self.layer_value(key(Model.HEAD_COUNT_KV), n_head)),
+            head_dim=int(self.field(key(Model.KEY_LENGTH), n_embd // n_head)),
+            n_ff=int(self.layer_value(key(Model.FEED_FORWARD_LENGTH), self._need(key(Model.FEED_FORWARD_LENGTH)))),
+            n_vocab=len(self._need(Tokenizer.TOKENS)),
             # stored as float32: their shortest decimals (9.9999997e-06 -> 1e-05), as config.json had them
-            rope_theta=float(str(np.float32(self.field(key("rope.freq_base"), 10000.0)))),
-            rms_eps=float(str(np.float32(self.field(key("attention.layer_norm_rms_epsilon"), 1e-6)))),
-            n_ctx_train=int(self.field(key("context_length"), 4096)),
-            eos_token_id=self.field("tokenizer.ggml.eos_token_id"))
+            rope_theta=float(str(np.float32(self.field(key(Model.ROPE_FREQ_BASE), 10000.0)))),
+            rms_eps=float(str(np.float32(self.field(key(Model.LAYERNORM_RMS_EPS), 1e-6)))),
+            n_ctx_train=int(self.field(key(Model.CONTEXT_LENGTH), 4096)),
+            eos_token_id=self.field(Tokenizer.EOS_ID))
 
     def has(self, name: str) -> bool:
         return name in self.tensors

@@ -32,12 +32,14 @@ from ..convert.converter import convert
 from ..errors import CheckpointError, InputError
 from ..gguf.checkpoint import DrafterCheckpoint
 from ..gguf.compat import DrafterFacts, check_dflash2_shapes
+from ..gguf.keys import Tokenizer
 from ..owned_folder import built_beside, check_destination
 from ..paths import cache_dir
 from ..runner.build import find_bin_dir
 from ..runner.launch import launch_recipe
 from ..runner.prompts import Prompt, read_prompts, tokenize_prompts
 from ..validation.validate import ValidationSettings
+from ..variants import VARIANTS, Variant
 from . import recipe, store
 from . import settings as st
 from .frozen import COPYABLE, FrozenTarget, GGUFWeights
@@ -54,7 +56,7 @@ SEED = 20261202
 
 @dataclass
 class TrainOptions:
-    variant: str = "dflash"
+    variant: str = Variant.DFLASH.value
     layers: int | None = None
     block_size: int | None = None
     target_layer_ids: tuple[int, ...] | None = None
@@ -212,10 +214,11 @@ def plan_drafter(weights: GGUFWeights, options: TrainOptions) -> tuple[st.Drafte
     taps = tuple(options.target_layer_ids or st.default_taps(shape, layers))
     if max(taps) >= shape.n_layer or min(taps) < 0:
         raise InputError(f"--target-layers {','.join(map(str, taps))}: the target has layers 0..{shape.n_layer - 1}")
-    tokens = weights.field("tokenizer.ggml.tokens") or []
-    types = weights.field("tokenizer.ggml.token_type") or [1] * len(tokens)
-    special = {weights.field(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "eot", "padding", "unknown")}
-    mask = st.mask_token(tokens, types, special, weights.field("tokenizer.chat_template"))
+    tokens = weights.field(Tokenizer.TOKENS) or []
+    types = weights.field(Tokenizer.TOKEN_TYPE) or [1] * len(tokens)
+    special = {weights.field(k) for k in (Tokenizer.BOS_ID, Tokenizer.EOS_ID, Tokenizer.EOT_ID, Tokenizer.PAD_ID,
+                                          Tokenizer.UNK_ID)}
+    mask = st.mask_token(tokens, types, special, weights.field(Tokenizer.CHAT_TEMPLATE))
     if mask is None:
         raise InputError(f"{weights.path}: its vocabulary has no unused or spare control token to pad the drafter's "
                          "blocks with; start from a drafter that names one (--init)")
@@ -315,7 +318,7 @@ def card(summary: Summary, target: Path) -> str:
     tau = (f"**{held['tau']:.3f}** tokens per target step on {held['prompts']} held-out prompts "
            f"({held['n_predict']} new tokens each, greedy, llama.cpp {held['llama']}; lossless: "
            f"{'yes' if held['lossless'] else 'no'})") if held else "not measured (--no-validate)"
-    variant = {"dflash": "DFlash", "dflash2": "DFlash 2"}[summary.variant]
+    variant = VARIANTS[summary.variant].title
     teacher = f"{summary.teacher_seconds:.0f} s" if summary.teacher_seconds else "time not recorded"
     if summary.teacher_reused:
         teacher += ", answers made by an earlier run and reused"

@@ -19,7 +19,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+from dflash_gguf.validation.reference import reference_class
+from dflash_gguf.variants import ARCHITECTURES, VARIANTS, Variant
+
+DFLASH2_KEYS = VARIANTS[Variant.DFLASH2].config_fields
 
 
 @dataclass
@@ -77,6 +80,11 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def variant_of(spec: dict) -> Variant:
+    """The variant a recipe's spec (its "architecture", a config.json class name) makes."""
+    return ARCHITECTURES[spec["architecture"]]
+
+
 def drafter_config_dict(spec: dict, shape: DrafterShape) -> dict:
     """config.json as z-lab's 2026 drafters write it (settings nested in dflash_config)."""
     dflash = {"block_size": spec["block_size"], "mask_token_id": shape.mask_token_id,
@@ -97,9 +105,10 @@ def drafter_config_dict(spec: dict, shape: DrafterShape) -> dict:
         "sliding_window": None, "tie_word_embeddings": False, "use_cache": True,
         "use_sliding_window": False, "vocab_size": shape.vocab,
     }
-    if spec["architecture"] == "DFlashDraftModel":  # z-lab's DFlash 2 configs carry no auto_map
-        config["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
-    if spec["architecture"] == "DSparkDraftModel":
+    variant = variant_of(spec)
+    if variant is Variant.DFLASH:  # z-lab's DFlash 2 configs carry no auto_map; dflash.py is their remote code
+        config["auto_map"] = {"AutoModel": f"dflash.{spec['architecture']}"}
+    if variant is Variant.DSPARK:
         # DSpark's DFlash lineage: the settings at the top level, no dflash_config
         config.update(config.pop("dflash_config"), markov_head_type="vanilla",
                       markov_rank=spec["markov_rank"], has_confidence_head=True)
@@ -107,14 +116,7 @@ def drafter_config_dict(spec: dict, shape: DrafterShape) -> dict:
 
 
 def drafter_class(architecture: str):
-    # extra: [reference], the z-lab model (PyTorch comes with [train])
-    from dflash import model as ref
-
-    if architecture == "DSparkDraftModel":
-        # extra: [reference], the z-lab model (PyTorch comes with [train])
-        from dflash_gguf.validation.dspark_reference import DSparkDraftModel
-        return DSparkDraftModel
-    return getattr(ref, architecture)
+    return reference_class(ARCHITECTURES[architecture])
 
 
 def new_drafter(config_dict: dict, seed: int):
@@ -336,10 +338,11 @@ def drafter_loss(drafter, target, data: DistillSet, seq, anchors, spec, generato
     (blocks invisible to each other); DFlash 2 gives every block a row of its own, so that its
     causal convolutions, which run along the row, never cross from one block into the next.
     """
-    if spec["architecture"] == "DSparkDraftModel":
+    variant = variant_of(spec)
+    if variant is Variant.DSPARK:
         return dspark_loss(drafter, target, data, seq, anchors, spec)
     block = spec["block_size"]
-    if spec["architecture"] == "DFlash2DraftModel":
+    if variant is Variant.DFLASH2:
         seq = seq.repeat_interleave(anchors.shape[1])
         anchors = anchors.reshape(-1, 1)
     block_ids, label_ok = block_tokens(data.ids, data.valid_end, seq, anchors, block)
@@ -394,7 +397,7 @@ def drafter_loss(drafter, target, data: DistillSet, seq, anchors, spec, generato
         accept = (hit.cumprod(1) * ok).sum(1).mean().item()  # accepted drafts per block, teacher-forced
         stats = {"ce": loss.item(), "acc": (hit.sum() / ok.sum().clamp_min(1)).item(), "accept": accept}
 
-    if spec["architecture"] == "DFlash2DraftModel":
+    if variant is Variant.DFLASH2:
         # Candidate selector: among the draft's top_k, pick the target's next token given the
         # previous one (the anchor for position 1, then the true path; at inference the path is the
         # drafter's own choice, equal to the truth as long as everything before was accepted).
@@ -548,7 +551,7 @@ def replay_acceptance(drafter, target, ids: list[int], feats: torch.Tensor, prom
     anchors = torch.arange(prompt_len, max(prompt_len + 1, n - 1))
     data = DistillSet(ids=torch.tensor([ids]), feats=feats[None], valid_end=torch.tensor([n]),
                       first_anchor=torch.tensor([prompt_len]), mask_token_id=mask_token_id)
-    if spec["architecture"] == "DFlash2DraftModel":
+    if variant_of(spec) is Variant.DFLASH2:
         seq, anchor_grid = torch.zeros(len(anchors), dtype=torch.long), anchors[:, None]
     else:
         seq, anchor_grid = torch.zeros(1, dtype=torch.long), anchors[None]

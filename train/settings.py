@@ -6,20 +6,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..gguf.checkpoint import build_target_layer_ids
+from ..variants import VARIANTS as TABLE
+from ..variants import Variant, architecture
 from .frozen import TargetShape
 
 # The recipe per variant (train/recipe.py; measured on SmolLM2 in training/README.md): blocks per
 # step, learning rate, position-weight decay, soft labels against the target's top-k, the sampled
-# softmax's drawn rows. DFlash 2's convolution and selector sizes are llama.cpp's constraints
+# softmax's drawn rows; the class and block size are the variant table's (dflash_gguf/variants.py).
+# DFlash 2's convolution and selector sizes are llama.cpp's constraints
 # (n_embd % conv_group_size == 0, n_embd >= top_k * (top_k + 1)) with z-lab's published values.
-VARIANTS = {
-    "dflash": {"architecture": "DFlashDraftModel", "block_size": 16, "seqs_per_step": 8, "anchors_per_seq": 8,
-               "lr": 1.5e-3, "gamma": 7.0, "soft_labels": 0.5, "sampled_softmax": 1024},
-    "dflash2": {"architecture": "DFlash2DraftModel", "block_size": 8, "seqs_per_step": 4, "anchors_per_seq": 8,
-                "lr": 1.5e-3, "gamma": 4.0, "soft_labels": 0.5, "sampled_softmax": 1024,
-                "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 16, "selector_top_k": 8},
+RECIPES = {
+    Variant.DFLASH: {"seqs_per_step": 8, "anchors_per_seq": 8, "lr": 1.5e-3, "gamma": 7.0, "soft_labels": 0.5,
+                     "sampled_softmax": 1024},
+    Variant.DFLASH2: {"seqs_per_step": 4, "anchors_per_seq": 8, "lr": 1.5e-3, "gamma": 4.0, "soft_labels": 0.5,
+                      "sampled_softmax": 1024,
+                      "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 16, "selector_top_k": 8},
 }
-ARCHITECTURES = {spec["architecture"]: name for name, spec in VARIANTS.items()}
+VARIANTS = {name: {"architecture": architecture(name), "block_size": TABLE[name].block_size, **recipe}
+            for name, recipe in RECIPES.items()}
+# config.json architectures -> the variant's name as --variant spells it (a plain str: the run key
+# hashes the plan's str())
+ARCHITECTURES = {spec["architecture"]: name.value for name, spec in VARIANTS.items()}
 
 TEACHER_TOP_K = 32  # the target's most likely next tokens kept per position (soft labels, sampled softmax)
 

@@ -9,6 +9,7 @@ both sides on the same prompts shows it.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import time
@@ -19,10 +20,10 @@ from pathlib import Path
 from ..confined_reader import find_in, open_in
 from ..errors import InputError
 from ..extras import require
-from ..gguf import layout
 from ..hashing import hash_files
 from ..inputs import parse_json
 from ..paths import cache_dir
+from ..variants import ARCHITECTURES, VARIANTS, Variant
 
 CACHE_FORMAT = 1  # bump when what a cached run holds changes
 
@@ -58,18 +59,19 @@ def _config(folder: Path, what: str) -> dict:
 
 
 def drafter_class(draft_dir: Path):
-    """The PyTorch class of a drafter folder, by its config.json's architecture."""
+    """The PyTorch class of a drafter folder, by its config.json's architecture (DFlash's when it names
+    none the variant table knows)."""
     require("reference", "the z-lab PyTorch reference")
-    # extra: [reference] (PyTorch, transformers, the z-lab model)
-    from dflash import model as dflash_model
-
     config = _config(draft_dir, "drafter config")
     arch = (config.get("architectures") or [""])[0]
-    if layout.ARCHITECTURES.get(arch) == layout.DSPARK:
-        # extra: [reference] (PyTorch, transformers, the z-lab model)
-        from .dspark_reference import DSparkDraftModel
-        return DSparkDraftModel
-    return dflash_model.DFlash2DraftModel if arch == "DFlash2DraftModel" else dflash_model.DFlashDraftModel
+    return reference_class(ARCHITECTURES.get(arch, Variant.DFLASH))
+
+
+def reference_class(variant: str):
+    """The reference's class for a variant, as the variant table names it."""
+    row = VARIANTS[variant]
+    # extra: [reference] (PyTorch, transformers, the z-lab model)
+    return getattr(importlib.import_module(row.reference_module), row.reference_class)
 
 
 def _load(draft_dir: Path, target_dir: Path):

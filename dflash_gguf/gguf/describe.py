@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
+from ..variants import VARIANTS
 from . import layout
 from .compat import DrafterFacts
 from .config_values import MAX_BLOCK_SIZE
@@ -23,7 +24,7 @@ from .keys import ARCH, DEFAULT_BLOCK_SIZE, LEGACY_ARCH, DFlash, General, Legacy
 from .llama_support import support_of
 
 # llama.cpp's --spec-type for each variant mainline runs
-SPEC_TYPES = {layout.DFLASH: "draft-dflash", layout.DFLASH2: "draft-dflash", layout.DSPARK: "draft-dspark"}
+SPEC_TYPES = {v: row.spec_type for v, row in VARIANTS.items() if row.spec_type}
 NOT_A_DRAFTER = "not a drafter"
 
 

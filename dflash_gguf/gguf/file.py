@@ -108,9 +108,9 @@ def _pack_value(value: Any, vtype: GGUFValueType, sub_type: GGUFValueType | None
 
 # general.* keys read as text (names, licenses, links): declared STRING, valid UTF-8, no control characters
 GENERAL_STRINGS = (General.ARCHITECTURE, General.NAME, General.LICENSE, General.LICENSE_NAME, General.LICENSE_LINK,
-                   General.REPO_URL, General.SOURCE_REPO_URL, General.SOURCE_REVISION, "general.basename",
-                   "general.organization", "general.base_model.0.name", "general.base_model.0.repo_url",
-                   "general.base_model.0.revision")
+                   General.REPO_URL, General.SOURCE_REPO_URL, General.SOURCE_REVISION, General.BASENAME,
+                   General.ORGANIZATION, General.BASE_MODEL_NAME.format(id=0),
+                   General.BASE_MODEL_REPO_URL.format(id=0), General.BASE_MODEL_REVISION.format(id=0))
 
 
 # tokenizer.* keys a target GGUF hands to the drafter that llama.cpp reads as one type (the others are

@@ -4,7 +4,10 @@ In the manner of gguf-py's `constants.py`: nested classes of key strings. Standa
 from `gguf.Keys` (formatted for the `dflash` architecture where a key is per-architecture); the
 DFlash keys that PyPI gguf 0.19 lacks are spelled here as the pinned llama.cpp reads them
 (`src/llama-arch.cpp`, and `common/speculative.cpp` for `sample_from_anchor`). Every other module
-names a key through this table, never by concatenating strings.
+names a key through this table, a per-architecture one through `per_arch` (tests/test_keys.py holds
+it). One table sits below this one and cannot import it: the zoo's family facts
+(dflash_gguf/families.py), whose `target_keys` are per-architecture names without their `{arch}.`,
+which `doctor` puts in front of them.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class General:
     LICENSE_LINK = _K.General.LICENSE_LINK
     REPO_URL = _K.General.REPO_URL
     SOURCE_REPO_URL = _K.General.SOURCE_REPO_URL
+    BASENAME = _K.General.BASENAME
+    ORGANIZATION = _K.General.ORGANIZATION
     BASE_MODEL_COUNT = _K.General.BASE_MODEL_COUNT
     BASE_MODEL_NAME = _K.General.BASE_MODEL_NAME          # .format(id=0)
     BASE_MODEL_REPO_URL = _K.General.BASE_MODEL_REPO_URL  # .format(id=0)
@@ -44,8 +49,14 @@ class General:
 class Tokenizer:
     PREFIX = "tokenizer."  # every key of the target's tokenizer starts so; a drafter GGUF carries them all
     TOKENS = _K.Tokenizer.LIST
+    TOKEN_TYPE = _K.Tokenizer.TOKEN_TYPE
+    CHAT_TEMPLATE = _K.Tokenizer.CHAT_TEMPLATE
     MASK_ID = _K.Tokenizer.MASK_ID
     PAD_ID = _K.Tokenizer.PAD_ID
+    BOS_ID = _K.Tokenizer.BOS_ID
+    EOS_ID = _K.Tokenizer.EOS_ID
+    EOT_ID = _K.Tokenizer.EOT_ID
+    UNK_ID = _K.Tokenizer.UNK_ID
     MODEL = _K.Tokenizer.MODEL
     PRE = _K.Tokenizer.PRE
     # every special-token id (bos, eos, padding, fim_*, ...): llama.cpp reads each as a u32
@@ -58,6 +69,13 @@ class Model:
     EMBEDDING_LENGTH = _K.LLM.EMBEDDING_LENGTH
     BLOCK_COUNT = _K.LLM.BLOCK_COUNT
     VOCAB_SIZE = _K.LLM.VOCAB_SIZE
+    FEED_FORWARD_LENGTH = _K.LLM.FEED_FORWARD_LENGTH
+    CONTEXT_LENGTH = _K.LLM.CONTEXT_LENGTH
+    HEAD_COUNT = _K.Attention.HEAD_COUNT
+    HEAD_COUNT_KV = _K.Attention.HEAD_COUNT_KV
+    KEY_LENGTH = _K.Attention.KEY_LENGTH
+    LAYERNORM_RMS_EPS = _K.Attention.LAYERNORM_RMS_EPS
+    ROPE_FREQ_BASE = _K.Rope.FREQ_BASE
     ROPE_DIMENSION_SECTIONS = _K.Rope.DIMENSION_SECTIONS
 
 

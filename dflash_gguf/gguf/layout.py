@@ -10,22 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-DFLASH = "dflash"
-DFLASH2 = "dflash2"
-DSPARK = "dspark"
-LEGACY = "legacy"
+from ..variants import ARCHITECTURES, VARIANTS, Variant
 
-VARIANT_NAMES = {DFLASH: "DFlash", DFLASH2: "DFlash 2", DSPARK: "DSpark", LEGACY: "legacy fork"}
-ARCHITECTURES = {
-    "DFlashDraftModel": DFLASH, "DFlash2DraftModel": DFLASH2,
-    # DSpark (DFlash + a Markov head): every name the pinned converter registers for it
-    "Qwen3DSparkModel": DSPARK, "DSparkDraftModel": DSPARK, "DSparkSpeculator": DSPARK,
-    "Lfm2DSparkDraftModel": DSPARK, "LingDSparkModel": DSPARK,
-}
+DFLASH, DFLASH2, DSPARK, LEGACY = Variant.DFLASH, Variant.DFLASH2, Variant.DSPARK, Variant.LEGACY
+
+VARIANT_NAMES = {v: row.title for v, row in VARIANTS.items()}
 
 # The file-name prefix of each variant's release files: what llama.cpp's `-hf` drafter discovery and
 # --models-dir mode look for.
-FILE_PREFIXES = {DFLASH: "dflash", DFLASH2: "dflash", DSPARK: "dspark"}
+FILE_PREFIXES = {v: row.file_prefix for v, row in VARIANTS.items() if row.file_prefix}
 
 
 def is_drafter_file(name: str) -> bool:
@@ -34,8 +27,8 @@ def is_drafter_file(name: str) -> bool:
 
 
 # Tensors whose presence tells the variants of a mainline GGUF apart (as the pinned
-# common/speculative.cpp tells draft-dspark from draft-dflash; selector_* only DFlash 2 has).
-VARIANT_MARKERS = {"selector_hidden.weight": DFLASH2, "markov_w1.weight": DSPARK}
+# common/speculative.cpp tells draft-dspark from draft-dflash).
+VARIANT_MARKERS = {row.marker: v for v, row in VARIANTS.items() if row.marker}
 
 
 @dataclass(frozen=True)

@@ -13,17 +13,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from . import layout
+from ..variants import VARIANTS
 
 # The stock build the table was measured on (and the `test-stock` extra pins).
 STOCK_MEASURED = "xllamacpp==2026.10.11549"
 
 # How a variant is named where a build supports it, and the --spec-type it runs with.
-VARIANT_SUPPORT = {
-    layout.DFLASH: "DFlash",
-    layout.DFLASH2: "DFlash 2",
-    layout.DSPARK: "DSpark",
-}
+VARIANT_SUPPORT = {v: row.title for v, row in VARIANTS.items() if row.spec_type}
 
 
 @dataclass(frozen=True)
