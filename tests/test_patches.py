@@ -12,6 +12,10 @@
   thread for nothing: counted as the threads' voluntary context switches per generated token.
 - 0006-amx-tile-config-rodata: a quantized model (Q8_0, Q4_0) answers on a CPU with AMX instead of
   dying with SIGILL at its first matrix multiply.
+- 0009-spec-tree-verify: `--spec-tree-budget N` verifies a best-first draft tree of the DFlash /
+  DFlash 2 block in one target batch: the target's own tokens, more of them per step; the chain
+  where the tree cannot serve (temperature > 0, recurrent targets); one line and exit 2 for a
+  budget it cannot serve.
 
 `DFLASH_GGUF_TEST_LLAMA_BIN=<bin dir> pytest tests/test_patches.py` runs the same tests against the
 programs of another build; against an unpatched build of the pinned tree all 16 fail (the two of 0006 only on a CPU with AMX).
@@ -342,3 +346,168 @@ def test_draft_length_auto_without_block_drafter_is_refused(llama_bin: Path, tra
     lines = [line for line in log.splitlines() if "--spec-draft-n-max auto" in line]
     assert proc.returncode == 2, f"exit status {proc.returncode}:\n{log[-1500:]}"
     assert len(lines) == 1 and " E " in lines[0], log[-1500:]
+
+
+# ---------------------------------------------------------------------------------------------
+# 0009-spec-tree-verify
+# ---------------------------------------------------------------------------------------------
+
+TREE_LINE = re.compile(r"spec tree: slot=(\d+) pos=(\d+) last=(\d+) n=(\d+) tokens=\[([\d,]*)\] parents=\[([\d,]*)\]")
+TREE_ACCEPTED = re.compile(r"spec tree accepted: slot=(\d+) path=\[([\d,]*)\]")
+TREE_COMMON = ("--parallel", "1", "-c", "2048", "-t", "1")
+# batch-invariant kernels (patch 0007, what --exact sets): a token's logits and layer inputs do not depend on
+# the batch it was verified in, so tree, chain and target alone are compared bit for bit
+TREE_ENV = {"GGML_CPU_USE_REF": "1"}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(t) for t in text.split(",") if t]
+
+
+def _tree_steps(log: str) -> list[tuple[int, int, list[int], list[int], list[int]]]:
+    """(pos, last, tokens, parents, accepted path) per tree step, checked for shape: parents come first,
+    the accepted path descends from the root."""
+    trees, paths = TREE_LINE.findall(log), TREE_ACCEPTED.findall(log)
+    assert len(trees) == len(paths) > 0, (len(trees), len(paths))
+    steps = []
+    for (slot, pos, last, n, toks, pars), (slot_acc, path) in zip(trees, paths):
+        tokens, parents, path = _ints(toks), _ints(pars), _ints(path)
+        assert slot == slot_acc and len(tokens) == len(parents) == int(n) > 0
+        assert all(0 <= p < j for j, p in enumerate(parents, start=1)), parents
+        assert all(parents[j - 1] == (path[i - 1] if i else 0) for i, j in enumerate(path)), (parents, path)
+        steps.append((int(pos), int(last), tokens, parents, path))
+    return steps
+
+
+def _requests(log: str) -> list[str]:
+    """The server log cut at the end of each request (one slot: requests do not overlap)."""
+    return log.split("stop processing:")[:-1]
+
+
+def _tau(answers) -> float:
+    """Tokens per verifying target step: 1 + accepted draft tokens per step that verified a draft."""
+    steps = sum(sum(a.timings["draft_n_chosen_hist"][1:]) for a in answers)
+    return 1 + sum(a.draft_n_accepted for a in answers) / max(1, steps)
+
+
+@pytest.mark.parametrize("drafter", ["dflash2", "dflash"])
+def test_tree_verify_is_the_targets_own_and_accepts_more(llama_bin: Path, smollm2: dict[str, Path], drafter: str,
+                                                         tmp_path: Path):
+    """`--spec-tree-budget N` verifies a best-first draft tree in one target batch: on SmolLM2 F16 with its
+    DFlash 2 and DFlash drafters the output is the target alone's, token for token; every step's tree and
+    accepted path are logged and add up to the response's draft counts; more tokens are accepted per step
+    than with the chain; and the drafter after a tree step is the one the chain leaves (every draft made at
+    the same position after the same token is identical). Unpatched: unknown argument, exit 1."""
+    from tests.fixtures.smollm2 import EVAL_PROMPTS
+
+    chats = [json.loads(line)["messages"] for line in EVAL_PROMPTS.read_text(encoding="utf-8").splitlines()[:3]]
+    spec = ["-md", smollm2[drafter], "--spec-type", "draft-dflash", "--spec-draft-n-max", "15"]
+    configs = {"alone": [], "chain7": spec[:-1] + ["7", "-lv", "5"], "chain15": spec + ["-lv", "5"],
+               "tree8": spec + ["--spec-tree-budget", "8", "-lv", "5"],
+               "tree16": spec + ["--spec-tree-budget", "16", "-lv", "5"]}
+    runs, logs = {}, {}
+    for name, args in configs.items():
+        log_path = tmp_path / f"{name}.log"
+        with LlamaServer(smollm2["F16"], [*TREE_COMMON, *args], bin_dir=llama_bin, log_path=log_path,
+                         env=TREE_ENV) as server:
+            prompts = [server.client.apply_template(m) for m in chats]
+            runs[name] = [server.client.complete(p, 64, ignore_eos=True) for p in prompts]
+        logs[name] = log_path.read_text(errors="replace")
+
+    for name, answers in runs.items():
+        for i, answer in enumerate(answers):
+            assert answer.tokens == runs["alone"][i].tokens, f"{name}, prompt {i}: not the target's own tokens"
+
+    for budget in (8, 16):
+        answers, log = runs[f"tree{budget}"], logs[f"tree{budget}"]
+        assert f"spec tree: budget={budget} n_seq_max={1 + budget} kv_unified=1" in log
+        steps = _tree_steps(log)
+        assert all(len(tokens) <= budget for _, _, tokens, _, _ in steps)
+        assert sum(len(t) for _, _, t, _, _ in steps) == sum(a.draft_n for a in answers)
+        assert sum(len(path) for *_, path in steps) == sum(a.draft_n_accepted for a in answers)
+        assert all(a.timings["draft_tree_budget"] == budget for a in answers)
+        accepted = sum(a.draft_n_accepted for a in answers)
+        assert sum(sum(a.timings["draft_accepted_per_depth"]) for a in answers) == accepted
+        # the first node popped is the root's best child: the chain's first token
+        for request in _requests(log):
+            chain_first = {(d.pos, d.id_last): d.ids[0] for d in parse_drafts(request)}
+            assert all(int(t.split(",")[0]) == chain_first[(int(pos), int(last))]
+                       for _, pos, last, _, t, _ in TREE_LINE.findall(request))
+    assert all(a.timings["draft_tree_budget"] == 0 for a in runs["chain15"])
+
+    # the drafter after tree steps is the one the chain leaves: the same drafts wherever both drafted at the
+    # same point, bit for bit. Patch 0010 moves an accepted path whose nodes were not the first in the batch
+    # next to the root, so the target's KV cells stay in position order and its layer inputs, which the
+    # drafter reads, are the chain's; without it they differ in the last bits after such a step
+    for name in ("tree8", "tree16"):
+        common = 0
+        for chain_req, tree_req in zip(_requests(logs["chain15"]), _requests(logs[name])):
+            chain = {(d.pos, d.id_last): d.ids for d in parse_drafts(chain_req)}
+            tree = {(d.pos, d.id_last): d.ids for d in parse_drafts(tree_req)}
+            for key in set(chain) & set(tree):
+                assert chain[key] == tree[key], f"{name}: the drafter differs at {key}"
+                common += 1
+        assert common >= 6, (name, common)
+        moved = [path for *_, path in _tree_steps(logs[name]) if path != list(range(1, len(path) + 1))]
+        assert moved, f"{name}: no accepted path was out of batch order, so nothing was moved"
+
+    tau = {name: _tau(runs[name]) for name in runs if name != "alone"}
+    print(f"{drafter}: tokens per target step " + ", ".join(f"{k} {v:.3f}" for k, v in tau.items()))
+    assert tau["tree8"] >= tau["chain7"] and tau["tree16"] >= tau["chain15"], tau
+
+
+def test_tree_serves_greedy_requests_only(llama_bin: Path, smollm2: dict[str, Path], tmp_path: Path):
+    """A request at temperature > 0 is verified by the chain (the walk down a tree takes the target's own
+    greedy tokens): the server says so for the task, and its timings say draft_tree_budget 0."""
+    args = [*TREE_COMMON, "-md", smollm2["dflash2"], "--spec-type", "draft-dflash", "--spec-tree-budget", "8",
+            "-lv", "5"]
+    log_path = tmp_path / "server.log"
+    with LlamaServer(smollm2["F16"], args, bin_dir=llama_bin, log_path=log_path) as server:
+        sampled = server.client.complete(PROMPT, 24, temperature=0.8, seed=1, ignore_eos=True)
+        n_trees = len(TREE_LINE.findall(log_path.read_text(errors="replace")))
+        greedy = server.client.complete(PROMPT, 24, ignore_eos=True)
+    log = log_path.read_text(errors="replace")
+    assert "spec tree: greedy requests; temperature > 0 verifies the chain" in log
+    assert len(re.findall(r"spec tree: chain for task \d+: ", log)) == 1
+    assert n_trees == 0 and sampled.draft_n > 0 and sampled.timings["draft_tree_budget"] == 0
+    assert greedy.timings["draft_tree_budget"] == 8 and TREE_LINE.search(log)
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--spec-tree-budget", "-1"), "--spec-tree-budget -1: a node budget is 0"),
+    (("--spec-tree-budget", "8", "--spec-draft-n-max", "auto"), "cannot be combined; choose one"),
+    (("--spec-tree-budget", "8", "--spec-type", "ngram-simple"), "needs a DFlash or DFlash 2 drafter"),
+    (("--spec-tree-budget", "16", "-b", "16"), "use a budget of at most 15"),
+    (("--spec-tree-budget", "16", "-c", "12"), "use a budget of at most 11"),
+    (("--spec-tree-budget", "64", "--parallel", "4"), "use a budget of at most 63"),
+], ids=["negative", "auto", "no-dflash", "batch", "context", "sequences"])
+def test_tree_budget_refusals(llama_bin: Path, smollm2: dict[str, Path], args: tuple[str, ...], says: str):
+    """A budget the server cannot serve: one error line naming the fix, exit status 2, nothing loaded."""
+    drafter = () if "ngram-simple" in args else ("-md", smollm2["dflash2"], "--spec-type", "draft-dflash")
+    proc = run_tool(llama_bin, "llama-server", "-m", smollm2["F16"], *drafter, *args,
+                    "--host", "127.0.0.1", "--port", str(free_port()), "-t", "1", timeout=60)
+    log = proc.stdout + proc.stderr
+    lines = [line for line in log.splitlines() if "--spec-tree-budget" in line]
+    assert proc.returncode == 2, f"exit status {proc.returncode}:\n{log[-1500:]}"
+    assert len(lines) == 1 and " E " in lines[0] and says in lines[0], log[-1500:]
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_tree_is_off_on_a_recurrent_target(llama_bin: Path, family, arch: str, tmp_path: Path):
+    """A recurrent or hybrid target keeps one state per sequence, not one per branch of a tree: the server
+    says at start-up that the chain verifies, and serves the target alone's tokens."""
+    folder = family(arch)
+    prompt = (folder / "prompts.txt").read_text().splitlines()[0]
+    common = ["--parallel", "1", "-c", "1024", "-t", "1"]
+    spec = ["-md", folder / "dflash2.gguf", "--spec-type", "draft-dflash", "--spec-tree-budget", "8"]
+    answers, log_path = {}, tmp_path / "tree.log"
+    for name, args in (("alone", common), ("tree", common + spec)):
+        with LlamaServer(folder / "target-F16.gguf", args, bin_dir=llama_bin, env=TREE_ENV,
+                         log_path=log_path if name == "tree" else None) as server:
+            answers[name] = server.client.complete(prompt, 24, ignore_eos=True)
+    log = log_path.read_text(errors="replace")
+    off = [line for line in log.splitlines() if "spec tree:" in line]
+    assert len(off) == 1 and "spec tree: off: a recurrent or hybrid target" in off[0], off
+    assert off[0].rstrip().endswith("; verifying the chain"), off
+    assert answers["tree"].tokens == answers["alone"].tokens
+    assert answers["tree"].draft_n > 0 and answers["tree"].timings["draft_tree_budget"] == 0

@@ -3,11 +3,11 @@
 With the reference kernels (--exact) a row's logits do not depend on the other rows of its batch,
 and a cell the mask hides adds exactly zero, so the rows of a tree's accepted path must equal, bit
 for bit, the rows of a chain batch carrying that path alone. A node that saw a sibling or a cousin
-would change them. The step after a tree reads the cache the tree left; where the accepted nodes
-lie in consecutive cells (the first nodes of the batch), that cache is laid out as the chain's and
-its row must be the chain's too (a dropped branch left visible, or an accepted node not moved into
-sequence 0, would change it). Elsewhere the dropped nodes leave holes between the accepted ones,
-which the next tokens fill: the same values, summed in another order."""
+would change them. The step after a tree reads the cache the tree left, which the server (patch
+0010) and the replay lay out as the chain's: the accepted nodes moved next to the root. Its row
+must be the chain's too: a dropped branch left visible, an accepted node not moved into sequence 0,
+or one left where it was (the next tokens then fill the holes of the dropped ones, and attention
+sums in another order) would change it."""
 
 from __future__ import annotations
 
@@ -45,9 +45,7 @@ def test_tree_rows_and_the_cache_after_them_are_the_chains(trained_pair, llama_b
     same = [(a.position, a.top_ids.tolist(), a.top_logits.tobytes()) == (b.position, b.top_ids.tolist(),
                                                                           b.top_logits.tobytes())
             for a, b in zip(tree_rows, chain_rows)]
-    assert all(same[:-1]), same  # the prompt's row, the root's and every accepted node's
-    if path == list(range(1, len(path) + 1)):
-        assert same[-1]  # consecutive cells: the step after reads the chain's cache
+    assert all(same), same  # the prompt's row, the root's, every accepted node's and the step after's
     assert np.isfinite(tree_rows[-1].top_logits).all()
 
 

@@ -139,6 +139,29 @@ def test_exact_mode_is_batch_invariant(smollm2, held_out, llama_bin, tmp_path):
     assert data["exact"] and data["replay"]["exact"], data["divergences"]
 
 
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_a_draft_tree_is_proven_token_by_token(drafter, smollm2, held_out, tmp_path):
+    """`validate -- --spec-tree-budget 16` (patch 0009): every emitted token is proven the target's own by
+    replaying the tree verify batches (each node seeing its ancestors only, the accepted path kept, patch
+    0010's move of it made too), and, under --exact, the text is plain decoding's with more tokens
+    accepted per step than the chain's."""
+    runs = {}
+    for name, tree in (("tree", ["--spec-tree-budget", "16"]), ("chain", [])):
+        report = tmp_path / f"{name}.json"
+        proc = dflash_gguf("validate", "--target", smollm2["F16"], "--draft", smollm2[drafter], "--prompts", held_out,
+                           "-n", N, "--threads", THREADS, "--exact", "--rounds", "1", "--report", report, "--", *tree)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs[name] = json.loads(report.read_text())
+    data = runs["tree"]
+    assert data["settings"]["tree_budget"] == 16 and runs["chain"]["settings"]["tree_budget"] == 0
+    assert "--spec-tree-budget" in data["launch"]["speculative_command"]
+    assert "--spec-tree-budget" not in data["launch"]["target_command"]
+    assert data["proven_by_replay"] == data["positions_checked"] == data["produced"] == N_PROMPTS * N
+    assert not data["divergences"] and data["exact"] and data["replay"]["exact"], data["divergences"]
+    assert data["mean_acceptance_length"] > runs["chain"]["mean_acceptance_length"], \
+        (data["mean_acceptance_length"], runs["chain"]["mean_acceptance_length"])
+
+
 def test_release_of_the_smollm2_drafter_loads_and_drafts(smollm2, tmp_path):
     """A release (Apache-2.0 on both sides) whose variant the patched llama-server loads and drafts
     with: release validates it beside the target (Q4_K_M, as users run it; F16 took 5 min), and

@@ -120,6 +120,18 @@ def _n_rs_seq(given: ServerArgs) -> int:
     return AUTO_N_MAX if value.strip().lower() == "auto" else int(value)
 
 
+def _seq_pack(lib):
+    """llama_memory_seq_pack (patch 0010: after a tree step the server moves the accepted nodes next to
+    the root, so the cache is laid out as a chain's), or None in a build without it."""
+    try:
+        function = lib.llama_cpp._lib.llama_memory_seq_pack
+    except AttributeError:
+        return None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]
+    function.restype = ctypes.c_bool
+    return function
+
+
 @dataclass
 class Row:
     """What the target computed for one emitted token: its batch, and the logits that decide it."""
@@ -161,6 +173,7 @@ class Replay:
         self.bin_dir = bin_dir
         self._lib = self._model = self._ctx = None
         self._n_vocab = 0
+        self._pack = None
 
     def __enter__(self) -> "Replay":
         engine.use_patched_library(bin_dir=self.bin_dir)
@@ -188,6 +201,7 @@ class Replay:
         if not self._ctx:
             raise RuntimeError(f"{self.model_path}: no llama.cpp context for the replay")
         self._n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self._model))
+        self._pack = _seq_pack(lib)
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -264,6 +278,8 @@ class Replay:
             lib.llama_memory_seq_cp(memory, under[path[-1]][0], 0, step.position + 1, step.position + 1 + len(path))
         for seq in under[0]:
             lib.llama_memory_seq_rm(memory, seq, -1, -1)
+        if path and self._pack is not None:
+            self._pack(memory, 0, step.position + 1, step.position + 1 + len(path))
 
     def _forget_after(self, position: int) -> None:
         lib = self._lib
