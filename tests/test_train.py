@@ -62,6 +62,10 @@ def test_a_short_run_converts_and_is_lossless(trained_pair, tmp_path):
     assert held["tau"] > 1.0  # drafts accepted: the trained pair's target is repetitive, 60 steps learn some
     card = (out / "README.md").read_text()
     assert f"**{held['tau']:.3f}**" in card and "60" in card
+    # the pace over each 25 steps, slowest to fastest: what a shared machine's load did to it
+    low, high = summary["step_rates"]
+    assert 0 < low <= high and summary["minutes"] is None
+    assert f"{low:.2f}-{high:.2f} steps/s over 25-step windows" in card and "budget" not in card
     gguf = tmp_path / "drafter.gguf"
     converted = dflash_gguf("convert", out, "--target", trained_pair["target"], "-o", gguf)
     assert converted.returncode == 0, converted.stderr
@@ -105,6 +109,15 @@ def test_the_learning_rate_is_the_one_asked_for_and_carded(trained_pair, tmp_pat
     assert "(peak learning rate 0.003)" in (tmp_path / "faster" / "README.md").read_text()
     assert (tmp_path / "faster" / "model.safetensors").read_bytes() != \
         (tmp_path / "default" / "model.safetensors").read_bytes()
+
+
+def test_a_timed_run_cards_its_budget(trained_pair, tmp_path):
+    proc = train("--target", trained_pair["target"], "--prompts", trained_pair["prompts"], "-o", tmp_path / "timed",
+                 "--minutes", "0.2", "--no-validate", *FAST, "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["minutes"] == 0.2 and summary["steps"] > 0
+    assert "(budget 0.2 min" in (tmp_path / "timed" / "README.md").read_text()
 
 
 # --- refusals ---------------------------------------------------------------------------------

@@ -98,6 +98,8 @@ class Summary:
     lr: float
     train_seconds: float
     device: str = "cpu"
+    minutes: float | None = None  # the --minutes budget; None with --steps
+    step_rates: list[float] | None = None  # slowest and fastest steps/s over 25-step windows
     peak_rss_bytes: int = 0
     held_out: dict = field(default_factory=dict)
     teacher_reused: bool = False
@@ -197,6 +199,16 @@ def teacher_store(target: Path, prompt_ids: list[list[int]], plan: st.DrafterPla
     return folder, seconds, False
 
 
+def _pace(summary: Summary) -> str:
+    """What the training time was measured against: the --minutes budget, and the step rate's range
+    (the load of a shared machine moves it; a timed run re-sizes its steps to it)."""
+    parts = [f"budget {summary.minutes:g} min"] if summary.minutes is not None else []
+    if summary.step_rates:
+        low, high = summary.step_rates
+        parts.append(f"{low:.2f}-{high:.2f} steps/s over 25-step windows")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def _clock(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
@@ -226,10 +238,14 @@ def plan_drafter(weights: GGUFWeights, options: TrainOptions) -> tuple[st.Drafte
     return st.DrafterPlan(options.variant, layers, block, taps, mask), None
 
 
-def check_llama_loads(plan: st.DrafterPlan, weights: GGUFWeights) -> None:
+def check_llama_loads(plan: st.DrafterPlan, weights: GGUFWeights, init: Path | None = None) -> None:
     """The shapes llama.cpp's loader refuses (the converter's own check), before the teacher runs: a
     drafter convert would refuse is never trained for half an hour first."""
     spec = plan.spec()
+    if init is not None:  # a drafter --init names keeps its own DFlash 2 shapes, not the recipe's
+        ckpt = DrafterCheckpoint(init)
+        spec = {**spec, "conv_group_size": ckpt.conv[1] if ckpt.conv else None,
+                "selector_top_k": ckpt.selector[1] if ckpt.selector else None}
     facts = DrafterFacts(source=f"--variant {plan.variant} on {weights.path}", hidden=weights.shape.n_embd,
                          vocab=None, target_layer_ids=plan.target_layer_ids, mask_token_id=plan.mask_token_id,
                          conv_group_size=spec.get("conv_group_size"), selector_top_k=spec.get("selector_top_k"))
@@ -344,7 +360,7 @@ llama.cpp itself; the target's embedding and output head, frozen, read from the 
 | started from | {summary.initialised_from} |
 | steps | {summary.steps} (peak learning rate {summary.lr:g}) |
 | teacher | {teacher} ({summary.teacher_store_bytes / 2**20:.0f} MiB of states on disk) |
-| training | {summary.train_seconds:.0f} s on {summary.device} |
+| training | {summary.train_seconds:.0f} s on {summary.device}{_pace(summary)} |
 | mask token | {summary.mask_token_id} |
 | held-out tau | {tau} |
 
@@ -368,7 +384,7 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
     weights = GGUFWeights(target)
     device = torch_device(options.device)
     plan, init_config = plan_drafter(weights, options)
-    check_llama_loads(plan, weights)
+    check_llama_loads(plan, weights, options.init)
     with Teacher(target, plan.llama_taps, n_ctx=64, n_seq=1, top_k=st.TEACHER_TOP_K, threads=options.threads,
                  bin_dir=_bin_dir(options)):
         pass  # refuses a target whose graph does not record the layer inputs the drafter reads
@@ -416,7 +432,9 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
                       answer_tokens=options.answer_tokens, teacher_seconds=round(teacher_seconds, 1),
                       teacher_reused=teacher_reused,
                       teacher_store_bytes=store.info(folder)["bytes"], steps=drafter.trained_steps, lr=spec["lr"],
-                      train_seconds=round(train_seconds, 1), device=str(device))
+                      train_seconds=round(train_seconds, 1), device=str(device),
+                      minutes=options.minutes if options.steps is None else None,
+                      step_rates=[round(r, 3) for r in drafter.step_rates] if drafter.step_rates else None)
     with built_beside(out, force=force, command="train") as tmp:
         recipe.save_drafter(drafter, tmp, config)
         if held_out and options.validate:

@@ -493,6 +493,7 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
     started = last_save = time.time()
     done_steps, step = first, first
     pace: deque[tuple[float, int]] = deque([(started, first)], maxlen=RESIZE_EVERY + 1)
+    rates: list[float] = []  # steps per second, per RESIZE_EVERY steps: how the machine's load moved the pace
 
     def save(step_done: int) -> None:
         tmp = checkpoint.with_suffix(".partial")
@@ -522,6 +523,8 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
         step += 1
         done_steps = step
         pace.append((time.time(), step))
+        if (step - first) % RESIZE_EVERY == 0 and pace[-1][0] > pace[0][0]:
+            rates.append((pace[-1][1] - pace[0][1]) / (pace[-1][0] - pace[0][0]))
         progress(step - 1, steps, running, time.time() - started, first)  # steps None: not sized yet
         if checkpoint is not None and steps is not None:
             due = (time.time() - last_save >= checkpoint_seconds if checkpoint_seconds is not None
@@ -532,6 +535,7 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
     log(f"{name}: trained in {time.time() - started:.0f} s")
     drafter.trained_steps = done_steps
     drafter.trained_seconds = spent + time.time() - started  # across every process of a resumed run
+    drafter.step_rates = (min(rates), max(rates)) if rates else None  # this process's
     return drafter.eval()
 
 
