@@ -20,6 +20,9 @@ greedy, N_PREDICT tokens, llama-server -t 1:
                       reference's at the same context, and the steps that differ beyond the F16 noise
                       (yes: first position >= 95 %, none beyond the noise)
     tau, tokens/s     validate's mean acceptance length and speculative tokens per second
+    draft tree        `validate --exact -- --spec-tree-budget 8` (patch 0009): every token proven by the
+                      replay of the tree batches, identical to the target alone, and tau; or the chain,
+                      with the server's reason, where the family cannot use a tree
 
 A cell that could not be measured holds the reason (the first error line). The page is written when
 every family is measured; an interrupted run leaves what it measured in build/families/families.md.
@@ -52,6 +55,7 @@ WORK = REPO / "build" / "families"
 N_PREDICT = 24
 PROMPTS = 2
 THREADS = 1
+TREE_BUDGET = 8
 LABELS = {"dflash": "DFlash", "dflash2": "DFlash 2"}
 
 
@@ -150,7 +154,23 @@ def row(arch: str, variant: str, folder: Path, stock: Path | str) -> dict:
         cells["tokens/s"] = f"{report['tokens_per_second']['speculative']:.0f}"
     exact, why = validate(folder, variant, work, "--backend", "cpu", "--exact")
     cells["identical under --exact"] = _yes(exact is not None and exact["exact"], why)
+    tree, why = validate(folder, variant, work, "--backend", "cpu", "--exact", "--", "--spec-tree-budget",
+                         str(TREE_BUDGET))
+    cells["draft tree"] = tree_cell(tree, why)
     return cells
+
+
+def tree_cell(report: dict | None, why: str) -> str:
+    """A tree run under --exact: proven and identical, with its tau; or the chain and the server's reason."""
+    if report is None:
+        return f"no report: {why}"
+    state = report["replay"].get("tree") or {}
+    proven = f"proven {report['proven_by_replay']} / {report['produced']}"
+    if "off" in state:
+        return f"chain ({state['off']}): {proven}, identical {_yes(report['exact'])}"
+    ok = report["lossless"] and report["exact"] and report["proven_by_replay"] == report["produced"]
+    return (f"{'yes' if ok else 'no'}, {report['replay']['tree_steps']} tree steps: {proven}, identical "
+            f"{_yes(report['exact'])}, tau {report['mean_acceptance_length']:.2f}")
 
 
 def parity_cell(report: dict | None, why: str) -> str:
@@ -165,7 +185,7 @@ def parity_cell(report: dict | None, why: str) -> str:
 
 
 COLUMNS = ("family", "variant", "converts", "drafter", "loads patched", "loads stock", "lossless", "proven / produced",
-           "identical under --exact", "draft parity", "tau", "acceptance", "tokens/s")
+           "identical under --exact", "draft parity", "tau", "acceptance", "tokens/s", "draft tree")
 
 
 def _cell(text: str) -> str:

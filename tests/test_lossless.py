@@ -147,7 +147,7 @@ TREE_LOG = """\
 
 
 def test_a_tree_step_is_read_from_the_server_log(tmp_path):
-    from dflash_gguf.validation.server_steps import tree_memory
+    from dflash_gguf.validation.server_steps import tree_memory, tree_state
 
     log = tmp_path / "server.log"
     log.write_text(TREE_LOG)
@@ -158,7 +158,10 @@ def test_a_tree_step_is_read_from_the_server_log(tmp_path):
     assert [step.depth(j) for j in range(5)] == [0, 1, 1, 2, 3]
     assert step.walk([30, 198]) == [1, 3] and step.walk([31]) == [2] and step.walk([198]) is None
     assert step.emitted(remaining=10) == 3
-    assert tree_memory(log) == (5, True)
+    assert tree_memory(log) == (5, True) and tree_state(log) == {"budget": 4, "n_seq_max": 5, "kv_unified": True}
     chain = tmp_path / "chain.log"
     chain.write_text(LOG)
     assert tree_memory(chain) is None and not any(s.is_tree for t in read_steps(chain) for s in t.steps)
+    off = tmp_path / "off.log"
+    off.write_text("0.00.100.000 W srv   load_model: spec tree: off: a sliding-window target; verifying the chain\n")
+    assert tree_state(off) == {"off": "a sliding-window target"} and tree_memory(off) is None

@@ -158,6 +158,8 @@ def test_a_draft_tree_is_proven_token_by_token(drafter, smollm2, held_out, tmp_p
     assert "--spec-tree-budget" not in data["launch"]["target_command"]
     assert data["proven_by_replay"] == data["positions_checked"] == data["produced"] == N_PROMPTS * N
     assert not data["divergences"] and data["exact"] and data["replay"]["exact"], data["divergences"]
+    assert data["replay"]["tree"]["budget"] == 16 and data["replay"]["tree_steps"] > 0
+    assert runs["chain"]["replay"]["tree"] is None and runs["chain"]["replay"]["tree_steps"] == 0
     assert data["mean_acceptance_length"] > runs["chain"]["mean_acceptance_length"], \
         (data["mean_acceptance_length"], runs["chain"]["mean_acceptance_length"])
 

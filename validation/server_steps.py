@@ -47,6 +47,7 @@ _TREE = re.compile(r"spec tree: slot=(?P<slot>\d+) pos=(?P<pos>\d+) last=-?\d+ n
                    r"tokens=\[(?P<tokens>[0-9,]*)\] parents=\[(?P<parents>[0-9,]*)\]")
 _TREE_PATH = re.compile(r"spec tree accepted: slot=(?P<slot>\d+) path=\[(?P<path>[0-9,]*)\]")
 _TREE_MEMORY = re.compile(r"spec tree: budget=(?P<budget>\d+) n_seq_max=(?P<n_seq>\d+) kv_unified=(?P<unified>[01])")
+_TREE_OFF = re.compile(r"spec tree: off: (?P<why>.*); verifying the chain")
 _PROMPT_BATCH = re.compile(_SLOT + r"main/do_checkpoint = \w+, pos_min = -?\d+, pos_max = (?P<pos>-?\d+)")
 
 
@@ -118,14 +119,24 @@ class TaskSteps:
         return sum(step.restored_from is not None for step in self.steps)
 
 
-def tree_memory(log: Path) -> tuple[int, bool] | None:
-    """The target context's sequences and KV layout a server that verifies trees set itself (patch
-    0009's start-up line); None when its log has none (no tree)."""
+def tree_state(log: Path) -> dict | None:
+    """What a server asked for draft trees (--spec-tree-budget) said at start-up (patch 0009): its
+    budget, sequences and KV layout when it verifies trees, why not when it verifies the chain
+    instead; None when its log says neither (no tree asked)."""
     with open(log, encoding="utf-8", errors="replace") as lines:
         for line in lines:
             if (m := _TREE_MEMORY.search(line)) is not None:
-                return int(m["n_seq"]), m["unified"] == "1"
+                return {"budget": int(m["budget"]), "n_seq_max": int(m["n_seq"]), "kv_unified": m["unified"] == "1"}
+            if (m := _TREE_OFF.search(line)) is not None:
+                return {"off": m["why"]}
     return None
+
+
+def tree_memory(log: Path) -> tuple[int, bool] | None:
+    """The target context's sequences and KV layout a server that verifies trees set itself; None
+    when it verifies none."""
+    state = tree_state(log)
+    return (state["n_seq_max"], state["kv_unified"]) if state and "budget" in state else None
 
 
 def read_steps(log: Path) -> list[TaskSteps]:

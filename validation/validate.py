@@ -43,7 +43,7 @@ from .draft_parity import draft_parity
 from .lossless import MISMATCH, NUMERICAL, judge, noise_by_width
 from .reference import run_reference
 from .replay import Replay, ServerContext
-from .server_steps import DEBUG_ARGS, TaskSteps, read_steps
+from .server_steps import DEBUG_ARGS, TaskSteps, read_steps, tree_state
 
 log = logging.getLogger(__name__)
 
@@ -272,6 +272,8 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], s
         contexts = [ServerContext.from_args(commands[run][1:], n_ctx * launch.parallel, launch.exact).as_logged(logs[run])
                     for run in ("speculative", "alone")]
         judgements, replay_info = _check_tokens(spec, alone, prompt_ids, tasks, contexts, baseline, bin_dir, progress)
+        replay_info["tree"] = tree_state(logs["speculative"])
+        replay_info["tree_steps"] = sum(step.is_tree for task in tasks["speculative"] for step in task.steps)
 
     results, divergences = [], []
     for text, s, seq, t, j in zip(prompts, spec.completions, spec.sequential, alone.completions, judgements):
