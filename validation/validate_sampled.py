@@ -138,7 +138,7 @@ def validate_distribution(target: str | Path, draft: str | Path, prompts: Sequen
         drafted=drafted, accepted=accepted, produced=produced,
         settings={"parallel": launch.parallel, **sampling.request(), "samples": sampling.samples,
                   "positions": sampling.positions, "seed": sampling.seed, "alpha": sampling.alpha,
-                  "draft_max": launch.draft_setting, "baseline": str(baseline)},
+                  "draft_max": launch.draft_setting, "tree_budget": launch.tree_budget, "baseline": str(baseline)},
         launch={**launch.summary(), "speculative_command": spec_command, "target_command": alone_command},
         llama=build_info(bin_dir, settings.backend),
         warnings=list(launch.warnings),
