@@ -376,10 +376,11 @@ def test_a_drafter_that_cannot_pay_is_measured_so_and_serve_runs_the_target_alon
     target, draft = tiny_pair  # random weights: almost nothing accepted, every step dearer than a token
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def fibonacci(n):\\n\nThe history of the printing press\nSolve for x: 3x + 7 = 22.\n")
-    # threads and draft length fixed after --, to keep it short: the drafter, then its confirmation
+    # threads and draft length fixed after --, to keep it short: the drafter, p_min, a tree at that length
     result = _tune(target, draft, llama_bin, "--prompts", prompts, "-n", "16", "--", "-t", "1",
                    "--spec-draft-n-max", "2")
-    assert [c["stages"] for c in result["candidates"]] == [["threads, drafter"], ["p_min"]]
+    assert [c["stages"] for c in result["candidates"]] == [["threads, drafter"], ["p_min"], ["draft tree"]]
+    assert result["candidates"][-1]["setting"]["tree_budget"] == 16
     assert result["drafting_pays"] is False and result["speedup"] < 1.05, result["speedup"]
     assert result["chosen"] == {"drafting": False, "threads": 1, "draft_max": None, "p_min": None, "tree_budget": None}
 
