@@ -892,6 +892,19 @@ def print_tables(results: dict) -> None:
         print("note: " + n)
 
 
+# the public suites' section (`dflash-gguf bench --suite`, measured by hand): kept across `make bench`
+SUITES_BEGIN = "<!-- public suites: `dflash-gguf bench --suite`, run by hand (validation/suites.py) -->"
+SUITES_END = "<!-- end of public suites -->"
+
+
+def kept_suites(page: Path) -> str:
+    """The public suites' section of the page as it is, to append to the rewritten page ("" if none)."""
+    text = page.read_text(encoding="utf-8") if page.is_file() else ""
+    if SUITES_BEGIN not in text or SUITES_END not in text:
+        return ""
+    return "\n" + SUITES_BEGIN + text.split(SUITES_BEGIN, 1)[1].split(SUITES_END, 1)[0] + SUITES_END + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
@@ -975,7 +988,8 @@ def main(argv: list[str] | None = None) -> None:
     render_chart(results, args.docs / "benchmarks.png")
     if results["real"]:
         real_target.chart(results["real"], args.docs / real_target.PNG)
-    (args.docs / "benchmarks.md").write_text(render_markdown(results, "benchmarks.png"))
+    page = args.docs / "benchmarks.md"
+    page.write_text(render_markdown(results, "benchmarks.png") + kept_suites(page))
     if results["concurrency"]:
         concurrency.write(results["concurrency"], args.docs, results["machine"], results["load"], "make bench")
     print_tables(results)

@@ -10,6 +10,7 @@ from .errors import MissingExtraError
 EXTRAS = {
     "reference": ("torch", "transformers", "dflash"),
     "train": ("torch", "transformers", "tokenizers"),
+    "charts": ("matplotlib",),
 }
 
 

