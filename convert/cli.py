@@ -9,16 +9,16 @@ from pathlib import Path
 
 import click
 
-from ..errors import GGUFFormatError, OptionError
-from ..gguf.compat import check_drafter
-from ..gguf.describe import describe
-from ..gguf.file import GGUFFile
-from ..gguf.target import load_target
-from ..hub import resolve as hub
-from ..hub.model_param import ModelParam
-from ..options import force_option, json_option, license_option, out_option, target_option
-from ..outputs import Input, Output, check_outputs
-from ..terminal import say, shown
+from dflash_gguf.errors import GGUFFormatError, OptionError
+from dflash_gguf.gguf.compat import check_drafter
+from dflash_gguf.gguf.describe import describe
+from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.target import load_target
+from dflash_gguf.hub import resolve as hub
+from dflash_gguf.hub.model_param import ModelParam
+from dflash_gguf.options import force_option, json_option, license_option, out_option, target_option
+from dflash_gguf.outputs import Input, Output, check_outputs
+from dflash_gguf.terminal import say, shown
 from .converter import OUTTYPES, convert as convert_checkpoint
 from .legacy import is_legacy, migrate
 

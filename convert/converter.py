@@ -16,21 +16,21 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf import LlamaFileType as FT
 
-from ..errors import CheckpointError
-from ..gguf import config_values as cv
-from ..gguf import layout
-from ..gguf.checkpoint import Checkpoint, DrafterCheckpoint
-from ..gguf.compat import DrafterFacts, check_dflash2_shapes, check_fits_target
-from ..gguf.file import FileSpan, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
-from ..gguf.keys import ARCH, DFlash, General, Tokenizer
-from ..gguf.quantized import FP8
-from ..gguf.safetensors_file import StoredTensor, iter_row_chunks, iter_spans, to_float32
-from ..gguf.target import TargetInfo, load_target
-from ..hashing import hash_files
-from ..hub import resolve as hub
-from ..licenses import License, license_from_folder, with_override
-from ..terminal import shown
-from ..variants import architecture
+from dflash_gguf.errors import CheckpointError
+from dflash_gguf.gguf import config_values as cv
+from dflash_gguf.gguf import layout
+from dflash_gguf.gguf.checkpoint import Checkpoint, DrafterCheckpoint
+from dflash_gguf.gguf.compat import DrafterFacts, check_dflash2_shapes, check_fits_target
+from dflash_gguf.gguf.file import FileSpan, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
+from dflash_gguf.gguf.keys import ARCH, DFlash, General, Tokenizer
+from dflash_gguf.gguf.quantized import FP8
+from dflash_gguf.gguf.safetensors_file import StoredTensor, iter_row_chunks, iter_spans, to_float32
+from dflash_gguf.gguf.target import TargetInfo, load_target
+from dflash_gguf.hashing import hash_files
+from dflash_gguf.hub import resolve as hub
+from dflash_gguf.licenses import License, license_from_folder, with_override
+from dflash_gguf.terminal import shown
+from dflash_gguf.variants import architecture
 from .mask_embedding import own_embeddings
 
 log = logging.getLogger(__name__)

@@ -13,15 +13,15 @@ from typing import Any
 
 import gguf
 
-from .. import typed_reader as values
-from ..errors import GGUFFormatError
-from ..gguf import config_values as cv
-from ..gguf import layout
-from ..gguf.compat import check_fits_target
-from ..gguf.describe import describe
-from ..gguf.file import FileSpan, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
-from ..gguf.keys import ARCH, LEGACY_ARCH, DFlash, General, Legacy, Tokenizer
-from ..gguf.target import TargetInfo
+from dflash_gguf import typed_reader as values
+from dflash_gguf.errors import GGUFFormatError
+from dflash_gguf.gguf import config_values as cv
+from dflash_gguf.gguf import layout
+from dflash_gguf.gguf.compat import check_fits_target
+from dflash_gguf.gguf.describe import describe
+from dflash_gguf.gguf.file import FileSpan, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
+from dflash_gguf.gguf.keys import ARCH, LEGACY_ARCH, DFlash, General, Legacy, Tokenizer
+from dflash_gguf.gguf.target import TargetInfo
 
 
 def is_legacy(gguf_file: GGUFFile) -> bool:

@@ -19,12 +19,12 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from ..errors import CheckpointError, TargetError
-from ..gguf import config_values as cv
-from ..gguf.checkpoint import MASK_EMBEDDING_NAME, Checkpoint, DrafterCheckpoint
-from ..gguf.file import GGUFFile
-from ..gguf.safetensors_file import StoredTensor, iter_row_chunks, to_float32
-from ..gguf.torch_file import TorchTensor, load_torch_file
+from dflash_gguf.errors import CheckpointError, TargetError
+from dflash_gguf.gguf import config_values as cv
+from dflash_gguf.gguf.checkpoint import MASK_EMBEDDING_NAME, Checkpoint, DrafterCheckpoint
+from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.safetensors_file import StoredTensor, iter_row_chunks, to_float32
+from dflash_gguf.gguf.torch_file import TorchTensor, load_torch_file
 
 FILE_NAME = MASK_EMBEDDING_NAME
 EMBEDDINGS, HEAD = "token_embd.weight", "output.weight"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import click
 
-from ..options import OUTPUT_FILE, build_options, force_option, json_option, quantize_threads_option
-from ..outputs import Input, Output, check_outputs
-from ..terminal import say
+from dflash_gguf.options import OUTPUT_FILE, build_options, force_option, json_option, quantize_threads_option
+from dflash_gguf.outputs import Input, Output, check_outputs
+from dflash_gguf.terminal import say
 from .quantize import ALL_TYPES, DEFAULT_RECIPE, RECIPES
 from .quantize import quantize as quantize_file
 

@@ -24,14 +24,14 @@ from pathlib import Path
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
-from ..errors import LicenseError
-from ..errors import QuantizeError
-from ..gguf.describe import describe
-from ..gguf.file import GGUFFile
-from ..gguf.license import license_from_gguf
-from ..licenses import Kind
-from ..outputs import Input, Output, check_outputs, named_for, partial_name
-from ..runner.build import find_bin_dir, runtime_env
+from dflash_gguf.errors import LicenseError
+from dflash_gguf.errors import QuantizeError
+from dflash_gguf.gguf.describe import describe
+from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.license import license_from_gguf
+from dflash_gguf.licenses import Kind
+from dflash_gguf.outputs import Input, Output, check_outputs, named_for, partial_name
+from dflash_gguf.runner.build import find_bin_dir, runtime_env
 
 log = logging.getLogger(__name__)
 

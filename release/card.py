@@ -10,10 +10,10 @@ import re
 
 import yaml
 
-from .. import __version__
-from ..errors import ReleaseError
-from ..hub.names import commit_id
-from ..quantize.quantize import RECIPES
+from dflash_gguf import __version__
+from dflash_gguf.errors import ReleaseError
+from dflash_gguf.hub.names import commit_id
+from dflash_gguf.quantize.quantize import RECIPES
 from . import license_rules as lic
 from .license_files import LicensePlan
 

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import click
 
-from ..errors import OptionError
-from ..hub.model_param import ModelParam
-from ..hub.resolve import HubRef
-from ..options import (ServerArgsCommand, build_options, exact_option, force_option, json_option, license_option,
+from dflash_gguf.errors import OptionError
+from dflash_gguf.hub.model_param import ModelParam
+from dflash_gguf.hub.resolve import HubRef
+from dflash_gguf.options import (ServerArgsCommand, build_options, exact_option, force_option, json_option, license_option,
                        out_option, quantize_threads_option, target_option)
-from ..quantize.cli import mib, progress, recipe_option
-from ..quantize.quantize import ALL_TYPES
-from ..terminal import say
+from dflash_gguf.quantize.cli import mib, progress, recipe_option
+from dflash_gguf.quantize.quantize import ALL_TYPES
+from dflash_gguf.terminal import say
 from .publish import publish as publish_folder
 from .push import push_release
 from .release import release as build_release

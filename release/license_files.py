@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..confined_reader import Opened
-from ..errors import LicenseError
-from ..licenses import LICENSE_FILE_NAMES, license_file, read_text
+from dflash_gguf.confined_reader import Opened
+from dflash_gguf.errors import LicenseError
+from dflash_gguf.licenses import LICENSE_FILE_NAMES, license_file, read_text
 from . import license_rules as lic
 
 

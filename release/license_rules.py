@@ -26,10 +26,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..confined_reader import file_in
-from ..errors import LicenseError
-from ..gguf.license import license_from_gguf
-from ..licenses import LLAMA, STRICTNESS, Kind, License, LlamaTerms, gating_fields, license_from_card, \
+from dflash_gguf.confined_reader import file_in
+from dflash_gguf.errors import LicenseError
+from dflash_gguf.gguf.license import license_from_gguf
+from dflash_gguf.licenses import LLAMA, STRICTNESS, Kind, License, LlamaTerms, gating_fields, license_from_card, \
     licenses_in_texts, read_text, split_front_matter, strictest
 
 

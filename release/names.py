@@ -6,18 +6,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..confined_reader import find_in
-from ..errors import InputError, ReleaseError
-from ..gguf import config_values as cv
-from ..gguf import layout
-from ..gguf.file import GGUFFile
-from ..gguf.keys import General
-from ..gguf.license import license_from_gguf
-from ..gguf.target import TargetInfo, load_target
-from ..hub import resolve as hub
-from ..hub.names import QUANT_SUFFIX, is_repo_id
-from ..inputs import parse_json
-from ..licenses import License, license_from_folder, strictest
+from dflash_gguf.confined_reader import find_in
+from dflash_gguf.errors import InputError, ReleaseError
+from dflash_gguf.gguf import config_values as cv
+from dflash_gguf.gguf import layout
+from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.keys import General
+from dflash_gguf.gguf.license import license_from_gguf
+from dflash_gguf.gguf.target import TargetInfo, load_target
+from dflash_gguf.hub import resolve as hub
+from dflash_gguf.hub.names import QUANT_SUFFIX, is_repo_id
+from dflash_gguf.inputs import parse_json
+from dflash_gguf.licenses import License, license_from_folder, strictest
 
 
 def safe_name(text: str) -> str:

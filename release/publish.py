@@ -15,18 +15,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..confined_reader import check_inside, file_in, find_in
-from ..errors import DflashError, PublishError
-from ..errors import LicenseError
-from ..gguf import layout
-from ..hub import client as hub_client
-from ..hub import names as hub_names
-from ..inputs import TEXT_LIMIT
-from ..licenses import read_text, split_front_matter
-from ..owned_folder import MANIFEST
-from ..secrets import hub_token, known_secrets, refuse_secrets_in_file, scrub
-from ..terminal import shown
+from dflash_gguf import __version__
+from dflash_gguf.confined_reader import check_inside, file_in, find_in
+from dflash_gguf.errors import DflashError, PublishError
+from dflash_gguf.errors import LicenseError
+from dflash_gguf.gguf import layout
+from dflash_gguf.hub import client as hub_client
+from dflash_gguf.hub import names as hub_names
+from dflash_gguf.inputs import TEXT_LIMIT
+from dflash_gguf.licenses import read_text, split_front_matter
+from dflash_gguf.owned_folder import MANIFEST
+from dflash_gguf.secrets import hub_token, known_secrets, refuse_secrets_in_file, scrub
+from dflash_gguf.terminal import shown
 from . import license_rules as lic
 from .card import recorded_sha256
 

@@ -17,14 +17,14 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .. import __version__
-from ..errors import HubError, ReleaseError
-from ..gguf.checkpoint import Checkpoint
-from ..gguf.target import read_files
-from ..hashing import hash_files
-from ..hub import resolve as hub
-from ..hub.names import commit_id
-from ..licenses import read_text, split_front_matter
+from dflash_gguf import __version__
+from dflash_gguf.errors import HubError, ReleaseError
+from dflash_gguf.gguf.checkpoint import Checkpoint
+from dflash_gguf.gguf.target import read_files
+from dflash_gguf.hashing import hash_files
+from dflash_gguf.hub import resolve as hub
+from dflash_gguf.hub.names import commit_id
+from dflash_gguf.licenses import read_text, split_front_matter
 from .card import PROVENANCE_KEY, ReleaseResult
 from .publish import PublishResult, check_repo_id, publish, require_token
 from .release import parse_types, release

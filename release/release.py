@@ -26,25 +26,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..convert.converter import convert
-from ..errors import ReleaseError
-from ..gguf import layout
-from ..gguf.describe import DrafterDescription, describe
-from ..gguf.llama_support import support_of
-from ..gguf.target import TargetInfo
-from ..hub import resolve as hub
-from ..hub.names import check_repo_id
-from ..outputs import Input, Output, check_outputs
-from ..owned_folder import built_beside, check_destination
-from ..secrets import refuse_secrets
-from ..quantize.quantize import (DEFAULT_RECIPE, FLOAT_TYPES, Recipe, find_llama_quantize, get_recipe, parse_type,
+from dflash_gguf.convert.converter import convert
+from dflash_gguf.errors import ReleaseError
+from dflash_gguf.gguf import layout
+from dflash_gguf.gguf.describe import DrafterDescription, describe
+from dflash_gguf.gguf.llama_support import support_of
+from dflash_gguf.gguf.target import TargetInfo
+from dflash_gguf.hub import resolve as hub
+from dflash_gguf.hub.names import check_repo_id
+from dflash_gguf.outputs import Input, Output, check_outputs
+from dflash_gguf.owned_folder import built_beside, check_destination
+from dflash_gguf.secrets import refuse_secrets
+from dflash_gguf.quantize.quantize import (DEFAULT_RECIPE, FLOAT_TYPES, Recipe, find_llama_quantize, get_recipe, parse_type,
                                  quantize)
-from ..hashing import sha256_file
-from ..licenses import License, license_from_folder, read_card, with_override
-from ..runner.launch import parse_server_args, speculative_args
-from ..runner.prompts import BUILTIN_PROMPTS
-from ..validation import validate as validator
-from ..validation.validate import ValidationSettings
+from dflash_gguf.hashing import sha256_file
+from dflash_gguf.licenses import License, license_from_folder, read_card, with_override
+from dflash_gguf.runner.launch import parse_server_args, speculative_args
+from dflash_gguf.runner.prompts import BUILTIN_PROMPTS
+from dflash_gguf.validation import validate as validator
+from dflash_gguf.validation.validate import ValidationSettings
 from . import license_rules as lic
 from .card import NOT_VALIDATED, ReleaseResult, VariantResult, example_variant, render_card
 from .license_files import LicensePlan, plan_license_files, write_license_files

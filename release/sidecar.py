@@ -24,11 +24,11 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import __version__
-from ..errors import ReleaseError
-from ..gguf import layout
-from ..hub import resolve as hub
-from ..licenses import read_text, split_front_matter
+from dflash_gguf import __version__
+from dflash_gguf.errors import ReleaseError
+from dflash_gguf.gguf import layout
+from dflash_gguf.hub import resolve as hub
+from dflash_gguf.licenses import read_text, split_front_matter
 from .card import PROVENANCE_KEY, ReleaseResult
 from .names import QUANT_SUFFIX, safe_name, variant_file
 from .publish import PublishResult, Upload, check_repo_id, commit_files, plan_upload, require_token

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import LlamaBuildError
+from dflash_gguf.errors import LlamaBuildError
 from . import build, sdist
 
 

@@ -42,12 +42,12 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .. import typed_reader as values
-from ..errors import DflashError, LlamaBuildError
-from ..hashing import sha256_file
-from ..inputs import parse_json, read_bytes
-from ..options import BACKENDS
-from ..paths import cache_dir
+from dflash_gguf import typed_reader as values
+from dflash_gguf.errors import DflashError, LlamaBuildError
+from dflash_gguf.hashing import sha256_file
+from dflash_gguf.inputs import parse_json, read_bytes
+from dflash_gguf.options import BACKENDS
+from dflash_gguf.paths import cache_dir
 from . import cuda_libs, sdist
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..errors import ServerError
+from dflash_gguf.errors import ServerError
 
 METRIC_PREFIX = "llamacpp:"
 

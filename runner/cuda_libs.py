@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import LlamaBuildError
+from dflash_gguf.errors import LlamaBuildError
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import ServerArgsError
-from ..gguf import layout
-from ..gguf.compat import check_dflash2_shapes, check_fits_target
-from ..gguf.describe import DrafterDescription, describe
-from ..gguf.target import load_target
-from ..options import AUTO, parse_rpc
+from dflash_gguf.errors import ServerArgsError
+from dflash_gguf.gguf import layout
+from dflash_gguf.gguf.compat import check_dflash2_shapes, check_fits_target
+from dflash_gguf.gguf.describe import DrafterDescription, describe
+from dflash_gguf.gguf.target import load_target
+from dflash_gguf.options import AUTO, parse_rpc
 from .build import REFERENCE_KERNELS_ENV, has_reference_kernels
 from .server import DEFAULT_HOST, LlamaServer
 from .speed import cpus as allowed_cpus

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from ..errors import LlamaBuildError, ServerError
-from ..options import (backend_option, build_options, exact_option, host_option, json_option, port_option,
+from dflash_gguf.errors import LlamaBuildError, ServerError
+from dflash_gguf.options import (backend_option, build_options, exact_option, host_option, json_option, port_option,
                        threads_option)
 from . import build as _build
 from .rpc import RpcServer

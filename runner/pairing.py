@@ -22,13 +22,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..confined_reader import find_in
-from ..errors import DflashError
-from ..gguf import layout
-from ..hub import cache as hub_cache
-from ..hub import client as hub_client
-from ..hub.names import QUANT_SUFFIX
-from ..hub.resolve import cache_source
+from dflash_gguf.confined_reader import find_in
+from dflash_gguf.errors import DflashError
+from dflash_gguf.gguf import layout
+from dflash_gguf.hub import cache as hub_cache
+from dflash_gguf.hub import client as hub_client
+from dflash_gguf.hub.names import QUANT_SUFFIX
+from dflash_gguf.hub.resolve import cache_source
 from .launch import check_pair
 
 BESIDE = "beside the target"

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence, Union
 
-from ..errors import InputError
-from ..inputs import read_text
+from dflash_gguf.errors import InputError
+from dflash_gguf.inputs import read_text
 
 if TYPE_CHECKING:
     from .client import LlamaClient

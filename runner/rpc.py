@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..errors import LlamaBuildError, ServerStartError
+from dflash_gguf.errors import LlamaBuildError, ServerStartError
 from . import build as _build
 from .launch import EXACT_ENV
 from .server import DEFAULT_HOST, STOP_GRACE, error_line, free_port, reap, spawn

@@ -22,9 +22,9 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from ..hashing import sha256_file
-from ..errors import LlamaBuildError
-from ..paths import cache_dir
+from dflash_gguf.hashing import sha256_file
+from dflash_gguf.errors import LlamaBuildError
+from dflash_gguf.paths import cache_dir
 
 log = logging.getLogger(__name__)
 

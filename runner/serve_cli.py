@@ -9,9 +9,9 @@ from pathlib import Path
 
 import click
 
-from ..errors import OptionError, ServerError
-from ..hub import resolve as hub
-from ..options import (
+from dflash_gguf.errors import OptionError, ServerError
+from dflash_gguf.hub import resolve as hub
+from dflash_gguf.options import (
     ServerArgsCommand,
     build_options,
     draft_option,
@@ -23,7 +23,7 @@ from ..options import (
     target_option,
     temperature_option,
 )
-from ..outputs import Input, Output, Replace, check_outputs
+from dflash_gguf.outputs import Input, Output, Replace, check_outputs
 from . import tuned_settings as tuned
 from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient, Metrics

@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import LlamaBuildError, ServerError, ServerStartError
-from ..options import STARTUP_TIMEOUT
-from ..signals import raise_on_terminate
+from dflash_gguf.errors import LlamaBuildError, ServerError, ServerStartError
+from dflash_gguf.options import STARTUP_TIMEOUT
+from dflash_gguf.signals import raise_on_terminate
 from . import build as _build, server_log
 from .client import LlamaClient
 

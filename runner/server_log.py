@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..outputs import head
+from dflash_gguf.outputs import head
 
 HEADER = b"# llama-server log kept by dflash-gguf (--log); the next run with this --log replaces it\n"
 

@@ -49,11 +49,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .. import typed_reader as values
-from ..errors import ServerArgsError, ServerError, ServerStartError
+from dflash_gguf import typed_reader as values
+from dflash_gguf.errors import ServerArgsError, ServerError, ServerStartError
 from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient
-from ..options import AUTO
+from dflash_gguf.options import AUTO
 from .launch import (MAX_TREE_BUDGET, ONE_CLIENT_PER_RPC_SERVER, THREADS, launch_recipe, parse_server_args,
                      read_draft)
 from .measure import Progress, ServerRun, mean_acceptance_length, measuring_launch

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from ..hub import resolve as hub
-from ..options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, n_predict_option,
+from dflash_gguf.hub import resolve as hub
+from dflash_gguf.options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, n_predict_option,
                        prompts_option, rounds_option, rpc_option, target_option)
 from . import tuned_settings as tuned
 from .launch import with_rpc

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .. import typed_reader as values
-from ..errors import DflashError
-from ..inputs import parse_json, read_bytes
-from ..options import AUTO
-from ..outputs import write_text
-from ..paths import tuned_dir
+from dflash_gguf import typed_reader as values
+from dflash_gguf.errors import DflashError
+from dflash_gguf.inputs import parse_json, read_bytes
+from dflash_gguf.options import AUTO
+from dflash_gguf.outputs import write_text
+from dflash_gguf.paths import tuned_dir
 from .launch import parse_server_args
 from .speed_verdict import speed_verdict
 from .tune import P_MIN, THREADS, Setting

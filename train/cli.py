@@ -10,13 +10,13 @@ from pathlib import Path
 
 import click
 
-from ..errors import OptionError
-from ..extras import require
-from ..hub import resolve as hub
-from ..options import (build_options, force_option, json_option, out_option, prompts_option, seed_option,
+from dflash_gguf.errors import OptionError
+from dflash_gguf.extras import require
+from dflash_gguf.hub import resolve as hub
+from dflash_gguf.options import (build_options, force_option, json_option, out_option, prompts_option, seed_option,
                        target_option, threads_option)
-from ..outputs import Input, Output, check_outputs
-from ..variants import VARIANTS, Variant
+from dflash_gguf.outputs import Input, Output, check_outputs
+from dflash_gguf.variants import VARIANTS, Variant
 
 TRAINED = tuple(v.value for v, row in VARIANTS.items() if row.block_size)  # what --variant takes
 

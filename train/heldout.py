@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from ..runner.prompts import Prompt
-from ..validation.validate import ValidationSettings, validate
+from dflash_gguf.runner.prompts import Prompt
+from dflash_gguf.validation.validate import ValidationSettings, validate
 
 
 def _say(message: str) -> None:

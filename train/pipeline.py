@@ -28,18 +28,18 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..convert.converter import convert
-from ..errors import CheckpointError, InputError
-from ..gguf.checkpoint import DrafterCheckpoint
-from ..gguf.compat import DrafterFacts, check_dflash2_shapes
-from ..gguf.keys import Tokenizer
-from ..owned_folder import built_beside, check_destination
-from ..paths import cache_dir
-from ..runner.build import find_bin_dir
-from ..runner.launch import launch_recipe
-from ..runner.prompts import Prompt, read_prompts, tokenize_prompts
-from ..validation.validate import ValidationSettings
-from ..variants import VARIANTS, Variant
+from dflash_gguf.convert.converter import convert
+from dflash_gguf.errors import CheckpointError, InputError
+from dflash_gguf.gguf.checkpoint import DrafterCheckpoint
+from dflash_gguf.gguf.compat import DrafterFacts, check_dflash2_shapes
+from dflash_gguf.gguf.keys import Tokenizer
+from dflash_gguf.owned_folder import built_beside, check_destination
+from dflash_gguf.paths import cache_dir
+from dflash_gguf.runner.build import find_bin_dir
+from dflash_gguf.runner.launch import launch_recipe
+from dflash_gguf.runner.prompts import Prompt, read_prompts, tokenize_prompts
+from dflash_gguf.validation.validate import ValidationSettings
+from dflash_gguf.variants import VARIANTS, Variant
 from . import recipe, store
 from . import settings as st
 from .frozen import COPYABLE, FrozenTarget, GGUFWeights

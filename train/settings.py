@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..gguf.checkpoint import build_target_layer_ids
-from ..variants import VARIANTS as TABLE
-from ..variants import Variant, architecture
+from dflash_gguf.gguf.checkpoint import build_target_layer_ids
+from dflash_gguf.variants import VARIANTS as TABLE
+from dflash_gguf.variants import Variant, architecture
 from .frozen import TargetShape
 
 # The recipe per variant (train/recipe.py; measured on SmolLM2 in training/README.md): blocks per

@@ -18,8 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import TargetError
-from ..runner import bindings as engine
+from dflash_gguf.errors import TargetError
+from dflash_gguf.runner import bindings as engine
 
 
 @dataclass

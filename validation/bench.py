@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..errors import ServerArgsError
-from ..runner import measure
-from ..runner.build import find_bin_dir
-from ..runner.client import Completion, LlamaClient
-from ..runner.launch import ONE_CLIENT_PER_RPC_SERVER, Launch, launch_recipe, parse_server_args
-from ..runner.build import build_info
-from ..runner.measure import measuring_launch
-from ..runner.speed import judge, load_average, shown
+from dflash_gguf.errors import ServerArgsError
+from dflash_gguf.runner import measure
+from dflash_gguf.runner.build import find_bin_dir
+from dflash_gguf.runner.client import Completion, LlamaClient
+from dflash_gguf.runner.launch import ONE_CLIENT_PER_RPC_SERVER, Launch, launch_recipe, parse_server_args
+from dflash_gguf.runner.build import build_info
+from dflash_gguf.runner.measure import measuring_launch
+from dflash_gguf.runner.speed import judge, load_average, shown
 from .acceptance import timings_profile
 from .validate import ValidationSettings, run_server
 

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import click
 
-from ..errors import OptionError
-from ..hub import resolve as hub
-from ..options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, n_predict_option,
+from dflash_gguf.errors import OptionError
+from dflash_gguf.hub import resolve as hub
+from dflash_gguf.options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, n_predict_option,
                        prompts_option, rounds_option, seed_option, target_option)
 from . import charts as chart
 from .acceptance import drafting_lines
 from .bench import ALONE, DEFAULT_LEVELS, DRAFTER, BenchReport, BenchSettings, concurrency_curve, verdict_line
 from .suites import DEFAULT_LIMIT, SUITES, draw_suites, markdown, parse_suites, run_suites
 from .validate import ValidationSettings
-from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
-from ..runner.speed import shown
+from dflash_gguf.runner.prompts import BUILTIN_PROMPTS, read_prompts
+from dflash_gguf.runner.speed import shown
 
 
 def _levels(_ctx, _param, value: str) -> tuple[int, ...]:

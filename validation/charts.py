@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import OutputError
-from ..extras import require
-from ..outputs import Output, Replace, check_outputs, guard, head, named_for, partial_name
+from dflash_gguf.errors import OutputError
+from dflash_gguf.extras import require
+from dflash_gguf.outputs import Output, Replace, check_outputs, guard, head, named_for, partial_name
 
 SOFTWARE = "dflash-gguf bench"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -25,20 +25,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..confined_reader import file_in
-from ..convert.converter import sliding_window
-from ..errors import DflashError, ServerArgsError, TargetError
-from ..families import FAMILIES
-from ..gguf import layout
-from ..gguf.checkpoint import DrafterCheckpoint
-from ..gguf.describe import describe
-from ..gguf.file import GGUFFile
-from ..gguf.keys import DFlash, Tokenizer
-from ..gguf.target import load_target
-from ..runner.build import find_bin_dir
-from ..runner.launch import check_pair, dflash_server, split_mode_problem
-from ..runner.measure import acceptance_rate, mean_acceptance_length
-from ..runner.prompts import Prompt, tokenize_prompts
+from dflash_gguf.confined_reader import file_in
+from dflash_gguf.convert.converter import sliding_window
+from dflash_gguf.errors import DflashError, ServerArgsError, TargetError
+from dflash_gguf.families import FAMILIES
+from dflash_gguf.gguf import layout
+from dflash_gguf.gguf.checkpoint import DrafterCheckpoint
+from dflash_gguf.gguf.describe import describe
+from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.keys import DFlash, Tokenizer
+from dflash_gguf.gguf.target import load_target
+from dflash_gguf.runner.build import find_bin_dir
+from dflash_gguf.runner.launch import check_pair, dflash_server, split_mode_problem
+from dflash_gguf.runner.measure import acceptance_rate, mean_acceptance_length
+from dflash_gguf.runner.prompts import Prompt, tokenize_prompts
 
 log = logging.getLogger(__name__)
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import click
 
-from ..terminal import shown
-from ..hub import resolve as hub
-from ..options import (ServerArgsCommand, build_options, draft_option, json_option, n_predict_option,
+from dflash_gguf.terminal import shown
+from dflash_gguf.hub import resolve as hub
+from dflash_gguf.options import (ServerArgsCommand, build_options, draft_option, json_option, n_predict_option,
                        prompts_option, rpc_option, target_option)
-from ..runner.launch import with_rpc
-from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
+from dflash_gguf.runner.launch import with_rpc
+from dflash_gguf.runner.prompts import BUILTIN_PROMPTS, read_prompts
 from .doctor import diagnose
 
 

@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..runner.measure import first_divergence
+from dflash_gguf.runner.measure import first_divergence
 from .compare import MISMATCH
 from .replay import Row
 

@@ -17,13 +17,13 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-from ..confined_reader import find_in, open_in
-from ..errors import InputError
-from ..extras import require
-from ..hashing import hash_files
-from ..inputs import parse_json
-from ..paths import cache_dir
-from ..variants import ARCHITECTURES, VARIANTS, Variant
+from dflash_gguf.confined_reader import find_in, open_in
+from dflash_gguf.errors import InputError
+from dflash_gguf.extras import require
+from dflash_gguf.hashing import hash_files
+from dflash_gguf.inputs import parse_json
+from dflash_gguf.paths import cache_dir
+from dflash_gguf.variants import ARCHITECTURES, VARIANTS, Variant
 
 CACHE_FORMAT = 1  # bump when what a cached run holds changes
 

@@ -35,8 +35,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..runner import bindings as engine
-from ..runner.launch import EXACT_ENV, ServerArgs
+from dflash_gguf.runner import bindings as engine
+from dflash_gguf.runner.launch import EXACT_ENV, ServerArgs
 from .server_steps import Step, tree_memory
 
 TOP = 8  # logits kept per row: the top few, for the report and the noise measurement

@@ -38,11 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..errors import InputError, OptionError
-from ..runner.build import find_bin_dir
-from ..runner.measure import Progress
-from ..runner.prompts import ChatPrompt
-from ..runner.wheels import Wheel, member_bytes
+from dflash_gguf.errors import InputError, OptionError
+from dflash_gguf.runner.build import find_bin_dir
+from dflash_gguf.runner.measure import Progress
+from dflash_gguf.runner.prompts import ChatPrompt
+from dflash_gguf.runner.wheels import Wheel, member_bytes
 from .validate import ValidationReport, ValidationSettings, validate, verdict
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..runner.bindings import load_model
+from dflash_gguf.runner.bindings import load_model
 from . import compare
 
 

@@ -28,16 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from ..hub import resolve as hub
-from ..hub.resolve import HubRef
-from ..outputs import head
-from ..runner.build import build_info, find_bin_dir
-from ..runner.client import Completion, LlamaClient
-from ..runner.launch import Launch, launch_recipe
-from ..runner.measure import (Progress, ServerRun, acceptance_rate, first_divergence, mean_acceptance_length,
+from dflash_gguf.hub import resolve as hub
+from dflash_gguf.hub.resolve import HubRef
+from dflash_gguf.outputs import head
+from dflash_gguf.runner.build import build_info, find_bin_dir
+from dflash_gguf.runner.client import Completion, LlamaClient
+from dflash_gguf.runner.launch import Launch, launch_recipe
+from dflash_gguf.runner.measure import (Progress, ServerRun, acceptance_rate, first_divergence, mean_acceptance_length,
                               measuring_launch)
-from ..runner.prompts import Prompt, size_bound, tokenize_prompts
-from ..runner.speed import Rounds, Speedup, interleaved_rounds, not_measured
+from dflash_gguf.runner.prompts import Prompt, size_bound, tokenize_prompts
+from dflash_gguf.runner.speed import Rounds, Speedup, interleaved_rounds, not_measured
 from .acceptance import depth_profile
 from .draft_parity import draft_parity
 from .lossless import MISMATCH, NUMERICAL, judge, noise_by_width

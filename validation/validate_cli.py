@@ -9,17 +9,17 @@ from typing import Sequence
 
 import click
 
-from ..errors import OptionError
-from ..extras import require
-from ..hub.model_param import ModelParam
-from ..hub import resolve as hub
-from ..options import (GGUF, OUTPUT_FILE, ServerArgsCommand, build_options, draft_option, exact_option, json_option,
+from dflash_gguf.errors import OptionError
+from dflash_gguf.extras import require
+from dflash_gguf.hub.model_param import ModelParam
+from dflash_gguf.hub import resolve as hub
+from dflash_gguf.options import (GGUF, OUTPUT_FILE, ServerArgsCommand, build_options, draft_option, exact_option, json_option,
                        n_predict_option, parallel_option, prompts_option, rounds_option, rpc_option, seed_option, target_option,
                        temperature_option, threads_option)
-from ..outputs import Input, Output, Replace, check_outputs, write_text
-from ..runner.launch import with_rpc
-from ..runner.prompts import BUILTIN_PROMPTS, read_prompts
-from ..runner.speed import MIN_ROUNDS, shown
+from dflash_gguf.outputs import Input, Output, Replace, check_outputs, write_text
+from dflash_gguf.runner.launch import with_rpc
+from dflash_gguf.runner.prompts import BUILTIN_PROMPTS, read_prompts
+from dflash_gguf.runner.speed import MIN_ROUNDS, shown
 from .acceptance import drafting_lines
 from .distribution import DEFAULT_ALPHA
 from .validate import ValidationReport, ValidationSettings, is_report, validate, verdict

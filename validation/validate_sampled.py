@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..runner.build import build_info, find_bin_dir
-from ..runner.client import Completion
-from ..runner.launch import Launch, launch_recipe
-from ..runner.measure import Progress, acceptance_rate, mean_acceptance_length, measuring_launch
+from dflash_gguf.runner.build import build_info, find_bin_dir
+from dflash_gguf.runner.client import Completion
+from dflash_gguf.runner.launch import Launch, launch_recipe
+from dflash_gguf.runner.measure import Progress, acceptance_rate, mean_acceptance_length, measuring_launch
 from . import distribution
-from ..runner.prompts import Prompt, tokenize_prompts
+from dflash_gguf.runner.prompts import Prompt, tokenize_prompts
 from .validate import ValidationSettings
 
 log = logging.getLogger(__name__)
