@@ -189,10 +189,9 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
                        layers_block_type=[_LINEAR, "mlp", _LINEAR, _FULL, "mlp", _LINEAR, "mlp", _FULL],
                        ssm_state_size=16, mamba_num_heads=4, mamba_head_dim=16, n_groups=2, conv_kernel=4,
                        expand=1, chunk_size=16, tie_word_embeddings=False),
+        # transformers >= 5 saves a dense Nemotron-H with MoE defaults, which the pinned converter took
+        # for experts (nemotron_h_moe: no layer inputs recorded) until ggml_patches/0011
         published=("Nemotron DFlash",), recurrent=True,
-        limitation="the pinned converter writes every Nemotron-H as nemotron_h_moe when transformers >= 5 "
-                   "reads its config (AutoConfig adds num_experts_per_tok, the converter's MoE test), and "
-                   "nemotron_h_moe's graph records no layer inputs",
     ),
     Family(
         arch="qwen3moe", hf_architecture="Qwen3MoeForCausalLM", config_class="Qwen3MoeConfig",
@@ -212,12 +211,13 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
         toy=_attention(num_hidden_layers=6, num_key_value_heads=1, head_dim=32, q_lora_rank=32,
                        moe_intermediate_size=TOY_EXPERT_FFN, n_routed_experts=TOY_EXPERTS,
                        num_experts_per_tok=TOY_EXPERTS_USED, n_shared_experts=1, o_groups=2, o_lora_rank=32,
-                       index_n_heads=2, index_head_dim=16, index_topk=8, qk_rope_head_dim=8,
+                       # the indexer's keys are rotated by a Hadamard matrix of at least 64 rows in
+                       # llama.cpp: a narrower index head aborts the graph (GGML_ASSERT)
+                       index_n_heads=2, index_head_dim=64, index_topk=8, qk_rope_head_dim=8,
                        sliding_window=TOY_WINDOW, num_nextn_predict_layers=0, tie_word_embeddings=False),
+        # transformers saves its config and tensors in another layout than the original checkpoint
+        # the pinned converter reads (KeyError: 'num_hash_layers') until ggml_patches/0011
         published=("DeepSeek-V4 DSpark",), sliding=True,
-        limitation="transformers saves DeepseekV4Config as layer_types / mlp_layer_types, while the pinned "
-                   "converter reads the original checkpoint's num_hash_layers and compress_ratios: "
-                   "KeyError: 'num_hash_layers'",
     ),
     Family(
         arch="llama", hf_architecture="LlamaForCausalLM", config_class="LlamaConfig",
@@ -243,6 +243,8 @@ RECORDING_ARCHS = frozenset({
 # so that a drafter may tap it; the others record the inputs of layers 0..n_layer-1 only, and
 # llama-server refuses a drafter that taps the last layer's output of their targets
 # (common/speculative.cpp, common_speculative_dflash_mismatch).
+# (these three build it only when it is requested, deepseek4 every layer's; llama-server's probe asks them
+# since ggml_patches/0012)
 RECORDS_LAST_OUTPUT = frozenset({"deepseek4", "mimo2", "nemotron_h"})
 
 # Families with published drafters (or users asking for them) whose targets cannot serve DFlash in
@@ -252,8 +254,8 @@ UNSERVED: dict[str, str] = {
     "glm-dsa": "GLM 5.x targets: GLM-5.1/5.3 DFlash drafters exist, the graph records no layer inputs",
     "glm4moe": "GLM 4.5-4.7 targets: the graph records no layer inputs",
     "gemma3": "Gemma 3 (not 3n) targets: the graph records no layer inputs",
-    "nemotron_h_moe": "Nemotron-H MoE targets (and a dense Nemotron-H whose config.json carries "
-                      "num_experts_per_tok): the graph records no layer inputs",
+    "nemotron_h_moe": "Nemotron-H MoE targets (and a dense Nemotron-H saved by transformers >= 5, converted "
+                      "without ggml_patches/0011): the graph records no layer inputs",
 }
 
 

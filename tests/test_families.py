@@ -14,12 +14,26 @@ from gguf import GGUFValueType
 
 from dflash_gguf.gguf.file import KV, GGUFFile
 from dflash_gguf.gguf.keys import DFlash
-from dflash_gguf.families import FAMILIES, UNSERVED
+from dflash_gguf.families import FAMILIES, RECORDS_LAST_OUTPUT, UNSERVED
 from tests.conftest import dflash_gguf
 from tests.fixtures.family_drafters import VARIANTS, geometry
 from tests.gguf_edit import edited_copy
 
 ARCHS = sorted(FAMILIES)
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_family_converts_to_its_own_architecture(arch):
+    """The zoo builds and converts every family (the `family` fixture skips one that does not): the
+    pinned converter with ggml_patches/0011 writes a dense Nemotron-H saved by transformers 5 as
+    nemotron_h (not nemotron_h_moe, which records no layer inputs) and reads DeepSeek-V4 as
+    transformers saves it (without the patch: KeyError: 'num_hash_layers')."""
+    from tests.fixtures.families import STATUS, family_folder
+
+    assert not FAMILIES[arch].limitation, FAMILIES[arch].limitation
+    status = json.loads((family_folder(arch) / STATUS).read_text())
+    assert (status["hf"], status.get("F16")) == ("built", "converted"), status
 
 
 @pytest.mark.upstream
@@ -112,6 +126,30 @@ def test_every_committed_zoo_drafter_is_both_accepted_and_rejected(arch, variant
 
     held = trained_record(arch, variant)["held_out"]
     assert 0.20 <= held["acceptance_rate"] <= 0.95, held
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a in RECORDS_LAST_OUTPUT])
+def test_a_drafter_may_tap_the_last_layer_where_the_graph_records_it(arch, family, llama_bin, tmp_path):
+    """The nemotron_h and deepseek4 graphs build the last layer's output when a drafter asks for it
+    (RECORDS_LAST_OUTPUT): doctor accepts a drafter whose last tap is that output, and the patched
+    llama-server serves the pair losslessly. Before ggml_patches/0012 the server's probe never asked
+    for it and refused the drafter ("... is not recorded by the nemotron_h graph")."""
+    folder = family(arch)
+    with GGUFFile(folder / "dflash.gguf") as drafter:
+        taps = drafter.kv[DFlash.TARGET_LAYERS]
+    moved = [*list(taps.value)[:-1], FAMILIES[arch].num_layers]
+    last = edited_copy(folder / "dflash.gguf", tmp_path / "dflash-last.gguf",
+                       set_kv=(KV(DFlash.TARGET_LAYERS, taps.type, moved, taps.sub_type),))
+    assert doctor(folder / "target-F16.gguf", last) == (0, [])
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text((folder / "prompts.jsonl").read_text().splitlines()[0] + "\n")
+    report = tmp_path / "report.json"
+    proc = dflash_gguf("validate", "--target", folder / "target-F16.gguf", "--draft", last, "--prompts", prompts,
+                       "-n", "16", "--backend", "cpu", "--threads", "1", "--report", report)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(report.read_text())
+    assert result["lossless"] and result["drafted"] > 0, result
 
 
 # Targets built apart from the zoo: the family's config class at another geometry, and transformers'
@@ -235,6 +273,20 @@ def test_train_reads_a_hybrid_target_whose_shape_is_per_layer(family):
     assert (weights.shape.n_head, weights.shape.n_head_kv) == (4, 2)
     frozen = FrozenTarget(weights, dtype=torch.float32)
     assert torch.equal(frozen.model.norm.weight, weights.get("token_embd_norm.weight"))
+
+
+@pytest.mark.upstream
+def test_train_reads_a_target_whose_every_ffn_is_a_moe(family):
+    """DeepSeek-V4 targets carry no feed_forward_length, only the experts' width: train takes that
+    (it stopped with "key 'deepseek4.feed_forward_length' is missing" before the teacher ran)."""
+    pytest.importorskip("torch")
+    from dflash_gguf.train.frozen import GGUFWeights
+
+    target = family("deepseek4") / "target-F16.gguf"
+    with GGUFFile(target) as f:
+        assert f.get("deepseek4.feed_forward_length") is None
+        experts = f.get("deepseek4.expert_feed_forward_length")
+    assert (GGUFWeights(target).shape.n_ff, experts) == (128, 128)
 
 
 @pytest.mark.integration

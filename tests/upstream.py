@@ -36,16 +36,49 @@ import torch, transformers, gguf, conversion  # noqa: F401
 def run():
     runpy.run_path(script, run_name="__main__")
 """
-_warm: WarmProcess | None = None
+_warm: dict[Path, WarmProcess] = {}  # one per converter tree: each imports its own `conversion`
+
+# What the converter reads from the pinned tree (its modules, gguf-py, the chat templates it embeds)
+CONVERTER_PATHS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "models/templates/")
 
 
-def _convert(argv: list[str], log: Path) -> int:
-    global _warm
-    script, gguf_py = upstream_converter()
-    if _warm is None:
-        _warm = WarmProcess(_PREAMBLE.format(script=str(script), gguf_py=str(gguf_py)))
+def patched_converter() -> tuple[Path, Path]:
+    """(convert_hf_to_gguf.py, gguf-py) of the pinned tree with the patches of ggml_patches/series
+    that touch the converter applied (0011: Nemotron-H and DeepSeek-V4 as transformers saves them),
+    laid out once under the cache, keyed by those patches."""
+    import tempfile
+
+    from dflash_gguf.runner import build, sdist
+
+    def converter_file(rel: str) -> bool:
+        return rel.startswith(CONVERTER_PATHS[1:]) or rel == CONVERTER_PATHS[0]
+
+    patches = [p for p in build.read_series() if any(map(converter_file, build.patched_paths(p)))]
+    key = hashlib.sha256(f"{sdist.SDIST_SHA256}\n{build.patches_hash(patches)}".encode()).hexdigest()[:16]
+    folder = cache_dir() / "fixtures" / f"converter-{key}"
+    if not (folder / CONVERTER_PATHS[0]).is_file():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}-") as tmp:
+            files = build.patched_file_map(sdist.pinned_tree(), patches, Path(tmp) / "patched")
+            staging = Path(tmp) / "tree"
+            for rel, src in files.items():
+                if converter_file(rel):
+                    (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(src, staging / rel)
+            try:
+                os.rename(staging, folder)
+            except OSError:  # another worker laid it out first
+                if not (folder / CONVERTER_PATHS[0]).is_file():
+                    raise
+    return folder / CONVERTER_PATHS[0], folder / "gguf-py"
+
+
+def _convert(argv: list[str], log: Path, converter: tuple[Path, Path]) -> int:
+    script, gguf_py = converter
+    if script not in _warm:
+        _warm[script] = WarmProcess(_PREAMBLE.format(script=str(script), gguf_py=str(gguf_py)))
     env = {**os.environ, "PYTHONPATH": str(gguf_py)}
-    return _warm.run([str(script), *argv], env=env, cwd=script.parent, stdout=log, stderr=log).returncode
+    return _warm[script].run([str(script), *argv], env=env, cwd=script.parent, stdout=log, stderr=log).returncode
 
 
 def _key(script: Path, src: Path, target_dir: Path | None, outtype: str, extra: tuple[str, ...]) -> str:
@@ -61,9 +94,11 @@ def _key(script: Path, src: Path, target_dir: Path | None, outtype: str, extra: 
 
 
 def run_upstream_converter(src: Path, out: Path, outtype: str, target_dir: Path | None = None,
-                           extra: tuple[str, ...] = ()) -> Path:
-    """`out`: what the pinned converter writes for `src` (a copy of the cached output)."""
-    script, _ = upstream_converter()
+                           extra: tuple[str, ...] = (), converter: tuple[Path, Path] | None = None) -> Path:
+    """`out`: what the pinned converter (or `converter`: patched_converter()) writes for `src` (a
+    copy of the cached output)."""
+    converter = converter or upstream_converter()
+    script = converter[0]
     cached = cache_dir() / "fixtures" / "upstream" / f"{_key(script, src, target_dir, outtype, extra)}.gguf"
     if not cached.is_file():
         cached.parent.mkdir(parents=True, exist_ok=True)
@@ -73,7 +108,7 @@ def run_upstream_converter(src: Path, out: Path, outtype: str, target_dir: Path 
         if target_dir is not None:
             argv += ["--target-model-dir", str(Path(target_dir).resolve())]
         try:
-            if _convert(argv, log) != 0:
+            if _convert(argv, log, converter) != 0:
                 raise RuntimeError(f"upstream converter failed on {src}:\n{log.read_text(errors='replace')[-3000:]}")
             os.replace(tmp, cached)
         finally:

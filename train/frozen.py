@@ -19,8 +19,8 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 from torch import nn
 
-from ..errors import TargetError
-from ..gguf.keys import General, Model, Tokenizer, per_arch
+from dflash_gguf.errors import TargetError
+from dflash_gguf.gguf.keys import General, Model, Tokenizer, per_arch
 
 # families whose decoder layer is the drafter's (Qwen3 attention; llama's lacks the q/k norms)
 COPYABLE = ("llama", "qwen3")
@@ -88,7 +88,10 @@ class GGUFWeights:
             arch=arch, n_embd=n_embd, n_layer=int(self._need(key(Model.BLOCK_COUNT))), n_head=n_head,
             n_head_kv=int(self.layer_value(key(Model.HEAD_COUNT_KV), n_head)),
             head_dim=int(self.field(key(Model.KEY_LENGTH), n_embd // n_head)),
-            n_ff=int(self.layer_value(key(Model.FEED_FORWARD_LENGTH), self._need(key(Model.FEED_FORWARD_LENGTH)))),
+            # a target whose every FFN is a MoE (DeepSeek-V4) has only the experts' width
+            n_ff=int(self.layer_value(key(Model.FEED_FORWARD_LENGTH))
+                     or self.layer_value(key(Model.EXPERT_FEED_FORWARD_LENGTH))
+                     or self._need(key(Model.FEED_FORWARD_LENGTH))),
             n_vocab=len(self._need(Tokenizer.TOKENS)),
             # stored as float32: their shortest decimals (9.9999997e-06 -> 1e-05), as config.json had them
             rope_theta=float(str(np.float32(self.field(key(Model.ROPE_FREQ_BASE), 10000.0)))),
