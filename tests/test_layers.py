@@ -199,3 +199,17 @@ def test_the_reason_check_sees_an_unexplained_import(tmp_path):
     module.write_text("def f():\n    # extra: torch\n    import torch\n    import numpy\n\n"
                       "def g():\n    import json\n    x = 1\n    import os  # startup: fine\n")
     assert _unexplained_function_imports(module) == [7]
+
+
+def test_no_relative_import_climbs_out_of_a_top_level_folder():
+    """The folders pyproject maps into the package (convert/, runner/, ...) sit beside dflash_gguf/ on
+    disk, not inside it: a `from ..x import` there climbs to a folder that is not where a reader looks.
+    Such imports name the package (`from dflash_gguf.x import ...`); relative ones stay within a folder."""
+    climbing = []
+    for name, folder in _package_dirs().items():
+        for path in sorted(folder.rglob("*.py")):
+            depth = len(path.relative_to(folder).parts)  # 1: a module at the folder's top
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and node.level > depth:
+                    climbing.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert climbing == [], f"relative imports out of their top-level folder (use dflash_gguf.<room>): {climbing}"
