@@ -85,12 +85,12 @@ def misfit_drafters(fixtures: Path, tmp_path_factory) -> dict[str, Path]:
     out["deep-ids"] = work / "deep-ids.gguf"
     convert(src, _fake_target(fixtures, work / "target-deep", num_hidden_layers=12), out["deep-ids"])
 
-    # taps the target's last layer (HF id 5, GGUF 6 == n_layer): within its depth, so our converter
-    # accepts it, but the qwen3 graph records the inputs of layers 1..5 only
+    # taps the target's last layer (HF id 5, GGUF 6 == n_layer): within its depth, but the qwen3 graph
+    # records the inputs of layers 1..5 only (our converter refuses it too: converted against 7 layers)
     src = shutil.copytree(fixtures / "dflash-b16", work / "last-id")
     edit_config(src, dflash__target_layer_ids=[0, 2, 5])
     out["last-id"] = work / "last-id.gguf"
-    convert(src, fixtures / "target-hf", out["last-id"])
+    convert(src, _fake_target(fixtures, work / "target-7", num_hidden_layers=7), out["last-id"])
     return out
 
 

@@ -52,7 +52,9 @@ def test_once_json_after_a_request_agrees_with_the_response_timings(server):
 @pytest.mark.integration
 def test_a_pipe_gets_plain_lines_until_ctrl_c_which_exits_0(server):
     proc = subprocess.Popen([sys.executable, "-m", "dflash_gguf.cli", "watch", server.client.url, "--interval", "0.2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            # as a terminal starts it: a suite started in the background inherits SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = proc.stdout.readline()
         second = proc.stdout.readline()
