@@ -104,7 +104,6 @@ class ServerContext:
             reference_kernels=reference_kernels,
         )
 
-
     def as_logged(self, log: Path) -> "ServerContext":
         """This context with the sequences and KV layout the server set itself for a draft tree (its log)."""
         tree = tree_memory(log)
