@@ -26,6 +26,16 @@ METRIC_PREFIX = "llamacpp:"
 # What the server returns
 # ---------------------------------------------------------------------------------------------
 
+def is_server_url(url: str) -> bool:
+    """Whether `url` can name a running llama-server: http(s), a host, a port (if any) in range."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 @dataclass
 class Completion:
     """One answer of POST /completion."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import urllib.parse
 from pathlib import Path
 
 import click
@@ -26,7 +25,7 @@ from dflash_gguf.options import (
 from dflash_gguf.outputs import Input, Output, Replace, check_outputs
 from . import tuned_settings as tuned
 from .build import build_info, find_bin_dir
-from .client import Completion, LlamaClient, Metrics
+from .client import Completion, LlamaClient, Metrics, is_server_url
 from .launch import Launch, launch_recipe, with_rpc
 from .pairing import find_drafter
 from .server import LlamaServer, stop_on_signals
@@ -159,12 +158,7 @@ def serve(target: Path, draft: Path | None, no_draft: bool, backend: str | None,
 
 def _checked_url(url: str) -> str:
     """An http(s) URL with a host (and a valid port), or one line saying what is wrong."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
-    except ValueError:
-        parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+    if not is_server_url(url):
         raise OptionError(f"--url {url!r}: give a running llama-server's address, e.g. http://127.0.0.1:8080")
     return url
 

@@ -26,7 +26,6 @@ import re
 import sys
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
@@ -35,7 +34,7 @@ import click
 
 from dflash_gguf.errors import DflashError
 from dflash_gguf.options import json_option
-from .client import METRIC_PREFIX, LlamaClient
+from .client import METRIC_PREFIX, LlamaClient, is_server_url
 
 BODY_LIMIT = 4 << 20  # bytes of one reply: /slots of 256 slots, /metrics of a long draft, with room
 _SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)(\s+\S+)?$')
@@ -92,12 +91,7 @@ class SlotLine:
 
 
 def checked_url(url: str) -> str:
-    try:
-        parts = urllib.parse.urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
-    except ValueError:
-        parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+    if not is_server_url(url):
         raise WatchError(f"URL {url!r}: give a running llama-server's address, e.g. http://127.0.0.1:8080")
     return url.rstrip("/")
 
