@@ -12,7 +12,8 @@ and whether every setting's tokens equal the target alone's.
     python -m benchmarks.tree [--pair smollm2|trained] [--types F16] [--drafters dflash2,dflash]
                               [--sets chat,code] [--budgets 8,16,32] [--rounds 3] [--n-predict 64] [--prompts 8]
 
-`chat` is SmolLM2's held-out chat prompts; `code` and `rewrite` come from benchmarks/prompts/; with
+`chat` is SmolLM2's held-out chat prompts; `code` and `rewrite` come from benchmarks/prompts/; a
+public suite's name (`writingbench`, `mt-bench`, ...: validation/suites.py) draws its rows; with
 `--pair trained` (the committed trained pair, `make fixtures`: build/fixtures/trained/) the set is its
 held-out prompts (`held-out`).
 JSON on stdout, progress on stderr; docs/speed.md#draft-trees shows the table.
@@ -32,6 +33,7 @@ from dflash_gguf.runner.launch import launch_recipe, read_draft
 from dflash_gguf.runner.measure import mean_acceptance_length
 from dflash_gguf.runner.prompts import read_prompts, tokenize_prompts
 from dflash_gguf.runner.speed import judge, shown
+from dflash_gguf.validation.suites import SUITES, draw_suites
 from benchmarks.side_by_side import measure_side_by_side, progress
 from tests.fixtures.smollm2 import EVAL_PROMPTS, smollm2_ggufs
 
@@ -47,6 +49,9 @@ def prompt_set(name: str, count: int) -> list:
         return read_prompts(EVAL_PROMPTS)[:count]
     if name == "held-out":
         return read_prompts(TRAINED / "prompts.txt")[:count]
+    if name in SUITES:  # a public suite's rows (bench --suite), drawn with seed 0
+        (drawn,) = draw_suites([name], count, 0)
+        return drawn.prompts()
     return read_prompts(PROMPTS / f"{name}.jsonl")[:count]
 
 
