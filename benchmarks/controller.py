@@ -8,12 +8,9 @@ target alone (judged by runner/speed.py: withheld above tau or when the rounds s
 effect), auto over the best static, auto's parked share and draft lengths (from the responses' timings), and whether
 every setting's tokens equal the target alone's.
 
-Prompt sets: `chat` (SmolLM2's held-out chat prompts), `code` and `rewrite` (benchmarks/prompts/:
-code requests, and requests to repeat a given text, where a drafter is accepted deep), and `mixed`
-(rewrite and chat requests alternating: the text changes from request to request, which no single
-static length suits).
+Prompt sets and pairs: benchmarks/prompt_sets.py (`chat`, `code`, `mixed`, `writingbench`, ...).
 
-    python -m benchmarks.controller [--types F16] [--drafters dflash2] [--sets chat,code,mixed]
+    python -m benchmarks.controller [--pair smollm2|trained] [--types F16] [--drafters dflash2] [--sets chat,code,mixed]
                                     [--rounds 3] [--n-predict 64] [--prompts 4]
 
 JSON on stdout, progress on stderr; docs/speed.md#the-draft-length-controller shows the table.
@@ -32,24 +29,11 @@ from dflash_gguf.options import AUTO
 from dflash_gguf.runner.build import find_bin_dir
 from dflash_gguf.runner.launch import launch_recipe, read_draft
 from dflash_gguf.runner.measure import mean_acceptance_length
-from dflash_gguf.runner.prompts import read_prompts, tokenize_prompts
+from dflash_gguf.runner.prompts import tokenize_prompts
 from dflash_gguf.runner.speed import judge, shown
 from dflash_gguf.validation.acceptance import timings_profile
 from benchmarks.side_by_side import measure_side_by_side, progress
-from tests.fixtures.smollm2 import EVAL_PROMPTS, smollm2_ggufs
-
-PROMPTS = Path(__file__).parent / "prompts"
-
-
-def prompt_set(name: str, count: int) -> list:
-    chat = read_prompts(EVAL_PROMPTS)[:count]
-    if name == "chat":
-        return chat
-    if name == "mixed":
-        rewrite = read_prompts(PROMPTS / "rewrite.jsonl")
-        return [p for pair in zip(rewrite * count, chat) for p in pair][:2 * count]
-    return read_prompts(PROMPTS / f"{name}.jsonl")[:count]
-
+from benchmarks.prompt_sets import pair_files, prompt_set
 
 ALONE = "alone"
 
@@ -97,6 +81,7 @@ def measure(target: Path, draft: Path, texts: list, rounds: int, n_predict: int,
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", choices=("smollm2", "trained"), default="smollm2")
     parser.add_argument("--types", default="F16")
     parser.add_argument("--drafters", default="dflash2")
     parser.add_argument("--sets", default="chat,code,mixed")
@@ -104,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n-predict", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=4)
     args = parser.parse_args(argv)
-    files = smollm2_ggufs()
+    files = pair_files(args.pair)
     bin_dir = find_bin_dir(None, None)
     rows = []
     for qtype in args.types.split(","):
@@ -113,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
                 progress(f"{qtype} {drafter} {name}")
                 row = measure(files[qtype], files[drafter], prompt_set(name, args.prompts), args.rounds,
                               args.n_predict, bin_dir)
-                rows.append({"type": qtype, "drafter": drafter, "set": name, **row})
+                rows.append({"pair": args.pair, "type": qtype, "drafter": drafter, "set": name, **row})
                 progress(f"{qtype} {drafter} {name}: auto against the target alone {shown(row['auto_over_alone'])}; "
                          f"{row['auto_over_best_static']}x the best static ({row['best_static']})")
     json.dump({"rows": rows}, sys.stdout, indent=2)

@@ -31,35 +31,12 @@ from pathlib import Path
 from dflash_gguf.runner.build import find_bin_dir
 from dflash_gguf.runner.launch import launch_recipe, read_draft
 from dflash_gguf.runner.measure import mean_acceptance_length
-from dflash_gguf.runner.prompts import read_prompts, tokenize_prompts
+from dflash_gguf.runner.prompts import tokenize_prompts
 from dflash_gguf.runner.speed import judge, shown
-from dflash_gguf.validation.suites import SUITES, draw_suites
 from benchmarks.side_by_side import measure_side_by_side, progress
-from tests.fixtures.smollm2 import EVAL_PROMPTS, smollm2_ggufs
+from benchmarks.prompt_sets import pair_files, prompt_set
 
-PROMPTS = Path(__file__).parent / "prompts"
 ALONE, CHAIN = "alone", "chain"
-
-
-TRAINED = Path(__file__).resolve().parents[1] / "build" / "fixtures" / "trained"
-
-
-def prompt_set(name: str, count: int) -> list:
-    if name == "chat":
-        return read_prompts(EVAL_PROMPTS)[:count]
-    if name == "held-out":
-        return read_prompts(TRAINED / "prompts.txt")[:count]
-    if name in SUITES:  # a public suite's rows (bench --suite), drawn with seed 0
-        (drawn,) = draw_suites([name], count, 0)
-        return drawn.prompts()
-    return read_prompts(PROMPTS / f"{name}.jsonl")[:count]
-
-
-def pair_files(pair: str) -> dict[str, Path]:
-    """The target type's and the drafters' GGUF files by name."""
-    if pair == "trained":
-        return {"F16": TRAINED / "target.gguf", "dflash": TRAINED / "dflash.gguf", "dflash2": TRAINED / "dflash2.gguf"}
-    return smollm2_ggufs()
 
 
 def settings(draft: Path, budgets: list[int]) -> dict[str, int]:

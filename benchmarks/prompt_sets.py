@@ -1,0 +1,39 @@
+"""The prompt sets and model pairs the side-by-side benchmarks (controller, tree) measure, by name.
+
+Sets: `chat` (SmolLM2's held-out chat prompts), `held-out` (the trained pair's), a public suite's
+name (`writingbench`, `mt-bench`, ...: validation/suites.py; rows drawn with seed 0), `mixed`
+(requests to repeat a given text alternating with chat ones: the text changes from request to
+request, which no single static length suits), or a file of benchmarks/prompts/ (`code`, `rewrite`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dflash_gguf.runner.prompts import read_prompts
+from dflash_gguf.validation.suites import SUITES, draw_suites
+from tests.fixtures.smollm2 import EVAL_PROMPTS, smollm2_ggufs
+
+PROMPTS = Path(__file__).parent / "prompts"
+TRAINED = Path(__file__).resolve().parents[1] / "build" / "fixtures" / "trained"
+
+
+def prompt_set(name: str, count: int) -> list:
+    if name == "chat":
+        return read_prompts(EVAL_PROMPTS)[:count]
+    if name == "held-out":
+        return read_prompts(TRAINED / "prompts.txt")[:count]
+    if name == "mixed":
+        rewrite, chat = read_prompts(PROMPTS / "rewrite.jsonl"), prompt_set("chat", count)
+        return [p for pair in zip(rewrite * count, chat) for p in pair][:2 * count]
+    if name in SUITES:
+        (drawn,) = draw_suites([name], count, 0)
+        return drawn.prompts()
+    return read_prompts(PROMPTS / f"{name}.jsonl")[:count]
+
+
+def pair_files(pair: str) -> dict[str, Path]:
+    """The target types' and the drafters' GGUF files by name (`smollm2` or `trained`)."""
+    if pair == "trained":
+        return {"F16": TRAINED / "target.gguf", "dflash": TRAINED / "dflash.gguf", "dflash2": TRAINED / "dflash2.gguf"}
+    return smollm2_ggufs()
