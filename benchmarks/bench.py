@@ -135,7 +135,7 @@ class Models:
 
 
 def trained_pair_ready() -> bool:
-    from tests.fixtures.trained_gguf import DRAFTERS, TRAINED
+    from training.fixtures.trained_gguf import DRAFTERS, TRAINED
 
     return all((TRAINED / d / "config.json").is_file() and (TRAINED / d / "model.safetensors").is_file()
                for d in DRAFTERS) and (TRAINED / "eval_prompts.json").is_file()
@@ -143,7 +143,7 @@ def trained_pair_ready() -> bool:
 
 def trained_models() -> Models:
     from dflash_gguf.runner.prompts import read_prompts
-    from tests.fixtures.trained_gguf import DRAFTERS, TRAINED, trained_ggufs
+    from training.fixtures.trained_gguf import DRAFTERS, TRAINED, trained_ggufs
 
     paths = trained_ggufs()
     return Models("trained", paths["target"], {d: paths[d] for d in DRAFTERS}, read_prompts(paths["prompts"]),
@@ -153,8 +153,8 @@ def trained_models() -> Models:
 def random_models() -> Models:
     from dflash_gguf.convert.converter import convert
     from dflash_gguf.runner.prompts import BUILTIN_PROMPTS
-    from tests.fixtures.tiny_models import cached_fixtures
-    from tests.upstream import cached_target_gguf
+    from training.fixtures.tiny_models import cached_fixtures
+    from training.fixtures.upstream import cached_target_gguf
 
     fixtures, target = cached_fixtures(), cached_target_gguf()
     out = WORK / "random"
@@ -206,7 +206,7 @@ def drafter_file(models: Models, drafter: str, qtype: str, recipe: str) -> tuple
 def _tensor_types(path: Path) -> dict[str, int]:
     from collections import Counter
 
-    from dflash_gguf.gguf.file import GGUFFile
+    from dflash_gguf.gguf.reader import GGUFFile
 
     with GGUFFile(path) as f:
         return dict(sorted(Counter(t.type.name for t in f.tensors.values()).items()))
@@ -219,10 +219,9 @@ def _tensor_types(path: Path) -> dict[str, int]:
 def _validate(models: Models, draft: Path, n_predict: int, parallel: int, reference: str | None = None) -> dict:
     from dflash_gguf.validation.validate import ValidationSettings, validate
 
-    settings = ValidationSettings(n_predict=n_predict, parallel=parallel, backend=BACKEND)
-    if reference:
-        settings.reference_draft = models.reference_drafters[reference]
-        settings.reference_target = models.reference_target
+    settings = ValidationSettings(n_predict=n_predict, parallel=parallel, backend=BACKEND,
+                                  reference_draft=models.reference_drafters[reference] if reference else None,
+                                  reference_target=models.reference_target if reference else None)
     return validate(models.target, draft, models.prompts, settings, progress=lambda m: progress("    " + m)).to_dict()
 
 

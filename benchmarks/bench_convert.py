@@ -23,8 +23,8 @@ import numpy as np
 
 from dflash_gguf.paths import cache_dir
 from dflash_gguf.runner.sdist import upstream_converter
-from tests.fixtures.tiny_models import cached_fixtures
-from tests.gguf_compare import differences
+from training.fixtures.tiny_models import cached_fixtures
+from training.fixtures.gguf_compare import differences
 
 # Qwen3-8B DFlash b16: hidden 4096, 5 draft layers, ffn 12288, 32 heads / 8 kv heads of 128, 5 taps.
 HIDDEN, LAYERS, FFN, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 4096, 5, 12288, 32, 8, 128, 151936

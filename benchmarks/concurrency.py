@@ -57,7 +57,7 @@ def smollm2_pair() -> tuple[Path, Path] | None:
 def subjects(quick: bool, backend: str, server_args: list[str], progress: Progress) -> list[Subject]:
     from benchmarks.regimes import memory_bound_target
     from dflash_gguf.runner.prompts import read_prompts
-    from tests.fixtures.trained_gguf import trained_ggufs
+    from training.fixtures.trained_gguf import trained_ggufs
 
     pair = trained_ggufs()
     prompts = read_prompts(pair["prompts"])[: 4 if quick else None]

@@ -28,7 +28,7 @@ from dflash_gguf.runner.launch import launch_recipe
 from dflash_gguf.runner.prompts import BUILTIN_PROMPTS, tokenize_prompts
 from dflash_gguf.runner.speed import cpus, load_average
 from benchmarks.side_by_side import measure_side_by_side, progress
-from tests.fixtures.smollm2 import smollm2_ggufs
+from training.fixtures.smollm2 import smollm2_ggufs
 
 SETTINGS = {
     "-t 1": ["-t", "1"],

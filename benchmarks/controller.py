@@ -10,8 +10,9 @@ every setting's tokens equal the target alone's.
 
 Prompt sets and pairs: benchmarks/prompt_sets.py (`chat`, `code`, `mixed`, `writingbench`, ...).
 
-    python -m benchmarks.controller [--pair smollm2|trained] [--types F16] [--drafters dflash2] [--sets chat,code,mixed]
+    python -m benchmarks.controller [--pair smollm2|trained|memory-bound] [--types F16] [--drafters dflash2] [--sets chat,code,mixed]
                                     [--rounds 3] [--n-predict 64] [--prompts 4]
+                                    [--static 1,3,block|none]
 
 JSON on stdout, progress on stderr; docs/speed.md#the-draft-length-controller shows the table.
 """
@@ -31,26 +32,34 @@ from dflash_gguf.runner.launch import launch_recipe, read_draft
 from dflash_gguf.runner.measure import mean_acceptance_length
 from dflash_gguf.runner.prompts import tokenize_prompts
 from dflash_gguf.runner.speed import judge, shown
-from dflash_gguf.validation.acceptance import timings_profile
+from dflash_gguf.validation.acceptance import limit_fields, timings_profile
 from benchmarks.side_by_side import measure_side_by_side, progress
 from benchmarks.prompt_sets import pair_files, prompt_set
 
 ALONE = "alone"
 
 
-def settings(draft: Path) -> dict[str, int | str]:
-    """Each server's --spec-draft-n-max by name (the target alone has none)."""
+def settings(draft: Path, statics: str = "1,3,block") -> dict[str, int | str]:
+    """Each server's --spec-draft-n-max by name (the target alone has none); `statics`: the static
+    lengths measured beside auto ("block": the drafter's whole draft; "none": auto alone)."""
     longest = read_draft(draft).draft_length
-    lengths = sorted({1, 3, longest} & set(range(1, longest + 1)))
+    wanted = {longest if x == "block" else int(x) for x in statics.split(",") if x != "none"}
+    lengths = sorted(wanted & set(range(1, longest + 1)))
     return {**{f"n {n}": n for n in lengths}, AUTO: AUTO}
 
 
-def measure(target: Path, draft: Path, texts: list, rounds: int, n_predict: int, bin_dir: Path) -> dict:
+def measure(target: Path, draft: Path, texts: list, rounds: int, n_predict: int, bin_dir: Path,
+            statics: str = "1,3,block", other_builds: dict[str, Path] | None = None) -> dict:
+    """`other_builds`: label -> another build's bin folder whose auto runs beside this build's
+    (as "auto (label)"), to measure a change of the controller side by side."""
     with contextlib.ExitStack() as stack:
         launches = {ALONE: launch_recipe(target, None, server_args=["-c", "4096"])}
-        for name, n_max in settings(draft).items():
+        for name, n_max in settings(draft, statics).items():
             launches[name] = launch_recipe(target, draft, draft_max=n_max, server_args=["-c", "4096"], check=False)
-        servers = {name: stack.enter_context(launch.server(bin_dir=bin_dir)) for name, launch in launches.items()}
+        bins = {name: bin_dir for name in launches}
+        for label, other in (other_builds or {}).items():
+            launches[f"{AUTO} ({label})"], bins[f"{AUTO} ({label})"] = launches[AUTO], other
+        servers = {name: stack.enter_context(launch.server(bin_dir=bins[name])) for name, launch in launches.items()}
         ids = tokenize_prompts(servers[ALONE].client, texts)
         for server in servers.values():
             server.client.complete(ids[0][:8], 4, cache_prompt=False)
@@ -59,8 +68,7 @@ def measure(target: Path, draft: Path, texts: list, rounds: int, n_predict: int,
     speed = {n: round(1000.0 / statistics.median(v), 2) for n, v in ms.items()}
     per_round = {n: [1000.0 / x for x in v] for n, v in ms.items()}
     ratio = lambda a, b: [x / y for x, y in zip(per_round[a], per_round[b])]  # noqa: E731
-    statics = [n for n in speed if n.startswith("n ")]
-    best = max(statics, key=speed.get)
+    best = max((n for n in speed if n.startswith("n ")), key=speed.get, default=None)
 
     def judged(name: str, against: str) -> dict:
         """`name` over `against`, per round, as runner/speed.py judges a speedup (bounded by name's tau)."""
@@ -70,10 +78,23 @@ def measure(target: Path, draft: Path, texts: list, rounds: int, n_predict: int,
         tau = mean_acceptance_length(produced, accepted, len(answers[name])) if drafted else 1.0
         return judge(ratio(name, against), tau).to_dict()
 
+    def median_below_tau(name: str) -> float | None:
+        """The rounds' median over the target alone whatever the judgement (which says whether it
+        stands), never a figure above tau."""
+        median, bound = statistics.median(ratio(name, ALONE)), judged(name, ALONE)["tau_bound"]
+        return round(median, 3) if bound is None or median <= bound else None
+
+    auto = judged(AUTO, ALONE)
     return {"tokens_per_second": speed, "best_static": best,
-            "auto_over_alone": judged(AUTO, ALONE), "best_static_over_alone": judged(best, ALONE),
-            "auto_over_best_static": round(statistics.median(ratio(AUTO, best)), 3),
+            "auto_over_alone": auto,
+            "auto_over_alone_median": median_below_tau(AUTO),
+            "other_builds": {n: {"over_alone": judged(n, ALONE), "over_alone_median": median_below_tau(n),
+                                 "this_build_over_it": round(statistics.median(ratio(AUTO, n)), 3)}
+                             for n in names if n.startswith(f"{AUTO} (")},
+            "best_static_over_alone": judged(best, ALONE) if best else None,
+            "auto_over_best_static": round(statistics.median(ratio(AUTO, best)), 3) if best else None,
             "auto_drafting": timings_profile(c.timings for c in answers[AUTO]),
+            "auto_limit": limit_fields((c.timings for c in answers[AUTO]), auto["speedup"]),
             "identical": {n: [c.tokens for c in answers[n]] == [c.tokens for c in answers[ALONE]]
                           for n in names if n != ALONE},
             "rounds": rounds, "prompts": len(ids), "n_predict": n_predict}
@@ -81,26 +102,30 @@ def measure(target: Path, draft: Path, texts: list, rounds: int, n_predict: int,
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pair", choices=("smollm2", "trained"), default="smollm2")
+    parser.add_argument("--pair", choices=("smollm2", "trained", "memory-bound"), default="smollm2")
     parser.add_argument("--types", default="F16")
     parser.add_argument("--drafters", default="dflash2")
     parser.add_argument("--sets", default="chat,code,mixed")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--n-predict", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--static", default="1,3,block", help="static lengths beside auto: e.g. 1,3,block, or none")
+    parser.add_argument("--other-build", action="append", default=[], metavar="LABEL=BIN_DIR",
+                        help="another build's auto beside this build's, e.g. before=~/.cache/dflash-gguf/llama/<key>/bin")
     args = parser.parse_args(argv)
     files = pair_files(args.pair)
     bin_dir = find_bin_dir(None, None)
+    others = {k: Path(v).expanduser() for k, v in (o.split("=", 1) for o in args.other_build)}
     rows = []
     for qtype in args.types.split(","):
         for drafter in args.drafters.split(","):
             for name in args.sets.split(","):
                 progress(f"{qtype} {drafter} {name}")
                 row = measure(files[qtype], files[drafter], prompt_set(name, args.prompts), args.rounds,
-                              args.n_predict, bin_dir)
+                              args.n_predict, bin_dir, args.static, others)
                 rows.append({"pair": args.pair, "type": qtype, "drafter": drafter, "set": name, **row})
-                progress(f"{qtype} {drafter} {name}: auto against the target alone {shown(row['auto_over_alone'])}; "
-                         f"{row['auto_over_best_static']}x the best static ({row['best_static']})")
+                beside = f"; {row['auto_over_best_static']}x the best static ({row['best_static']})" if row["best_static"] else ""
+                progress(f"{qtype} {drafter} {name}: auto against the target alone {shown(row['auto_over_alone'])}{beside}")
     json.dump({"rows": rows}, sys.stdout, indent=2)
     print()
 

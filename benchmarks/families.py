@@ -1,7 +1,7 @@
 """`make families`: docs/families.md, the target-family matrix.
 
-For every family of dflash_gguf/families.py and each drafter variant (DFlash, DFlash 2), on the zoo
-that `make fixtures` lays out (tests/fixtures/families.py), F16 target, the zoo's held-out prompts,
+For every family of training/fixtures/toys.py and each drafter variant (DFlash, DFlash 2), on the zoo
+that `make fixtures` lays out (training/fixtures/families.py), F16 target, the zoo's held-out prompts,
 greedy, N_PREDICT tokens, llama-server -t 1:
 
     converts          the pinned upstream converter made the target, dflash-gguf convert the drafter
@@ -9,7 +9,7 @@ greedy, N_PREDICT tokens, llama-server -t 1:
                       tau on 20 chat prompts, measured by train) or untrained, and why
     loads patched     the patched llama-server (the launch recipe) loads the pair and drafts; whether its
                       output equals the target alone's; drafted / accepted
-    loads stock       the same in stock llama.cpp (PyPI xllamacpp, tests/xllamacpp_server.py), its
+    loads stock       the same in stock llama.cpp (PyPI xllamacpp, training/fixtures/xllamacpp_server.py), its
                       drafted / accepted beside the patched build's
     lossless          no emitted token differs from the target's argmax in its verify batch
     proven / produced tokens replayed bit-exactly against tokens emitted (validate's JSON:
@@ -23,6 +23,8 @@ greedy, N_PREDICT tokens, llama-server -t 1:
     draft tree        `validate --exact -- --spec-tree-budget 8` (patch 0009): every token proven by the
                       replay of the tree batches, identical to the target alone, and tau; or the chain,
                       with the server's reason, where the family cannot use a tree
+    draft length auto `validate --exact -- --spec-draft-n-max auto` (patch 0008): the controller's run
+                      proven token by token, identical to the target alone, its tau and parked share
 
 A cell that could not be measured holds the reason (the first error line). The page is written when
 every family is measured; an interrupted run leaves what it measured in build/families/families.md.
@@ -43,11 +45,11 @@ from pathlib import Path
 
 from benchmarks.bench import machine_info
 from dflash_gguf.errors import DflashError
-from dflash_gguf.families import FAMILIES
 from dflash_gguf.runner import build
-from tests.fixtures.families import OUT, STATUS, family_folder, last_error_line, trained_record
-from tests.fixtures.family_drafters import VARIANTS
-from tests.xllamacpp_server import Run, run_prompts
+from training.fixtures.families import OUT, STATUS, family_folder, last_error_line, trained_record
+from training.fixtures.toys import FAMILIES
+from training.fixtures.family_drafters import VARIANTS
+from training.fixtures.xllamacpp_server import Run, run_prompts
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "families.md"
@@ -79,7 +81,7 @@ def stock_bin(work: Path) -> Path | str:
         import xllamacpp  # noqa: F401
     except ImportError:
         return "xllamacpp not installed (pip install -e '.[test-stock]')"
-    from tests.xllamacpp_server import shim_folder
+    from training.fixtures.xllamacpp_server import shim_folder
 
     return shim_folder(work / "stock-bin")
 
@@ -157,7 +159,20 @@ def row(arch: str, variant: str, folder: Path, stock: Path | str) -> dict:
     tree, why = validate(folder, variant, work, "--backend", "cpu", "--exact", "--", "--spec-tree-budget",
                          str(TREE_BUDGET))
     cells["draft tree"] = tree_cell(tree, why)
+    auto, why = validate(folder, variant, work, "--backend", "cpu", "--exact", "--", "--spec-draft-n-max", "auto")
+    cells["draft length auto"] = auto_cell(auto, why)
     return cells
+
+
+def auto_cell(report: dict | None, why: str) -> str:
+    """The draft-length controller under --exact: proven and identical, with the share of parked steps."""
+    if report is None:
+        return f"no report: {why}"
+    ok = report["lossless"] and report["exact"] and report["proven_by_replay"] == report["produced"]
+    parked = report["drafting"].get("parked_share")
+    parked = f", parked {parked:.0%} of {report['drafting']['steps']} steps" if parked is not None else ""
+    return (f"{'yes' if ok else 'no'}: proven {report['proven_by_replay']} / {report['produced']}, identical "
+            f"{_yes(report['exact'])}, tau {report['mean_acceptance_length']:.2f}{parked}")
 
 
 def tree_cell(report: dict | None, why: str) -> str:
@@ -185,7 +200,8 @@ def parity_cell(report: dict | None, why: str) -> str:
 
 
 COLUMNS = ("family", "variant", "converts", "drafter", "loads patched", "loads stock", "lossless", "proven / produced",
-           "identical under --exact", "draft parity", "tau", "acceptance", "tokens/s", "draft tree")
+           "identical under --exact", "draft parity", "tau", "acceptance", "tokens/s", "draft tree",
+           "draft length auto")
 
 
 def _cell(text: str) -> str:
@@ -199,7 +215,7 @@ def write_doc(rows: list[dict], seconds: float, command: str, doc: Path = DOC) -
         "# Target families",
         "",
         "Generated by `make families` (benchmarks/families.py); do not edit by hand. The tiny random-weight",
-        "target of each family (tests/fixtures/families.py, facts in dflash_gguf/families.py) with its",
+        "target of each family (training/fixtures/families.py, its table training/fixtures/toys.py) with its",
         "DFlash and DFlash 2 drafters (the published drafters' geometry for the family, trained by `dflash-gguf",
         "train` on the target's own answers: `make train-zoo`, docs/train.md), F16, greedy, "
         f"{PROMPTS} held-out prompts x {N_PREDICT} tokens, llama-server -t {THREADS}.",

@@ -77,7 +77,7 @@ bin=$($py -m dflash_gguf.cli llama build "${build_args[@]}" -j "$cores")
 say "   bin folder $bin"
 
 say "3/4 fixtures: the trained pair"
-$py -m tests.fixtures.trained_gguf | while read -r line; do say "   $line"; done
+$py -m training.fixtures.trained_gguf | while read -r line; do say "   $line"; done
 
 say "4/4 sections (deadline in $(( deadline - $(date +%s) )) s)"
 # each section is planned against the time left; one validate section takes ~1 min on 2 shared cores

@@ -115,7 +115,7 @@ def train_section(pair: dict[str, Path], args: argparse.Namespace) -> dict:
     held-out tau measured on the pair's held-out prompts: what the teacher and a training step cost here
     (the same command on another machine is the comparison)."""
     from dflash_gguf.extras import missing
-    from tests.fixtures.trained_gguf import held_out_prompts
+    from training.fixtures.trained_gguf import held_out_prompts
     from training.smollm2_prompts import build_prompts
 
     absent = missing("reference")
@@ -163,7 +163,7 @@ def train_text(t: dict) -> list[str]:
 def run(args: argparse.Namespace, save) -> dict:
     from benchmarks.regimes import memory_bound_target
     from dflash_gguf.runner.prompts import BUILTIN_PROMPTS, read_prompts
-    from tests.fixtures.trained_gguf import trained_ggufs
+    from training.fixtures.trained_gguf import trained_ggufs
 
     clock = Clock(args.deadline)
     server_args = args.server_args

@@ -22,7 +22,9 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
-from dflash_gguf.gguf.file import KV, FileSpan, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
+from dflash_gguf.gguf.format import KV, TensorInfo
+from dflash_gguf.gguf.reader import GGUFFile
+from dflash_gguf.gguf.writer import GGUFPlan, PlannedTensor, write_gguf
 
 _FFN = re.compile(r"blk\.\d+\.ffn_(gate|up|down)\.weight")
 _DTYPES = {GGMLQuantizationType.F16: np.float16, GGMLQuantizationType.F32: np.float32}
@@ -78,7 +80,7 @@ def widen_ffn(target: Path, out: Path, n_ff: int) -> Path:
             if _FFN.fullmatch(info.name):
                 plan.tensors.append(_widened(src, info, n_ff))
             else:
-                span = FileSpan(src.path, src.data_offset + info.offset, info.nbytes)
+                span = src.tensor_span(info.name)
                 plan.tensors.append(PlannedTensor(TensorInfo(info.name, info.shape, info.type),
                                                   lambda span=span: [span]))
         write_gguf(plan, out)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dflash_gguf.runner.prompts import read_prompts
 from dflash_gguf.validation.suites import SUITES, draw_suites
-from tests.fixtures.smollm2 import EVAL_PROMPTS, smollm2_ggufs
+from training.fixtures.smollm2 import EVAL_PROMPTS, smollm2_ggufs
 
 PROMPTS = Path(__file__).parent / "prompts"
 TRAINED = Path(__file__).resolve().parents[1] / "build" / "fixtures" / "trained"
@@ -33,7 +33,14 @@ def prompt_set(name: str, count: int) -> list:
 
 
 def pair_files(pair: str) -> dict[str, Path]:
-    """The target types' and the drafters' GGUF files by name (`smollm2` or `trained`)."""
+    """The target types' and the drafters' GGUF files by name: `smollm2`, `trained`, or `memory-bound`
+    (the trained target widened by inert FFN units to ~457 MiB, benchmarks/regimes.py, made once)."""
+    drafters = {"dflash": TRAINED / "dflash.gguf", "dflash2": TRAINED / "dflash2.gguf"}
     if pair == "trained":
-        return {"F16": TRAINED / "target.gguf", "dflash": TRAINED / "dflash.gguf", "dflash2": TRAINED / "dflash2.gguf"}
+        return {"F16": TRAINED / "target.gguf", **drafters}
+    if pair == "memory-bound":
+        from benchmarks.regimes import memory_bound_target
+
+        return {"F16": memory_bound_target(TRAINED / "target.gguf", TRAINED.parents[1] / "bench" / "memory-bound"),
+                **drafters}
     return smollm2_ggufs()

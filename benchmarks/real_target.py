@@ -118,7 +118,7 @@ def real_section(progress: Progress, backend: str = "cpu", repeats: int = 1, typ
                  drafters=DRAFTERS, n_prompts: int | None = None) -> dict:
     from dflash_gguf.runner.build import find_bin_dir
     from dflash_gguf.runner.prompts import read_prompts
-    from tests.fixtures.smollm2 import EVAL_PROMPTS, smollm2_ggufs
+    from training.fixtures.smollm2 import EVAL_PROMPTS, smollm2_ggufs
 
     started = time.perf_counter()
     bin_dir = find_bin_dir(backend)

@@ -73,7 +73,7 @@ def measure(target: Path, draft: Path, prompts: list[str], n_predict: int, round
 
 def main(argv: list[str] | None = None) -> None:
     from dflash_gguf.runner.prompts import read_prompts
-    from tests.fixtures.trained_gguf import trained_ggufs
+    from training.fixtures.trained_gguf import trained_ggufs
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", type=Path, default=None, help="another target GGUF (default: the trained pair's)")

@@ -27,8 +27,8 @@ from pathlib import Path
 from dflash_gguf.runner.prompts import read_prompts
 from dflash_gguf.validation.validate import ValidationSettings
 from dflash_gguf.validation.validate_sampled import Sampling, validate_distribution
-from tests.fixtures.trained_gguf import trained_ggufs
-from tests.gguf_edit import scaled_copy
+from training.fixtures.trained_gguf import trained_ggufs
+from training.fixtures.gguf_edit import scaled_copy
 
 TEMPERATURE = 0.6
 SHIFT = 1.3

@@ -12,7 +12,7 @@ import click
 from dflash_gguf.errors import GGUFFormatError, OptionError
 from dflash_gguf.gguf.compat import check_drafter
 from dflash_gguf.gguf.describe import describe
-from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.reader import GGUFFile
 from dflash_gguf.gguf.target import load_target
 from dflash_gguf.hub import resolve as hub
 from dflash_gguf.hub.model_param import ModelParam

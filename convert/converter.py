@@ -21,11 +21,12 @@ from dflash_gguf.gguf import config_values as cv
 from dflash_gguf.gguf import layout
 from dflash_gguf.gguf.checkpoint import Checkpoint, DrafterCheckpoint
 from dflash_gguf.gguf.compat import DrafterFacts, check_dflash2_shapes, check_fits_target
-from dflash_gguf.gguf.file import FileSpan, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
+from dflash_gguf.gguf.format import FileSpan, TensorInfo
 from dflash_gguf.gguf.keys import ARCH, DFlash, General, Tokenizer
 from dflash_gguf.gguf.quantized import FP8
 from dflash_gguf.gguf.safetensors_file import StoredTensor, iter_row_chunks, iter_spans, to_float32
 from dflash_gguf.gguf.target import TargetInfo, load_target
+from dflash_gguf.gguf.writer import GGUFPlan, PlannedTensor, kv_from_writer, write_gguf
 from dflash_gguf.hashing import hash_files
 from dflash_gguf.hub import resolve as hub
 from dflash_gguf.licenses import License, license_from_folder, with_override

@@ -19,9 +19,11 @@ from dflash_gguf.gguf import config_values as cv
 from dflash_gguf.gguf import layout
 from dflash_gguf.gguf.compat import check_fits_target
 from dflash_gguf.gguf.describe import describe
-from dflash_gguf.gguf.file import FileSpan, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, kv_from_writer, write_gguf
+from dflash_gguf.gguf.format import TensorInfo
 from dflash_gguf.gguf.keys import ARCH, LEGACY_ARCH, DFlash, General, Legacy, Tokenizer
+from dflash_gguf.gguf.reader import GGUFFile
 from dflash_gguf.gguf.target import TargetInfo
+from dflash_gguf.gguf.writer import GGUFPlan, PlannedTensor, kv_from_writer, write_gguf
 
 
 def is_legacy(gguf_file: GGUFFile) -> bool:
@@ -54,8 +56,8 @@ def legacy_values(src: GGUFFile) -> dict[str, Any]:
 
 
 def _copy(src: GGUFFile, name: str):
-    info = src.tensors[name]
-    return lambda: [FileSpan(src.path, src.data_offset + info.offset, info.nbytes, src.opened_file)]
+    span = src.tensor_span(name)
+    return lambda: [span]
 
 
 def plan_migration(src: GGUFFile, target: TargetInfo | None = None) -> tuple[GGUFPlan, list[str]]:

@@ -10,7 +10,6 @@ Hugging Face folder's safetensors.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
@@ -22,7 +21,7 @@ from gguf import GGMLQuantizationType as QT
 from dflash_gguf.errors import CheckpointError, TargetError
 from dflash_gguf.gguf import config_values as cv
 from dflash_gguf.gguf.checkpoint import MASK_EMBEDDING_NAME, Checkpoint, DrafterCheckpoint
-from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.reader import GGUFFile
 from dflash_gguf.gguf.safetensors_file import StoredTensor, iter_row_chunks, to_float32
 from dflash_gguf.gguf.torch_file import TorchTensor, load_torch_file
 
@@ -55,29 +54,21 @@ class GGUFRows:
         return _GGUF_FLOATS[self.qtype][0] if self.qtype in _GGUF_FLOATS else "F32"
 
     def iter_rows(self, rows_per_chunk: int = 4096) -> Iterator[np.ndarray]:
-        with GGUFFile(self.file) as f:
-            start, nbytes = f.data_offset + f.tensors[self.name].offset, f.tensors[self.name].nbytes
         n_rows = self.shape[0]
-        row_bytes = nbytes // n_rows
-        fd = os.open(self.file, os.O_RDONLY)
-        try:
+        with GGUFFile(self.file) as f:
             for first in range(0, n_rows, rows_per_chunk):
                 count = min(rows_per_chunk, n_rows - first)
-                raw = np.frombuffer(os.pread(fd, count * row_bytes, start + first * row_bytes), dtype=np.uint8)
-                if raw.size != count * row_bytes:
-                    raise TargetError(f"{self.file}: tensor {self.name!r} is cut short: truncated file")
+                raw = f.tensor_rows(self.name, first, count)
                 if self.qtype in _GGUF_FLOATS:
                     yield raw.view(_GGUF_FLOATS[self.qtype][1]).reshape(count, -1)
                 else:
                     try:
-                        rows = gguf.quants.dequantize(raw.reshape(count, row_bytes), self.qtype)
+                        rows = gguf.quants.dequantize(raw, self.qtype)
                     except NotImplementedError:
                         raise TargetError(
                             f"{self.file}: {self.name} is {self.qtype.name}, which gguf-py cannot dequantize; "
                             "give a target GGUF with F16/BF16/Q8_0 embeddings or its HF folder") from None
                     yield rows.reshape(count, -1)
-        finally:
-            os.close(fd)
 
 
 @dataclass(frozen=True)

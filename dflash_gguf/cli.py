@@ -95,7 +95,8 @@ class _Group(click.Group):
             click.echo(f"interrupted ({signal_name(status)})", err=True)
             sys.exit(status)
         except DflashError as err:
-            click.echo(f"error: {_one_line(str(err))}", err=True)
+            for problem in getattr(err, "problems", None) or [str(err)]:  # OptionErrors: one line each
+                click.echo(f"error: {_one_line(problem)}", err=True)
             sys.exit(err.exit_code)
         except BrokenPipeError:  # `dflash-gguf inspect --json x | head`: the reader left, as click treats it
             sys.stdout = open(os.devnull, "w")

@@ -5,6 +5,8 @@ its `exit_code`: 2 for every class here. The message names the file or option, t
 
     DflashError          the base: catch it to catch them all
     OptionError          options that do not go together, or an option's value out of its range
+      OptionErrors       several such problems found at once (a command's settings, dflash_gguf/settings.py):
+                         the command line prints each on a line of its own
       ServerArgsError    llama-server arguments after `--` that the runner manages, or malformed
     InputError           an input (a file, a prompt) cannot be read as one: missing, not a regular
                          file, too large, empty
@@ -41,6 +43,14 @@ class DflashError(Exception):
 
 class OptionError(DflashError):
     """Options that do not go together, or an option's value out of its range."""
+
+
+class OptionErrors(OptionError):
+    """Every problem a command's settings have, found in one check: one line each."""
+
+    def __init__(self, problems):
+        self.problems = tuple(problems)
+        super().__init__("; ".join(self.problems))
 
 
 class ServerArgsError(OptionError):

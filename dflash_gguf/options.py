@@ -14,12 +14,14 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
 from .errors import ServerArgsError
 from .hub.model_param import ModelParam
+from .settings import Settings, option
 
 # Facts the options state, owned here so that the base needs nothing above it (runner/ imports them)
 BACKENDS = ("cpu", "cuda", "metal")  # the patched llama.cpp builds runner/build.py makes
@@ -229,6 +231,23 @@ def server_options(f):
     ]):
         f = option(f)
     return f
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings(Settings):
+    """The fields `build_options` and `server_options` give, and the arguments after `--`: the base of the
+    settings of a command that starts llama-server (dflash_gguf/settings.py)."""
+
+    backend: str | None = None
+    llama_bin: Path | None = None
+    host: str | None = None
+    port: int | None = None
+    parallel: int | None = None
+    draft_max: int | str | None = None
+    log_path: Path | None = option("--log")
+    startup_timeout: float = STARTUP_TIMEOUT
+    rpc: str | None = None
+    server_args: tuple[str, ...] = ()
 
 
 class ServerArgsCommand(click.Command):

@@ -24,7 +24,7 @@ from dflash_gguf.runner.prompts import read_prompts
 from dflash_gguf.runner.speed import shown
 from dflash_gguf.runner.speed_verdict import speed_verdict
 from dflash_gguf.validation.validate_cli import exactness
-from tests.fixtures.smollm2 import COMMITTED, DRAFTERS, EVAL_PROMPTS, smollm2_ggufs
+from training.fixtures.smollm2 import COMMITTED, DRAFTERS, EVAL_PROMPTS, smollm2_ggufs
 
 OUT = Path("build/demo")
 # F16: validate's verdict on quantized targets is not yet reliable (its teacher-forced pass flags

@@ -27,8 +27,8 @@ from gguf import GGMLQuantizationType as QT
 from dflash_gguf.errors import LicenseError
 from dflash_gguf.errors import QuantizeError
 from dflash_gguf.gguf.describe import describe
-from dflash_gguf.gguf.file import GGUFFile
 from dflash_gguf.gguf.license import license_from_gguf
+from dflash_gguf.gguf.reader import GGUFFile
 from dflash_gguf.licenses import Kind
 from dflash_gguf.outputs import Input, Output, check_outputs, named_for, partial_name
 from dflash_gguf.runner.build import find_bin_dir, runtime_env

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import click
 
-from dflash_gguf.errors import OptionError
 from dflash_gguf.hub.model_param import ModelParam
-from dflash_gguf.hub.resolve import HubRef
 from dflash_gguf.options import (ServerArgsCommand, build_options, exact_option, force_option, json_option, license_option,
                        out_option, quantize_threads_option, target_option)
 from dflash_gguf.quantize.cli import mib, progress, recipe_option
 from dflash_gguf.quantize.quantize import ALL_TYPES
+from dflash_gguf.settings import settings_command
 from dflash_gguf.terminal import say
 from .publish import publish as publish_folder
 from .push import push_release
+from .release import ReleaseSettings
 from .release import release as build_release
 from .sidecar import release_into
 
@@ -55,10 +55,8 @@ from .sidecar import release_into
 @force_option
 @exact_option
 @json_option
-def release(draft_dir: Path | HubRef, target: Path | HubRef | None, types: str, out_dir: Path | None,
-            push_repo: str | None, into_repo: str | None, license_id: str | None, target_license_id: str | None, name: str | None,
-            base_model: str | None, recipe: str, skip_validate: bool, backend: str | None, llama_bin: Path | None,
-            quantize_threads: int | None, force: bool, exact: bool, as_json: bool, server_args: tuple[str, ...]) -> None:
+@settings_command(ReleaseSettings)
+def release(settings: ReleaseSettings) -> None:
     """Build a release folder: every variant, a model card and the license files.
 
     Converts DRAFT_DIR (a checkpoint folder, or its Hub repo id owner/name[@revision]) against
@@ -102,38 +100,24 @@ def release(draft_dir: Path | HubRef, target: Path | HubRef | None, types: str, 
       dflash-gguf release z-lab/Qwen3-8B-DFlash-b16 --into my-org/Qwen3-8B-GGUF --types Q8_0,Q4_K_M
     """
 
-    options = dict(license_id=license_id, target_license_id=target_license_id, base_model=base_model,
-                   recipe=recipe, skip_validate=skip_validate, backend=backend, llama_bin=llama_bin,
-                   threads=quantize_threads, server_args=server_args, progress=progress, exact=exact)
-    if into_repo is not None:
-        if push_repo is not None:
-            raise OptionError("--into and --push: give one (--into adds to the target's GGUF repository, "
-                              "--push makes a repository of the release)")
-
-        placed = release_into(draft_dir, into_repo, types, target=target, out_dir=out_dir, force=force, name=name,
-                              **options)
-        _report_upload(placed, into_repo, as_json, placed.files,
+    if settings.into_repo is not None:
+        placed = release_into(settings, progress=progress)
+        _report_upload(placed, settings.into_repo, settings.as_json, placed.files,
                        [f"{path} removed (an earlier variant this release does not have)" for path in placed.removed])
         return
-    if target is None:
-        raise OptionError("--target/-t: give the target model (its GGUF, its folder or a Hub repo id); "
-                          "only --into finds it by itself")
-    options["name"] = name
-    if push_repo is not None:
-
-        pushed = push_release(draft_dir, target, types, push_repo, out_dir=out_dir, force=force, **options)
-        _report_upload(pushed, push_repo, as_json, [f["path"] for f in pushed.publish.files] if pushed.publish else [])
+    if settings.push_repo is not None:
+        pushed = push_release(settings, progress=progress)
+        _report_upload(pushed, settings.push_repo, settings.as_json,
+                       [f["path"] for f in pushed.publish.files] if pushed.publish else [])
         return
-    if out_dir is None:
-        raise OptionError("-o/--out: give the release folder to write (or --push ORG/NAME to upload it)")
-    r = build_release(draft_dir, target, types, out_dir, force=force, **options)
+    r = build_release(settings, progress=progress)
     for message in r.warnings:
         say(f"warning: {message}", err=True)
-    if as_json:
+    if settings.as_json:
         click.echo(json.dumps(r.to_dict(), indent=2))
         return
     license_label = r.license.get("license_name") or r.license["license"]
-    say(f"wrote {out_dir} in {r.seconds:.1f} s  (license {license_label})")
+    say(f"wrote {settings.out_dir} in {r.seconds:.1f} s  (license {license_label})")
     for v in r.variants:
         note = v.validation.get("note", "")
         say(f"  {v.file:<48} {mib(v.bytes):>10}  {v.recipe or '-':<12} {note}")

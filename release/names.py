@@ -10,9 +10,9 @@ from dflash_gguf.confined_reader import find_in
 from dflash_gguf.errors import InputError, ReleaseError
 from dflash_gguf.gguf import config_values as cv
 from dflash_gguf.gguf import layout
-from dflash_gguf.gguf.file import GGUFFile
 from dflash_gguf.gguf.keys import General
 from dflash_gguf.gguf.license import license_from_gguf
+from dflash_gguf.gguf.reader import GGUFFile
 from dflash_gguf.gguf.target import TargetInfo, load_target
 from dflash_gguf.hub import resolve as hub
 from dflash_gguf.hub.names import QUANT_SUFFIX, is_repo_id

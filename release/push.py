@@ -11,6 +11,7 @@ publish.py. `force` redoes it regardless.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import tempfile
@@ -27,7 +28,7 @@ from dflash_gguf.hub.names import commit_id
 from dflash_gguf.licenses import read_text, split_front_matter
 from .card import PROVENANCE_KEY, ReleaseResult
 from .publish import PublishResult, check_repo_id, publish, require_token
-from .release import parse_types, release
+from .release import ReleaseSettings, parse_types, release
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +107,14 @@ def warn_before_publishing(built) -> None:
         log.warning("%s", message)
 
 
-def push_release(draft, target, types: str, repo: str, *, out_dir: Path | None = None, force: bool = False,
-                 private: bool = False, **release_options) -> PushResult:
-    """Release `draft` for `target` to the Hub repository `repo` in one commit, unless it is there."""
+def push_release(settings: ReleaseSettings, *, private: bool = False, progress=None) -> PushResult:
+    """Release the drafter for its target to the Hub repository `settings.push_repo` in one commit,
+    unless it is there."""
+    repo, force, out_dir = settings.push_repo, settings.force, settings.out_dir
     check_repo_id(repo)
     require_token()
-    wanted = parse_types(types)
-    sources, draft, target = planned_sources(draft, target)
+    wanted = parse_types(settings.types)
+    sources, draft, target = planned_sources(settings.draft_dir, settings.target)
     if not force:
         reason = same_release(published_provenance(repo), sources, wanted)
         if reason:
@@ -122,7 +124,8 @@ def push_release(draft, target, types: str, repo: str, *, out_dir: Path | None =
         scratch = Path(tempfile.mkdtemp(prefix="dflash-gguf-release-"))
         out_dir = scratch / "release"
     try:
-        built = release(draft, target, wanted, out_dir, force=force, **release_options)
+        built = release(dataclasses.replace(settings, draft_dir=draft, target=target, types=wanted, out_dir=out_dir),
+                        progress=progress)
         warn_before_publishing(built)
         message = (f"dflash-gguf {__version__}: " + ", ".join(
             f"{role} {s['repo']}@{s['revision'][:12]}" for role, s in sources.items() if "revision" in s))

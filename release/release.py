@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator, Sequence
 
 from dflash_gguf.convert.converter import convert
 from dflash_gguf.errors import ReleaseError
@@ -34,9 +35,11 @@ from dflash_gguf.gguf.llama_support import support_of
 from dflash_gguf.gguf.target import TargetInfo
 from dflash_gguf.hub import resolve as hub
 from dflash_gguf.hub.names import check_repo_id
+from dflash_gguf.hub.resolve import HubRef
 from dflash_gguf.outputs import Input, Output, check_outputs
 from dflash_gguf.owned_folder import built_beside, check_destination
 from dflash_gguf.secrets import refuse_secrets
+from dflash_gguf.settings import Settings, option, refusal
 from dflash_gguf.quantize.quantize import (DEFAULT_RECIPE, FLOAT_TYPES, Recipe, find_llama_quantize, get_recipe, parse_type,
                                  quantize)
 from dflash_gguf.hashing import sha256_file
@@ -135,20 +138,62 @@ class _Settled:
         return License(card["license"], "the release's card", card.get("license_name"), card.get("license_link"))
 
 
-def _check_request(draft_dir: str | Path, target: str | Path, out_dir: Path, types: str | list[str], recipe: str,
-                   skip_validate: bool, server_args: tuple[str, ...] | list[str], llama_bin: Path | None,
-                   force: bool) -> tuple[list[str], Recipe]:
-    """Refuse a request that cannot succeed before any work: (the types wanted, the recipe)."""
-    wanted = parse_types(types)
-    rec = get_recipe(recipe)
-    if server_args and skip_validate:
-        raise ReleaseError("llama-server arguments after -- are for validating the variants; "
-                           "--skip-validate runs no server")
-    parse_server_args(server_args)  # refuse what the runner manages before any work
+@dataclass(frozen=True, kw_only=True)
+class ReleaseSettings(Settings):
+    """`dflash-gguf release`'s options, checked together as they are built (dflash_gguf/settings.py).
+    `release()` takes them; `--push` (push.py) and `--into` (sidecar.py) pass them on, settling the
+    target, the folder and the name."""
+
+    draft_dir: str | Path | HubRef
+    target: str | Path | HubRef | TargetInfo | None = None
+    types: str | Sequence[str]
+    out_dir: str | Path | None = None
+    push_repo: str | None = option("--push")
+    into_repo: str | None = option("--into")
+    license_id: str | None = option("--license")
+    target_license_id: str | None = None
+    name: str | None = None
+    base_model: str | None = None
+    recipe: str = DEFAULT_RECIPE
+    skip_validate: bool = False
+    backend: str | None = None
+    llama_bin: Path | None = None
+    quantize_threads: int | None = None
+    force: bool = False
+    exact: bool = False                    # validate as `validate --exact` does
+    as_json: bool = option("--json", False)
+    server_args: Sequence[str] = ()        # to llama-server in each validation, as after `validate --`
+
+    def problems(self) -> Iterator[str]:
+        if self.into_repo is not None and self.push_repo is not None:
+            yield ("--into and --push: give one (--into adds to the target's GGUF repository, --push makes a "
+                   "repository of the release)")
+        if self.target is None and self.into_repo is None:
+            yield ("--target/-t: give the target model (its GGUF, its folder or a Hub repo id); only --into finds "
+                   "it by itself")
+        if self.out_dir is None and self.push_repo is None and self.into_repo is None:
+            yield "-o/--out: give the release folder to write (or --push ORG/NAME to upload it)"
+        yield from refusal(parse_types, self.types)
+        yield from refusal(get_recipe, self.recipe)
+        if self.server_args and self.skip_validate:
+            yield ("llama-server arguments after -- are for validating the variants; --skip-validate runs no "
+                   "server")
+        yield from refusal(parse_server_args, self.server_args)  # what the runner manages, before any work
+
+    def validation(self) -> ValidationSettings | None:
+        """How each variant is validated: on the release's build, with its llama-server arguments."""
+        if self.skip_validate:
+            return None
+        return ValidationSettings(backend=self.backend, llama_bin=self.llama_bin, server_args=list(self.server_args),
+                                  exact=self.exact)
+
+
+def _check_outputs(settings: ReleaseSettings, out_dir: Path) -> None:
+    """Refuse a folder the release may not be written to, before any work."""
     check_outputs([Output(out_dir, "-o", folder=True)],
-                  [Input(draft_dir, "DRAFT_DIR"), Input(target, "--target"), Input(llama_bin, "--llama-bin")])
-    check_destination(out_dir, force, "release")
-    return wanted, rec
+                  [Input(settings.draft_dir, "DRAFT_DIR"), Input(settings.target, "--target"),
+                   Input(settings.llama_bin, "--llama-bin")])
+    check_destination(out_dir, settings.force, "release")
 
 
 def _read_sources(draft_dir: str | Path, target: str | Path) -> tuple[Path, Path | TargetInfo]:
@@ -232,35 +277,27 @@ def _make_variants(making: _Making, settled: _Settled, wanted: list[str], folder
     return _Made(variants, drafter, sources, list(planned.warnings))
 
 
-def release(draft_dir: str | Path, target: str | Path, types: str | list[str], out_dir: str | Path, *,
-            license_id: str | None = None, target_license_id: str | None = None, name: str | None = None,
-            base_model: str | None = None, recipe: str = DEFAULT_RECIPE, skip_validate: bool = False,
-            backend: str | None = None, llama_bin: Path | None = None, threads: int | None = None,
-            force: bool = False, server_args: tuple[str, ...] | list[str] = (),
-            progress: Progress | None = None, sidecar_of: str | None = None,
-            sidecar_quant: str | None = None, exact: bool = False) -> ReleaseResult:
-    """Convert, quantize, validate and describe one drafter as a release folder at `out_dir`.
-    `backend` / `llama_bin` choose the llama.cpp build that quantizes and validates; `server_args`
-    go to llama-server in each validation, as after `validate --`. `sidecar_of` / `sidecar_quant`:
-    the GGUF repository (and its quant) the variants will sit in, for the card (sidecar.py). `exact`:
-    validate as `validate --exact` does."""
+def release(settings: ReleaseSettings, *, progress: Progress | None = None, sidecar_of: str | None = None,
+            sidecar_quant: str | None = None) -> ReleaseResult:
+    """Convert, quantize, validate and describe one drafter as a release folder at `settings.out_dir`.
+    Its backend / llama_bin choose the llama.cpp build that quantizes and validates. `sidecar_of` /
+    `sidecar_quant`: the GGUF repository (and its quant) the variants will sit in, for the card (sidecar.py)."""
     started = time.perf_counter()
     say = progress or (lambda _msg: None)
-    shown = str(out_dir)
-    out_dir = Path(os.path.abspath(out_dir))
-    wanted, rec = _check_request(draft_dir, target, out_dir, types, recipe, skip_validate, server_args, llama_bin,
-                                 force)
-    draft_dir, target = _read_sources(draft_dir, target)
-    settled = _settle_names_and_terms(draft_dir, target, name, base_model, license_id, target_license_id)
+    shown = str(settings.out_dir)
+    out_dir = Path(os.path.abspath(settings.out_dir))
+    _check_outputs(settings, out_dir)
+    wanted, rec = parse_types(settings.types), get_recipe(settings.recipe)
+    draft_dir, target = _read_sources(settings.draft_dir, settings.target)
+    settled = _settle_names_and_terms(draft_dir, target, settings.name, settings.base_model, settings.license_id,
+                                      settings.target_license_id)
     if any(t not in FLOAT_TYPES for t in wanted):
-        find_llama_quantize(llama_bin, backend)  # fail now, not after the conversion
+        find_llama_quantize(settings.llama_bin, settings.backend)  # fail now, not after the conversion
 
-    validation = (None if skip_validate
-                  else ValidationSettings(backend=backend, llama_bin=llama_bin, server_args=list(server_args),
-                                          exact=exact))
-    making = _Making(draft_dir, target, rec, backend, llama_bin, threads, validation)
+    making = _Making(draft_dir, target, rec, settings.backend, settings.llama_bin, settings.quantize_threads,
+                     settings.validation())
 
-    with built_beside(out_dir, force=force, command="release") as folder:
+    with built_beside(out_dir, force=settings.force, command="release") as folder:
         made = _make_variants(making, settled, wanted, folder, say)
         runs_on = support_of(made.drafter)
         if not runs_on.stock:

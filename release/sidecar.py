@@ -17,6 +17,7 @@ upload, ours included), the same types and dflash-gguf version mean there is not
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 import re
 import shutil
@@ -33,7 +34,7 @@ from .card import PROVENANCE_KEY, ReleaseResult
 from .names import QUANT_SUFFIX, safe_name, variant_file
 from .publish import PublishResult, Upload, check_repo_id, commit_files, plan_upload, require_token
 from .push import planned_sources, same_release, warn_before_publishing
-from .release import parse_types, release
+from .release import ReleaseSettings, parse_types, release
 
 # The quant llama.cpp's -hf takes when none is named (find_best_model): these, else the first model file.
 DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")
@@ -146,20 +147,19 @@ def _sidecar_card(text: str) -> str:
     return _GGUF_LINK.sub(r"](../\1)", text)
 
 
-def release_into(draft, into: str, types: str, *, target=None, revision: str | None = None,
-                 out_dir: Path | None = None, force: bool = False, name: str | None = None,
-                 **release_options) -> SidecarResult:
-    """Release `draft` into the GGUF repository `into`, beside its quants, in one commit."""
+def release_into(settings: ReleaseSettings, *, revision: str | None = None, progress=None) -> SidecarResult:
+    """Release the drafter into the GGUF repository `settings.into_repo`, beside its quants, in one commit."""
+    into, force, name = settings.into_repo, settings.force, settings.name
     check_repo_id(into)
     require_token()
-    wanted = parse_types(types)
+    wanted = parse_types(settings.types)
     files = _listing(into, revision)
     models = model_files(files)
     if not models:
         raise ReleaseError(f"--into {into}: the repository holds no model GGUF to place a drafter beside")
     folder = placement_folder(models)
-    target = _target_for(into, revision, target, files)
-    sources, draft, target = planned_sources(draft, target)
+    target = _target_for(into, revision, settings.target, files)
+    sources, draft, target = planned_sources(settings.draft_dir, target)
     target_ref = target if isinstance(target, hub.HubRef) else None
     file_name = posixpath.basename(target_ref.path) if target_ref else Path(target).name
     stem = Path(file_name).stem
@@ -175,9 +175,10 @@ def release_into(draft, into: str, types: str, *, target=None, revision: str | N
 
     scratch = Path(tempfile.mkdtemp(prefix="dflash-gguf-sidecar-"))
     try:
-        out = out_dir or scratch / "release"
-        built = release(draft, target, wanted, out, force=force, name=label, sidecar_of=into,
-                        sidecar_quant=quant.group(1).upper() if quant else None, **release_options)
+        out = settings.out_dir or scratch / "release"
+        built = release(dataclasses.replace(settings, draft_dir=draft, target=target, types=wanted, out_dir=out,
+                                            name=label),
+                        progress=progress, sidecar_of=into, sidecar_quant=quant.group(1).upper() if quant else None)
         warn_before_publishing(built)
         uploads, _ = plan_upload(out)  # the checks `publish` makes: license, listing, nothing leading out
         card_dir = sidecar_card_folder(folder, built.file_prefix, label)

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import click
 
 from dflash_gguf.errors import OptionError, ServerError
 from dflash_gguf.hub import resolve as hub
+from dflash_gguf.hub.resolve import HubRef
 from dflash_gguf.options import (
     ServerArgsCommand,
+    ServerSettings,
     build_options,
     draft_option,
     exact_option,
@@ -23,6 +27,7 @@ from dflash_gguf.options import (
     temperature_option,
 )
 from dflash_gguf.outputs import Input, Output, Replace, check_outputs
+from dflash_gguf.settings import option, refusal, settings_command
 from . import tuned_settings as tuned
 from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient, Metrics, is_server_url
@@ -182,6 +187,30 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+@dataclass(frozen=True, kw_only=True)
+class GenerateSettings(ServerSettings):
+    """`dflash-gguf generate`'s options: a running server's --url, or the pair to start one (ServerSettings)."""
+
+    prompts: tuple[str, ...]
+    url: str | None = None
+    target: Path | HubRef | None = None
+    draft: Path | None = None
+    n_predict: int
+    temperature: float
+    seed: int | None = None
+    request_timeout: float = option("--timeout")
+    as_json: bool = option("--json", False)
+
+    def problems(self) -> Iterator[str]:
+        if self.url is not None and (self.target is not None or self.draft is not None or self.server_args
+                                     or self.rpc):
+            yield ("generate: give either --url of a running server, or --target and --draft (and llama-server "
+                   "arguments after --) to start one, not both")
+        if self.url is None and (self.target is None or self.draft is None):
+            yield "generate: give --url of a running server, or --target and --draft to start one"
+        yield from refusal(with_rpc, self.rpc, self.server_args)
+
+
 @click.command("generate", cls=ServerArgsCommand)
 @click.argument("prompts", nargs=-1, required=True, metavar="PROMPT...")
 @click.option("--url", default=None, help="A running llama-server (e.g. from `dflash-gguf serve`).")
@@ -195,12 +224,8 @@ def _pct(x: float | None) -> str:
 @json_option
 @build_options
 @server_options
-def generate(prompts: tuple[str, ...], url: str | None, target: Path | None, draft: Path | None,
-             n_predict: int, temperature: float, seed: int | None, request_timeout: float, as_json: bool,
-             backend: str | None,
-             llama_bin: Path | None, host: str | None, port: int | None, parallel: int | None,
-             draft_max: int | None, log_path: Path | None, startup_timeout: float, rpc: str | None,
-             server_args: tuple[str, ...]) -> None:
+@settings_command(GenerateSettings)
+def generate(settings: GenerateSettings) -> None:
     """Complete each PROMPT and report how many drafted tokens the target accepted.
 
     \b
@@ -215,20 +240,13 @@ def generate(prompts: tuple[str, ...], url: str | None, target: Path | None, dra
       dflash-gguf generate -t t.gguf -d d.gguf "The capital of France is" -n 32 -- -c 4096
       dflash-gguf generate --url http://127.0.0.1:8080 --json "Hello" "Write a haiku"
     """
-    if url is not None and (target is not None or draft is not None or server_args or rpc):
-        raise OptionError("generate: give either --url of a running server, or --target and --draft "
-                          "(and llama-server arguments after --) to start one, not both")
-    if url is None and (target is None or draft is None):
-        raise OptionError("generate: give --url of a running server, or --target and --draft to start one")
-    server_args = with_rpc(rpc, server_args)
-
     def run(client: LlamaClient) -> dict:
         before = _metrics(client)
         results = []
-        for prompt in prompts:
-            c = client.complete(prompt, n_predict, temperature=temperature, seed=seed)
+        for prompt in settings.prompts:
+            c = client.complete(prompt, settings.n_predict, temperature=settings.temperature, seed=settings.seed)
             results.append(_result(prompt, c))
-            if not as_json:
+            if not settings.as_json:
                 click.echo(c.content)
                 click.echo(f"[{c.n_predicted} tokens, drafted {c.draft_n}, accepted {c.draft_n_accepted} "
                            f"({_pct(c.acceptance)})" + (f", {c.tokens_per_second:.1f} tok/s]"
@@ -237,22 +255,24 @@ def generate(prompts: tuple[str, ...], url: str | None, target: Path | None, dra
         run_metrics = after.since(before).summary() if after is not None and before is not None else None
         return {"url": client.url, "results": results, "metrics": run_metrics}
 
-    if url is not None:
-        report = run(LlamaClient(_checked_url(url), timeout=request_timeout))
+    if settings.url is not None:
+        report = run(LlamaClient(_checked_url(settings.url), timeout=settings.request_timeout))
         report["server"] = None
     else:
-        _, server = _start(target, draft, backend=backend, llama_bin=llama_bin, host=host, port=port,
-                           parallel=parallel, draft_max=draft_max, log_path=log_path,
-                           startup_timeout=startup_timeout, server_args=server_args,
-                           request_timeout=request_timeout)
+        _, server = _start(settings.target, settings.draft, backend=settings.backend, llama_bin=settings.llama_bin,
+                           host=settings.host, port=settings.port, parallel=settings.parallel,
+                           draft_max=settings.draft_max, log_path=settings.log_path,
+                           startup_timeout=settings.startup_timeout,
+                           server_args=with_rpc(settings.rpc, settings.server_args),
+                           request_timeout=settings.request_timeout)
         with stop_on_signals(), server:
             report = run(server.client)
-            report["server"] = {"target": str(target), "draft": str(draft), "args": server.args}
+            report["server"] = {"target": str(settings.target), "draft": str(settings.draft), "args": server.args}
     drafted = sum(r["draft_n"] for r in report["results"])
     accepted = sum(r["draft_n_accepted"] for r in report["results"])
     report["draft_n"], report["draft_n_accepted"] = drafted, accepted
     report["acceptance"] = accepted / drafted if drafted else None
-    if as_json:
+    if settings.as_json:
         click.echo(json.dumps(report, indent=2, ensure_ascii=False))
         return
     m = report["metrics"]

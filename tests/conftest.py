@@ -87,7 +87,7 @@ def llama_bin() -> Path:
 def converted(fixtures: Path, target_gguf: Path, tmp_path_factory) -> dict[str, Path]:
     """Every fixture drafter converted for the tiny target by the real command line, default outtype
     (auto: BF16, as the checkpoints are bf16)."""
-    from tests.fixtures.tiny_models import DRAFTERS
+    from training.fixtures.tiny_models import DRAFTERS
 
     folder = tmp_path_factory.mktemp("converted")
     out = {}
@@ -100,7 +100,7 @@ def converted(fixtures: Path, target_gguf: Path, tmp_path_factory) -> dict[str, 
 
 @pytest.fixture(scope="session")
 def fixtures() -> Path:
-    from tests.fixtures.tiny_models import cached_fixtures
+    from training.fixtures.tiny_models import cached_fixtures
 
     return cached_fixtures()
 
@@ -108,7 +108,7 @@ def fixtures() -> Path:
 @pytest.fixture(scope="session")
 def target_gguf(fixtures: Path) -> Path:
     """The tiny target converted by the pinned upstream converter (cached beside the fixtures)."""
-    from tests.upstream import cached_target_gguf
+    from training.fixtures.upstream import cached_target_gguf
 
     return cached_target_gguf("f16")
 
@@ -116,7 +116,7 @@ def target_gguf(fixtures: Path) -> Path:
 @pytest.fixture(scope="session")
 def upstream_gguf(fixtures: Path, tmp_path_factory):
     """upstream_gguf(drafter, outtype): the pinned converter's output for a fixture drafter."""
-    from tests.upstream import run_upstream_converter
+    from training.fixtures.upstream import run_upstream_converter
 
     made: dict[tuple[str, str], Path] = {}
     folder = tmp_path_factory.mktemp("upstream")
@@ -153,17 +153,17 @@ def drafter_copy(fixtures: Path, tmp_path: Path):
 @pytest.fixture(scope="session")
 def smollm2(tmp_path_factory, llama_bin) -> dict[str, Path]:
     """SmolLM2-135M-Instruct's targets (Q4_1 as shipped, F16, Q8_0, Q4_K_M) and its committed
-    drafters (dflash, dflash2) as GGUF files (tests/fixtures/smollm2.py; the targets are cached)."""
-    from tests.fixtures.smollm2 import smollm2_ggufs
+    drafters (dflash, dflash2) as GGUF files (training/fixtures/smollm2.py; the targets are cached)."""
+    from training.fixtures.smollm2 import smollm2_ggufs
 
     return smollm2_ggufs(tmp_path_factory.mktemp("smollm2"), llama_bin)
 
 
 @pytest.fixture(scope="session")
 def smollm2_finetune(tmp_path_factory, llama_bin) -> dict[str, Path]:
-    """The SmolLM2 fine-tune that answers like a pirate, F16 and Q4_K_M (tests/fixtures/
+    """The SmolLM2 fine-tune that answers like a pirate, F16 and Q4_K_M (training/fixtures/
     smollm2_finetune.py; made once into the cache, about 5 minutes)."""
-    from tests.fixtures.smollm2 import finetune_ggufs
+    from training.fixtures.smollm2 import finetune_ggufs
 
     return finetune_ggufs(tmp_path_factory.mktemp("smollm2-finetune"), llama_bin)
 
@@ -171,20 +171,20 @@ def smollm2_finetune(tmp_path_factory, llama_bin) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def trained_pair(tmp_path_factory, llama_bin) -> dict[str, Path]:
     """The committed trained pair as GGUF files: target, dflash, dflash2 and prompts (held-out)."""
-    from tests.fixtures.trained_gguf import trained_ggufs
+    from training.fixtures.trained_gguf import trained_ggufs
 
     return trained_ggufs(tmp_path_factory.mktemp("trained"))
 
 
 @pytest.fixture(scope="session")
 def family():
-    """family(arch): build/fixtures/families/<arch>/ of the target-family zoo (tests/fixtures/
+    """family(arch): build/fixtures/families/<arch>/ of the target-family zoo (training/fixtures/
     families.py; built into the cache on first use, target-Q4_K_M.gguf only once the patched
     llama.cpp is built), skipping a family whose target could not be built or converted, with the
     error line its status.json records."""
     import json
 
-    from tests.fixtures.families import STATUS, family_folder
+    from training.fixtures.families import STATUS, family_folder
 
     def get(arch: str) -> Path:
         folder = family_folder(arch)

@@ -8,8 +8,10 @@ from pathlib import Path
 from gguf import GGUFValueType
 
 from dflash_gguf.gguf import layout
+from dflash_gguf.gguf.format import KV, TensorInfo
 from dflash_gguf.gguf.keys import ARCH, LEGACY_ARCH
-from dflash_gguf.gguf.file import KV, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
+from dflash_gguf.gguf.reader import GGUFFile
+from dflash_gguf.gguf.writer import GGUFPlan, PlannedTensor, write_gguf
 
 _RENAMED_BACK = {new: old for old, new in layout.LEGACY_TENSOR_RENAMES.items()}
 

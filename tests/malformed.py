@@ -124,7 +124,7 @@ def rebuild_gguf(src: Path, out: Path, kv=None, tensors=None, alignment: int = 3
     """
     import struct
 
-    from dflash_gguf.gguf.file import GGUFFile
+    from dflash_gguf.gguf.reader import GGUFFile
 
     with GGUFFile(src) as f:
         kvs = [(k, v.encoded()) for k, v in f.kv.items()]
@@ -147,7 +147,7 @@ def rebuild_gguf(src: Path, out: Path, kv=None, tensors=None, alignment: int = 3
 
 def encode(vtype, value, sub_type=None) -> bytes:
     """A metadata value as its type tag and bytes."""
-    from dflash_gguf.gguf.file import KV
+    from dflash_gguf.gguf.format import KV
 
     return KV("", vtype, value, sub_type).encoded()
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.reader import GGUFFile
 from tests.conftest import dflash_gguf
 from tests.fixtures.published_drafters import cached_published
-from tests.gguf_compare import differences
+from training.fixtures.gguf_compare import differences
 from tests.refusal import assert_refused
 
 BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias")
@@ -32,7 +32,7 @@ def published() -> Path:
 @pytest.mark.upstream
 @pytest.mark.parametrize("outtype", ["f32", "bf16", "q8_0"])
 def test_matches_upstream(outtype, published, fixtures, tmp_path):
-    from tests.upstream import run_upstream_converter
+    from training.fixtures.upstream import run_upstream_converter
 
     theirs = run_upstream_converter(published / "gpt-oss-bias", tmp_path / "theirs.gguf", outtype, fixtures / "target-hf")
     ours = tmp_path / "ours.gguf"
@@ -80,7 +80,7 @@ def test_inconsistent_biases_are_refused(case, published, target_gguf, tmp_path)
 @pytest.fixture(scope="session")
 def f32_models(fixtures, published, tmp_path_factory) -> dict[str, Path]:
     from dflash_gguf.convert.converter import convert
-    from tests.fixtures.target_model import convert_target
+    from training.fixtures.target_model import convert_target
 
     work = tmp_path_factory.mktemp("f32-bias")
     models = {"target": convert_target(fixtures / "target-hf", work / "target.gguf", "f32"),

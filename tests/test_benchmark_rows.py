@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import bench, real_target
 from dflash_gguf.runner.prompts import read_prompts
-from tests.fixtures.trained_gguf import trained_ggufs
+from training.fixtures.trained_gguf import trained_ggufs
 
 pytestmark = pytest.mark.integration
 

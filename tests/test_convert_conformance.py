@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.reader import GGUFFile
 from tests.conftest import dflash_gguf
-from tests.fixtures.tiny_models import DRAFTERS
-from tests.gguf_compare import differences
+from training.fixtures.tiny_models import DRAFTERS
+from training.fixtures.gguf_compare import differences
 from tests.legacy_fixture import make_legacy
 
 pytestmark = pytest.mark.upstream
@@ -59,8 +59,8 @@ def test_migrated_legacy_matches_upstream(drafter, fixtures, upstream_gguf, tmp_
 
 @pytest.mark.parametrize("outtype", ["f16", "q8_0"])
 def test_target_converter_matches_upstream(outtype, fixtures, tmp_path):
-    from tests.fixtures.target_model import convert_target
-    from tests.upstream import run_upstream_converter
+    from training.fixtures.target_model import convert_target
+    from training.fixtures.upstream import run_upstream_converter
 
     ours = convert_target(fixtures / "target-hf", tmp_path / "ours.gguf", outtype)
     theirs = run_upstream_converter(fixtures / "target-hf", tmp_path / "theirs.gguf", outtype)

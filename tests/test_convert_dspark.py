@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file, save_file
 
-from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.reader import GGUFFile
 from tests.conftest import dflash_gguf
 from tests.fixtures.published_drafters import cached_published
-from tests.gguf_compare import differences
+from training.fixtures.gguf_compare import differences
 from tests.refusal import assert_refused
 
 FAMILIES = ["dspark-lineage", "dspark-eagle3"]
@@ -48,7 +48,7 @@ def converted_dspark(published, target_gguf, tmp_path_factory) -> dict[str, Path
 @pytest.mark.parametrize("outtype", ["f16", "bf16", "q8_0"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_matches_upstream(family, outtype, published, fixtures, tmp_path):
-    from tests.upstream import run_upstream_converter
+    from training.fixtures.upstream import run_upstream_converter
 
     theirs = run_upstream_converter(published / family, tmp_path / "theirs.gguf", outtype, fixtures / "target-hf")
     ours = tmp_path / "ours.gguf"

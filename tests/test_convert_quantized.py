@@ -20,10 +20,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dflash_gguf.gguf import layout
-from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.reader import GGUFFile
 from tests.conftest import dflash_gguf
 from tests.fixtures.published_drafters import PUBLISHED, cached_published
-from tests.gguf_compare import differences
+from training.fixtures.gguf_compare import differences
 from tests.refusal import assert_refused
 
 FP8_FAMILIES = [name for name in PUBLISHED if name.startswith("fp8-")]
@@ -161,7 +161,7 @@ def test_fp8_matches_upstream(family, outtype, published, fixtures, tmp_path):
     """Upstream dequantizes in float32 then rounds again; with these scales no product falls between,
     so the files agree byte for byte. (Upstream refuses compressed-tensors per-tensor FP8: it asserts
     strategy channel or block.)"""
-    from tests.upstream import run_upstream_converter
+    from training.fixtures.upstream import run_upstream_converter
 
     theirs = run_upstream_converter(published / family, tmp_path / "theirs.gguf", outtype, fixtures / "target-hf")
     ours = tmp_path / "ours.gguf"
@@ -237,7 +237,7 @@ def test_fp8_drafter_drafts_the_reference_draft(family, llama_bin, published, fi
     """llama-speculative-simple's first draft with the converted FP8 drafter equals the z-lab
     reference's on the dequantized weights (float32 on both sides, as tests/test_patches.py does)."""
     from dflash_gguf.convert.converter import convert
-    from tests.fixtures.target_model import convert_target
+    from training.fixtures.target_model import convert_target
     from tests.llama_tools import parse_drafts, run_tool
     from tests.reference_drafts import reference_draft, tokenize
     from tests.test_patches import F32_CACHES, N_DRAFT, PROMPT

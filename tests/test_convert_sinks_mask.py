@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.reader import GGUFFile
 from tests.conftest import dflash_gguf
 from tests.fixtures.published_drafters import cached_published
-from tests.gguf_compare import differences
+from training.fixtures.gguf_compare import differences
 from tests.refusal import assert_refused
 
 MASK_FAMILIES = ["mask-embedding", "mimo"]
@@ -56,7 +56,7 @@ def _floats(f: GGUFFile, name: str) -> np.ndarray:
 @pytest.mark.parametrize("outtype", ["f16", "bf16", "q8_0"])
 @pytest.mark.parametrize("family", ["sinks", *MASK_FAMILIES])
 def test_matches_upstream(family, outtype, published, fixtures, tmp_path):
-    from tests.upstream import run_upstream_converter
+    from training.fixtures.upstream import run_upstream_converter
 
     theirs = run_upstream_converter(published / family, tmp_path / "theirs.gguf", outtype, fixtures / "target-hf")
     ours = tmp_path / "ours.gguf"
@@ -90,7 +90,7 @@ def test_sinks_are_written_as_float32(published, target_gguf, tmp_path):
 def test_mask_embedding_from_a_gguf_target(target_type, published, fixtures, tmp_path):
     """token_embd = the target GGUF's embeddings (dequantized here by hand for Q8_0), mask row
     replaced by mask_embedding.pt; output = the target's head (tied: its embeddings, unpatched)."""
-    from tests.fixtures.target_model import convert_target
+    from training.fixtures.target_model import convert_target
 
     target = convert_target(fixtures / "target-hf", tmp_path / f"target-{target_type}.gguf", target_type)
     out = tmp_path / "mask.gguf"
@@ -156,7 +156,7 @@ def test_broken_mask_embedding_is_refused(case, published, fixtures, tmp_path):
 def f32_pair(fixtures, published, tmp_path_factory):
     """The tiny target and the published drafters (plus dflash-b16) in float32."""
     from dflash_gguf.convert.converter import convert
-    from tests.fixtures.target_model import convert_target
+    from training.fixtures.target_model import convert_target
 
     work = tmp_path_factory.mktemp("f32-published")
     models = {"target": convert_target(fixtures / "target-hf", work / "target.gguf", "f32")}

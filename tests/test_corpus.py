@@ -694,7 +694,7 @@ def test_malformed_chat_template_files_are_refused(base, tmp_path, case):
 
 
 def test_a_chat_template_json_fallback_is_written_as_gguf_py_reads_it(base, tmp_path):
-    from dflash_gguf.gguf.file import GGUFFile
+    from dflash_gguf.gguf.reader import GGUFFile
 
     edit = _template_file("chat_template.json", json.dumps({"chat_template": "{{ messages }}"}))
     _, out = _convert_against_edited_target(base, tmp_path, edit, {0})

@@ -9,7 +9,9 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFValueType
 
 from dflash_gguf.gguf.describe import describe
-from dflash_gguf.gguf.file import KV, GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
+from dflash_gguf.gguf.format import KV, TensorInfo
+from dflash_gguf.gguf.reader import GGUFFile
+from dflash_gguf.gguf.writer import GGUFPlan, PlannedTensor, write_gguf
 from dflash_gguf.runner.launch import speculative_args
 from tests.conftest import dflash_gguf
 from tests.refusal import assert_refused

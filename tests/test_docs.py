@@ -269,7 +269,7 @@ def test_the_readme_names_the_commands_without_json():
 
 
 def test_the_zoo_page_lists_every_family():
-    from dflash_gguf.families import FAMILIES
+    from training.fixtures.toys import FAMILIES
 
     text = "\n".join(_outside_fences((REPO / "docs" / "testing.md").read_text(encoding="utf-8")))
     listed = re.search(r"published drafters target \((\d+): ([^)]*)\)", text)

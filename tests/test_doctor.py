@@ -9,11 +9,12 @@ import shutil
 import pytest
 from gguf import GGUFValueType
 
-from dflash_gguf.gguf.file import KV, GGUFFile
+from dflash_gguf.gguf.format import KV
+from dflash_gguf.gguf.reader import GGUFFile
 from tests.conftest import dflash_gguf
 from tests.refusal import assert_refused
-from tests.fixtures.trained_gguf import TRAINED
-from tests.gguf_edit import edited_copy
+from training.fixtures.trained_gguf import TRAINED
+from training.fixtures.gguf_edit import edited_copy
 from tests.legacy_fixture import make_legacy
 from tests.malformed import edit_config
 

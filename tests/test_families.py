@@ -1,4 +1,4 @@
-"""The target-family zoo (tests/fixtures/families.py), family by family: the pinned upstream converter
+"""The target-family zoo (training/fixtures/families.py), family by family: the pinned upstream converter
 writes each tiny target with its family's architecture and the keys its drafters depend on;
 dflash-gguf converts the family's DFlash and DFlash 2 drafters against it with the published
 geometry; the patched llama-server serves each pair losslessly; `doctor` finds nothing on a healthy
@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 from gguf import GGUFValueType
 
-from dflash_gguf.gguf.file import KV, GGUFFile
+from dflash_gguf.gguf.format import KV
 from dflash_gguf.gguf.keys import DFlash
-from dflash_gguf.families import FAMILIES, RECORDS_LAST_OUTPUT, UNSERVED
+from dflash_gguf.gguf.reader import GGUFFile
+from dflash_gguf.families import RECORDS_LAST_OUTPUT, TARGET_KEYS, UNSERVED
 from tests.conftest import dflash_gguf
-from tests.fixtures.family_drafters import VARIANTS, geometry
-from tests.gguf_edit import edited_copy
+from training.fixtures.family_drafters import VARIANTS, geometry
+from training.fixtures.gguf_edit import edited_copy
+from training.fixtures.toys import FAMILIES
 
 ARCHS = sorted(FAMILIES)
 
@@ -29,7 +31,7 @@ def test_every_family_converts_to_its_own_architecture(arch):
     pinned converter with ggml_patches/0011 writes a dense Nemotron-H saved by transformers 5 as
     nemotron_h (not nemotron_h_moe, which records no layer inputs) and reads DeepSeek-V4 as
     transformers saves it (without the patch: KeyError: 'num_hash_layers')."""
-    from tests.fixtures.families import STATUS, family_folder
+    from training.fixtures.families import STATUS, family_folder
 
     assert not FAMILIES[arch].limitation, FAMILIES[arch].limitation
     status = json.loads((family_folder(arch) / STATUS).read_text())
@@ -107,7 +109,7 @@ def test_every_committed_zoo_drafter_met_the_ten_minute_goal(arch, variant):
     teacher and training on the 2-core machine (one or two threads, as recorded). A toy change that
     leaves a family unlearnable (Muse Glimmer's sandwich norm at the mixers' gain: tau 1.03) fails
     here, not only in the figures."""
-    from tests.fixtures.families import trained_record
+    from training.fixtures.families import trained_record
 
     record = trained_record(arch, variant)
     assert record is not None, f"no trained drafter for {arch} {variant}: make train-zoo ARCHS={arch}"
@@ -122,10 +124,16 @@ def test_every_committed_zoo_drafter_met_the_ten_minute_goal(arch, variant):
 def test_every_committed_zoo_drafter_is_both_accepted_and_rejected(arch, variant):
     """The zoo's goal for its drafters: on held-out prompts, between 20 % and 95 % of the drafted
     tokens accepted, so that both the accepted path and the rollback run in every family's tests."""
-    from tests.fixtures.families import trained_record
+    from training.fixtures.families import trained_record
 
     held = trained_record(arch, variant)["held_out"]
     assert 0.20 <= held["acceptance_rate"] <= 0.95, held
+
+
+def test_every_family_the_product_knows_keys_of_is_in_the_zoo():
+    """doctor's target keys (dflash_gguf/families.py) are proven on a zoo target of each family that has
+    them (test_doctor_names_a_target_without_its_family_keys), so none may name a family the zoo lacks."""
+    assert set(TARGET_KEYS) - set(FAMILIES) == set()
 
 
 @pytest.mark.integration
@@ -169,8 +177,8 @@ def independent_pair(arch: str, folder: Path) -> Path:
     from dataclasses import replace
 
     from dflash_gguf.convert.converter import convert
-    from tests.fixtures.families import VOCABULARIES, upstream_convert, write_hf_target
-    from tests.fixtures.family_drafters import write_drafter
+    from training.fixtures.families import VOCABULARIES, upstream_convert, write_hf_target
+    from training.fixtures.family_drafters import write_drafter
 
     fam = FAMILIES[arch]
     fam = replace(fam, toy={**fam.toy, **INDEPENDENT[arch]})

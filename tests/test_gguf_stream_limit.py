@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from dflash_gguf.gguf import file as gguf_file
+from dflash_gguf.gguf import reader
 from dflash_gguf.errors import GGUFFormatError
 
 ENTRY = 32  # u64 length, 16-character key, u32 type, u32 value
@@ -49,10 +49,10 @@ class EndlessKeys(io.RawIOBase):
 
 
 def test_endless_metadata_from_a_stream_stops_at_the_limit(monkeypatch):
-    monkeypatch.setattr(gguf_file, "STREAM_HEADER_LIMIT", 1 << 20)
+    monkeypatch.setattr(reader, "STREAM_HEADER_LIMIT", 1 << 20)
     source = EndlessKeys(1 << 16)  # 2 MiB of keys: room for their count, not for them
     with pytest.raises(GGUFFormatError, match="run past 1 MiB before the tensor data"):
-        gguf_file.GGUFFile(source, name="endless.gguf")
+        reader.GGUFFile(source, name="endless.gguf")
     assert source.served <= 1 << 20
 
 
@@ -69,6 +69,6 @@ def test_a_key_count_no_file_could_hold_is_refused_at_once(keys, needle):
     source = EndlessKeys(keys)
     start = time.monotonic()
     with pytest.raises(GGUFFormatError, match=f"header claims {keys} metadata pairs.*{needle}"):
-        gguf_file.GGUFFile(source, name="claims.gguf")
+        reader.GGUFFile(source, name="claims.gguf")
     assert time.monotonic() - start < 1
-    assert source.served <= gguf_file.FIRST_READ
+    assert source.served <= reader.FIRST_READ

@@ -18,12 +18,14 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from dflash_gguf import __version__
-from dflash_gguf.gguf.file import GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, encode_header
+from dflash_gguf.gguf.format import TensorInfo
+from dflash_gguf.gguf.reader import GGUFFile
+from dflash_gguf.gguf.writer import GGUFPlan, PlannedTensor, encode_header
 from dflash_gguf.licenses import split_front_matter
 from dflash_gguf.owned_folder import MANIFEST
 from tests.conftest import dflash_gguf
 from tests.refusal import assert_refused
-from tests.gguf_compare import differences
+from training.fixtures.gguf_compare import differences
 from tests.local_hub import Blob, LocalHub, hub_env
 
 TOKEN = "hf_LocalHubToken0123456789"

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 
-from dflash_gguf.gguf.file import GGUFFile, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
+from dflash_gguf.gguf.format import TensorInfo
+from dflash_gguf.gguf.reader import GGUFFile
+from dflash_gguf.gguf.writer import GGUFPlan, PlannedTensor, write_gguf
 from tests.conftest import cli
 from tests.refusal import assert_refused
 from tests.legacy_fixture import make_legacy

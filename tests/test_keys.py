@@ -1,6 +1,6 @@
 """GGUF metadata keys are spelled in dflash_gguf/gguf/keys.py alone (its docstring says so; issue 50 found
-train/frozen.py building `{arch}.attention.head_count` by hand and gguf/file.py spelling `general.*`
-keys of its own)."""
+train/frozen.py building `{arch}.attention.head_count` by hand and gguf/file.py, now gguf/reader.py,
+spelling `general.*` keys of its own)."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ the reverse.
 from __future__ import annotations
 
 import ast
+import tokenize
 import tomllib
 from pathlib import Path
 
@@ -156,7 +157,7 @@ def test_the_scan_sees_an_upward_import(tmp_path):
     found = [target for _, target in _imports(bad, "dflash_gguf.convert.x")]
     assert [_layer_of_module(t) for t in found] == ["release", "runner", "release"], found
     base = tmp_path / "base.py"
-    base.write_text("from .gguf.file import GGUFFile\nfrom .hub import resolve\n")
+    base.write_text("from .gguf.reader import GGUFFile\nfrom .hub import resolve\n")
     found = [target for _, target in _imports(base, "dflash_gguf.base")]
     assert [_layer_of_module(t) for t in found] == ["model", "model"], found
 
@@ -213,3 +214,64 @@ def test_no_relative_import_climbs_out_of_a_top_level_folder():
                 if isinstance(node, ast.ImportFrom) and node.level > depth:
                     climbing.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert climbing == [], f"relative imports out of their top-level folder (use dflash_gguf.<room>): {climbing}"
+
+
+# Beside the product: training/ (its fixtures/ build the models the tests use) <- benchmarks/ <- tests/;
+# each folder may not import those it names
+DEV_SIDE = {"training": ("tests", "benchmarks"), "benchmarks": ("tests",)}
+TEST_SIDE = ("tests", *DEV_SIDE)  # nothing of the product imports these
+
+
+def _imports_under(path: Path, module: str, roots: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(line, module) for each import of a module inside one of the top-level packages `roots`."""
+    return [(line, target) for line, target in _imports(path, module) if target.split(".")[0] in roots]
+
+
+def _toy_names(path: Path) -> list[tuple[int, str]]:
+    """(line, name) for each TOY_ name in the code, comments and strings aside."""
+    with tokenize.open(path) as f:
+        return [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(f.readline)
+                if tok.type == tokenize.NAME and tok.string.startswith("TOY_")]
+
+
+def test_training_and_benchmarks_import_nothing_from_tests():
+    """training/ and benchmarks/ build and measure the models the tests use (training/fixtures/): the
+    tests import them, never the reverse (issue 50); benchmarks/ import training/, never the reverse."""
+    found = [f"{path.relative_to(REPO)}:{line} imports {target}"
+             for folder, above in DEV_SIDE.items() for path in sorted((REPO / folder).rglob("*.py"))
+             for line, target in _imports_under(path, ".".join(path.relative_to(REPO).with_suffix("").parts), above)]
+    assert found == [], "move what they need into training/fixtures/:\n" + "\n".join(found)
+
+
+def test_the_product_holds_no_toy_and_imports_no_fixture():
+    """The zoo's toy geometry (TOY_*, each family's toy config) lives in training/fixtures/toys.py; the
+    product keeps what it reads of a family (dflash_gguf/families.py) and imports nothing from tests/,
+    training/ or benchmarks/ (issue 50)."""
+    found = [f"{path.relative_to(REPO)}:{line} imports {target}" for path, module, _ in _modules()
+             for line, target in _imports_under(path, module, TEST_SIDE)]
+    found += [f"{path.relative_to(REPO)}:{line} {name}" for path, _, _ in _modules() for line, name in _toy_names(path)]
+    assert found == [], "test-only code in the product (its place is training/fixtures/):\n" + "\n".join(found)
+
+
+def test_the_scans_see_a_fixture_import_and_a_toy_name(tmp_path):
+    bad = tmp_path / "x.py"
+    bad.write_text("from tests.fixtures import published_drafters\nimport training.fixtures.toys\n"
+                   "from dflash_gguf.paths import cache_dir\n"
+                   "def f():\n    from tests.warm import run_cli  # TOY_IN_A_COMMENT\n    return 'TOY_X', TOY_HIDDEN\n")
+    assert _imports_under(bad, "dflash_gguf.x", ("tests",)) == [(1, "tests.fixtures"), (5, "tests.warm")]
+    assert [line for line, _ in _imports_under(bad, "dflash_gguf.x", TEST_SIDE)] == [1, 2, 5]
+    assert _toy_names(bad) == [(6, "TOY_HIDDEN")]
+
+
+def test_a_fixture_key_follows_the_code_not_where_its_modules_live():
+    """Fixture keys read the building code through training/fixtures/code_key.py: moving a module the
+    builder imports (tests/fixtures -> training/fixtures) keeps every cached fixture, a change to the
+    code or to the names it imports does not."""
+    from training.fixtures.code_key import code_bytes
+
+    builder = ("from tests.fixtures.qwen2_style import qwen2_style\n\n"
+               "def f():\n    from tests.upstream import run\n    return run(qwen2_style)\n")
+    moved = builder.replace("tests.fixtures.", "training.fixtures.").replace("tests.upstream", "training.fixtures.upstream")
+    assert code_bytes(moved) == code_bytes(builder)
+    assert code_bytes(builder.replace("return run(", "return 2 * run(")) != code_bytes(builder)
+    assert code_bytes(builder.replace("import run", "import run_fast")) != code_bytes(builder)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from dflash_gguf.confined_reader import is_inside
-from dflash_gguf.gguf.file import GGUFFile
 from dflash_gguf.gguf.license import license_from_gguf
+from dflash_gguf.gguf.reader import GGUFFile
 from dflash_gguf.licenses import Kind, kind_of, license_ids
 from tests.conftest import dflash_gguf
 from tests.refusal import assert_refused

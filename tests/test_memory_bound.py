@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from benchmarks.memory_bound import widen_ffn
-from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.reader import GGUFFile
 from tests.conftest import dflash_gguf
-from tests.fixtures.trained_gguf import trained_ggufs
+from training.fixtures.trained_gguf import trained_ggufs
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,10 @@ import re
 
 import pytest
 
-from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.reader import GGUFFile
 from tests.conftest import dflash_gguf
 from tests.refusal import assert_refused
-from tests.gguf_compare import differences
+from training.fixtures.gguf_compare import differences
 from tests.local_hub import Blob, hub_env
 
 CLASS_NAME = re.compile(r"\b(?:[A-Z][a-z0-9]+)+(?:Error|Exception)\b")

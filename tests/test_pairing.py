@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from gguf import GGUFValueType
 
-from dflash_gguf.gguf.file import KV
+from dflash_gguf.gguf.format import KV
 from dflash_gguf.gguf.keys import DFlash
 from tests.conftest import LLAMA_BACKEND, REPO, cli
-from tests.gguf_edit import edited_copy
+from training.fixtures.gguf_edit import edited_copy
 from tests.refusal import assert_refused
 
 SHA = "0123456789abcdef0123456789abcdef01234567"

@@ -16,6 +16,9 @@
   DFlash 2 block in one target batch: the target's own tokens, more of them per step; the chain
   where the tree cannot serve (temperature > 0, recurrent targets); one line and exit 2 for a
   budget it cannot serve.
+- 0008 / 0013 / 0014 (`--spec-draft-n-max auto`): the tokens of the static setting, the choices and
+  step costs in every response's timings, parking with probes whose share of a parked slot's steps
+  is bounded.
 
 `DFLASH_GGUF_TEST_LLAMA_BIN=<bin dir> pytest tests/test_patches.py` runs the same tests against the
 programs of another build; against an unpatched build of the pinned tree all 16 fail (the two of 0006 only on a CPU with AMX).
@@ -24,6 +27,7 @@ programs of another build; against an unpatched build of the pinned tree all 16 
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import sys
@@ -31,7 +35,7 @@ from pathlib import Path
 
 import pytest
 from dflash_gguf.convert.converter import convert
-from tests.fixtures.target_model import convert_target
+from training.fixtures.target_model import convert_target
 from dflash_gguf.runner.server import LlamaServer, free_port
 
 from tests.llama_tools import parse_drafts, run_tool
@@ -243,7 +247,7 @@ def test_server_decode_does_not_wake_the_task_worker(llama_bin: Path, trained_pa
     """Every decode, draft and speculative process runs inside yield_to_queue(); unpatched, each
     one woke the server's task worker thread to decline the NEXT_RESPONSE marker, and the worker
     slept again: about 3 voluntary context switches per token alone, 1.7 with DFlash 2 (0005)."""
-    from tests.fixtures.trained_gguf import held_out_prompts
+    from training.fixtures.trained_gguf import held_out_prompts
 
     prompts = held_out_prompts()[:8]
     args = ["--parallel", "1", "-c", "1024", "-t", "2"]
@@ -297,7 +301,7 @@ def test_draft_length_auto_is_identical_and_parks(llama_bin: Path, trained_pair:
     drafts are accepted about 4 deep, so after the start-up calibration (4 full drafts, 2 plain
     steps) the controller parks; every 8, 16, 32, 64 parked steps it drafts one block to score it.
     Unpatched: "auto" is not a number and llama-server exits at argument parsing."""
-    from tests.fixtures.trained_gguf import held_out_prompts
+    from training.fixtures.trained_gguf import held_out_prompts
 
     prompts = held_out_prompts()[:3]
     common = ["--parallel", "1", "-c", "1024", "-t", "1"]
@@ -331,6 +335,63 @@ def test_draft_length_auto_is_identical_and_parks(llama_bin: Path, trained_pair:
     assert len(parked) > len(after) / 2, f"parked {len(parked)} of {len(after)} steps"
     probes = [i for i, d in enumerate(after) if d[5] == "probe"]
     assert probes and all(int(after[i][1]) == 0 for i in probes)
+
+
+AUTO_COSTS = re.compile(r"spec auto: .* draft_ms=([\d.]+) verify1_ms=([\d.]+) verify(\d+)_ms=([\d.]+)")
+
+
+def test_draft_length_auto_reports_its_step_costs(llama_bin: Path, trained_pair: dict[str, Path], tmp_path: Path):
+    """Patch 0013: every auto response carries the step costs its last step was decided with
+    (`draft_verify_cost_ms` by batch tokens, `draft_pass_cost_ms` by drafting sequences): the values
+    of the last `spec auto:` line, finite and positive, the verify curve covering the whole block plus
+    one; validation/acceptance.py's run limit is computed from them (1.0 at least: n = 0 is a choice).
+    Without 0013 the timings hold neither field."""
+    from dflash_gguf.validation.acceptance import run_limit
+    from training.fixtures.trained_gguf import held_out_prompts
+
+    args = ["--parallel", "1", "-c", "1024", "-t", "1", "-md", trained_pair["dflash2"], "--spec-type", "draft-dflash",
+            "--spec-draft-n-max", "auto", "-lv", "5"]
+    with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / "auto.log") as server:
+        answers = []
+        for prompt in held_out_prompts()[:2]:
+            answers.append(server.client.complete(prompt, 32, ignore_eos=True))
+            log = (tmp_path / "auto.log").read_text(errors="replace")
+            t = answers[-1].timings
+            verify, draft = t["draft_verify_cost_ms"], t["draft_pass_cost_ms"]
+            assert len(verify) >= 8 and len(draft) >= 1, t
+            assert all(math.isfinite(v) and v > 0 for v in [*verify, *draft]), t
+            decision = AUTO_LINE.findall(log)[-1]
+            if decision[5] == "limit":  # no room left for a draft: the line prices a plain step, verify(1)
+                assert round(verify[0], 3) == float(decision[4])
+            else:
+                last = AUTO_COSTS.findall(log)[-1]
+                width = int(last[2])  # the widest step the decision priced
+                assert (round(draft[0], 3), round(verify[0], 3), round(verify[width - 1], 3)) == \
+                    (float(last[0]), float(last[1]), float(last[3]))
+    limit = run_limit(a.timings for a in answers)
+    assert limit is not None and limit["limit"] >= 1.0 and sum(limit["best_lengths"].values()) == 2
+
+
+def test_draft_length_auto_probes_cost_a_bounded_share(llama_bin: Path, trained_pair: dict[str, Path], tmp_path: Path):
+    """Patch 0014: a slot that stays parked waits longer between probes than 0008's 64 steps where a
+    draft pass is dear (the trained pair's DFlash 2 pass costs several plain steps on this CPU), up to
+    the wait that keeps probes at about 1 % of the plain steps: ceil(draft / (0.01 * verify1)) by the
+    costs logged at the probe, never more than 1024. Unpatched the waits stop at 64."""
+    from training.fixtures.trained_gguf import held_out_prompts
+
+    args = ["--parallel", "1", "-c", "1024", "-t", "1", "-md", trained_pair["dflash2"], "--spec-type", "draft-dflash",
+            "--spec-draft-n-max", "auto", "-lv", "5"]
+    with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / "auto.log") as server:
+        server.client.complete(held_out_prompts()[0], 480, ignore_eos=True)
+    log = (tmp_path / "auto.log").read_text(errors="replace")
+    lines = [(d, c) for d, c in zip(AUTO_LINE.findall(log), AUTO_COSTS.findall(log))]
+    probes = [i for i, (d, _) in enumerate(lines) if d[5] == "probe"]
+    # waits between two probes with only parked steps between them (a draft resets the schedule to 8)
+    waits = [(a, b - a) for a, b in zip(probes, probes[1:]) if all(lines[i][0][2] == "1" for i in range(a, b))]
+    assert waits and max(w for _, w in waits) > 64, f"waits between probes {waits}: capped at 0008's 64"
+    for a, wait in waits:
+        draft_ms, verify1_ms = float(lines[a][1][0]), float(lines[a][1][1])
+        assert wait <= max(64, min(1024, math.ceil(draft_ms / (0.01 * verify1_ms)))) + 1, (wait, draft_ms, verify1_ms)
 
 
 @pytest.mark.parametrize("extra", [(), ("-md", "DRAFTER", "--spec-type", "ngram-simple")],
@@ -398,7 +459,7 @@ def test_tree_verify_is_the_targets_own_and_accepts_more(llama_bin: Path, smollm
     accepted path are logged and add up to the response's draft counts; more tokens are accepted per step
     than with the chain; and the drafter after a tree step is the one the chain leaves (every draft made at
     the same position after the same token is identical). Unpatched: unknown argument, exit 1."""
-    from tests.fixtures.smollm2 import EVAL_PROMPTS
+    from training.fixtures.smollm2 import EVAL_PROMPTS
 
     chats = [json.loads(line)["messages"] for line in EVAL_PROMPTS.read_text(encoding="utf-8").splitlines()[:3]]
     spec = ["-md", smollm2[drafter], "--spec-type", "draft-dflash", "--spec-draft-n-max", "15"]

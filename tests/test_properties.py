@@ -294,7 +294,7 @@ def test_card_front_matter(small, tmp_path_factory, front):
                                        inputs=[ckpt], outputs=[out], env=ENV)
         _no_secret(stdout, stderr)
         if status == 0:
-            from dflash_gguf.gguf.file import GGUFFile
+            from dflash_gguf.gguf.reader import GGUFFile
             from dflash_gguf.terminal import has_control
 
             with GGUFFile(out) as f:

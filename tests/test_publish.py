@@ -35,7 +35,8 @@ def tiny_gguf(path: Path, n: int, license: str | None = None) -> Path:
     """A small real GGUF (publish reads each drafter's general.license)."""
     from gguf import GGMLQuantizationType, GGUFValueType
 
-    from dflash_gguf.gguf.file import KV, GGUFPlan, PlannedTensor, TensorInfo, write_gguf
+    from dflash_gguf.gguf.format import KV, TensorInfo
+    from dflash_gguf.gguf.writer import GGUFPlan, PlannedTensor, write_gguf
 
     plan = GGUFPlan()
     plan.add_kv([KV("general.architecture", GGUFValueType.STRING, "dflash")])

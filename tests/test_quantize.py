@@ -15,7 +15,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from dflash_gguf.convert.converter import convert
-from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.reader import GGUFFile
 from dflash_gguf.quantize import quantize as q
 from tests.conftest import dflash_gguf
 from tests.refusal import assert_refused

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.reader import GGUFFile
 from dflash_gguf.errors import DflashError
 from dflash_gguf.licenses import split_front_matter
 from dflash_gguf.owned_folder import MANIFEST, built_beside
 from dflash_gguf.release import license_rules as lic
-from dflash_gguf.release.release import release
+from dflash_gguf.release.release import ReleaseSettings, release
 from dflash_gguf.validation.validate import ValidationReport
 from tests.conftest import dflash_gguf
 from tests.refusal import assert_refused
@@ -284,12 +284,16 @@ def _fake_validator(monkeypatch, report: ValidationReport | None, calls: list) -
     monkeypatch.setattr(validator, "validate", validate)
 
 
+def _release(draft_dir, target, types, out_dir, **options):
+    return release(ReleaseSettings(draft_dir=draft_dir, target=target, types=types, out_dir=out_dir, **options))
+
+
 def test_validator_report_gives_tau_and_speedup(drafter_copy, target_gguf, tmp_path, monkeypatch):
     calls: list = []
     _fake_validator(monkeypatch, validation_report(mean_acceptance_length=2.5, speedup=1.25), calls)
     drafter = drafter_copy("dflash-b16")
     _card(drafter, "license: mit\n")
-    r = release(drafter, target_gguf, "F16,F32", tmp_path / "rel", target_license_id="mit", name="T")
+    r = _release(drafter, target_gguf, "F16,F32", tmp_path / "rel", target_license_id="mit", name="T")
     assert [c[:2] for c in calls] == [(target_gguf, "dflash-T-F16.gguf"), (target_gguf, "dflash-T-F32.gguf")]
     assert calls[0][2] > 0
     assert _rows(_front(tmp_path / "rel" / "README.md")[1])["dflash-T-F16.gguf"][5:] == ["2.50", "1.25x"]
@@ -304,7 +308,7 @@ def test_a_speedup_the_run_cannot_support_is_not_on_the_card(drafter_copy, targe
     _fake_validator(monkeypatch, report, [])
     drafter = drafter_copy("dflash-b16")
     _card(drafter, "license: mit\n")
-    r = release(drafter, target_gguf, "F16", tmp_path / "rel", target_license_id="mit", name="T")
+    r = _release(drafter, target_gguf, "F16", tmp_path / "rel", target_license_id="mit", name="T")
     assert r.variants[0].validation["speedup"] is None and r.variants[0].validation["speedup_unreliable"] == why
     assert _rows(_front(tmp_path / "rel" / "README.md")[1])["dflash-T-F16.gguf"][5:] == ["1.96", "not measured reliably"]
 
@@ -315,7 +319,7 @@ def test_validation_runs_on_the_releases_build_and_server_args(drafter_copy, tar
     _fake_validator(monkeypatch, validation_report(), calls)
     drafter = drafter_copy("dflash-b16")
     _card(drafter, "license: mit\n")
-    release(drafter, target_gguf, "F16", tmp_path / "rel", target_license_id="mit", name="T",
+    _release(drafter, target_gguf, "F16", tmp_path / "rel", target_license_id="mit", name="T",
             llama_bin=llama_bin, backend="cpu", server_args=["-c", "2048", "-fa", "on"])
     settings = calls[0][3]
     assert (settings.llama_bin, settings.backend, settings.server_args) == (llama_bin, "cpu", ["-c", "2048", "-fa", "on"])
@@ -335,7 +339,7 @@ def test_a_failed_validation_stops_the_release(drafter_copy, target_gguf, tmp_pa
     drafter = drafter_copy("dflash-b16")
     _card(drafter, "license: mit\n")
     with pytest.raises(DflashError, match="validation failed: with the drafter, 1 token"):
-        release(drafter, target_gguf, "F16", tmp_path / "rel", target_license_id="mit", name="T")
+        _release(drafter, target_gguf, "F16", tmp_path / "rel", target_license_id="mit", name="T")
     assert list(tmp_path.iterdir()) == [drafter]
 
 
@@ -344,7 +348,7 @@ def test_a_target_folder_is_not_validated(drafter_copy, fixtures, tmp_path, monk
     _fake_validator(monkeypatch, None, calls)
     drafter = drafter_copy("dflash-b16")
     _card(drafter, "license: mit\n")
-    r = release(drafter, fixtures / "target-hf", "F16", tmp_path / "rel", target_license_id="mit", name="T")
+    r = _release(drafter, fixtures / "target-hf", "F16", tmp_path / "rel", target_license_id="mit", name="T")
     assert calls == []
     assert r.variants[0].validation["note"].startswith("not validated (the target was given as a folder")
     assert _rows(_front(tmp_path / "rel" / "README.md")[1])["dflash-T-F16.gguf"][5] == "not validated"

@@ -1,5 +1,5 @@
 """The real target: SmolLM2-135M-Instruct (llama architecture, a real 49,152-token BPE, ChatML) and
-the drafters trained for it (`make fixtures`: tests/fixtures/smollm2.py)."""
+the drafters trained for it (`make fixtures`: training/fixtures/smollm2.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import urllib.request
 
 import pytest
 
-from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.reader import GGUFFile
 from dflash_gguf.runner.launch import launch_recipe
 from dflash_gguf.runner.prompts import ChatPrompt, read_prompts, tokenize_prompts
 from tests.conftest import dflash_gguf
-from tests.fixtures.smollm2 import COMMITTED, DRAFTERS, EVAL_PROMPTS, hf_target, smollm2_ggufs
-from tests.gguf_compare import differences
-from tests.upstream import run_upstream_converter
+from training.fixtures.smollm2 import COMMITTED, DRAFTERS, EVAL_PROMPTS, hf_target, smollm2_ggufs
+from training.fixtures.gguf_compare import differences
+from training.fixtures.upstream import run_upstream_converter
 
 pytestmark = pytest.mark.integration
 

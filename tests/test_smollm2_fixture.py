@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct as a fixture (tests/fixtures/smollm2.py): the pinned bytes from PyPI's
+"""SmolLM2-135M-Instruct as a fixture (training/fixtures/smollm2.py): the pinned bytes from PyPI's
 wheel, its requantizations by the patched llama-quantize, the HF folder derived from it
 (training/hf_from_gguf.py) proved by the pinned upstream converter and by llama.cpp's logits, and
 the drafters trained for it loading and drafting in the patched llama-server."""
@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from dflash_gguf.gguf.file import GGUFFile
+from dflash_gguf.gguf.reader import GGUFFile
 from dflash_gguf.hashing import sha256_file
-from tests.fixtures import smollm2 as fixture
+from training.fixtures import smollm2 as fixture
 
 # general.file_type of each target (llama_ftype)
 FILE_TYPES = {"Q4_1": 3, "F16": 1, "Q8_0": 7, "Q4_K_M": 15}
@@ -72,7 +72,7 @@ def test_upstream_converter_turns_the_derived_folder_back_into_the_target(smollm
     today's converter writes for every byte-level BPE and the 2024 one that made the shipped file
     did not), and the weights byte for byte as llama-quantize's F16 of the shipped file: the
     derivation (dequantization, q/k order) is exact."""
-    from tests.upstream import run_upstream_converter
+    from training.fixtures.upstream import run_upstream_converter
 
     out = run_upstream_converter(fixture.hf_target(), tmp_path / "upstream-f16.gguf", "f16")
     with GGUFFile(out) as ours, GGUFFile(fixture.shipped_gguf()) as shipped:
@@ -153,7 +153,7 @@ def test_reference_tau_records_the_token_ids_it_was_measured_on():
 
 
 def test_the_fine_tunes_style_is_a_rewrite_outside_code():
-    from tests.fixtures.smollm2_finetune import piratise
+    from training.fixtures.smollm2_finetune import piratise
 
     text = "Yes, the answer is here.\n```python\nx = 1 if y is None else 2\n```\nAnd you are my friend."
     assert piratise(text) == ("Arr! Aye, th' answer be here.\n```python\nx = 1 if y is None else 2\n```\n"

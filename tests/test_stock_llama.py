@@ -1,5 +1,5 @@
 """Stock llama.cpp conformance: every drafter family the converter writes, run in stock llama.cpp
-(PyPI xllamacpp, the `test-stock` extra; tests/xllamacpp_server.py) beside the patched build, with
+(PyPI xllamacpp, the `test-stock` extra; training/fixtures/xllamacpp_server.py) beside the patched build, with
 the one launch recipe (runner/launch.py) on the same prompts.
 
 Where dflash_gguf/gguf/llama_support.py says stock runs a file, stock must load it, draft, stay lossless (the
@@ -22,7 +22,7 @@ from tests.conftest import dflash_gguf
 from tests.refusal import assert_refused
 from tests.fixtures.published_drafters import cached_published
 from tests.test_patches import misfit_drafters  # noqa: F401  (a fixture)
-from tests.xllamacpp_server import Run, run_prompts
+from training.fixtures.xllamacpp_server import Run, run_prompts
 
 # family -> (where its GGUF comes from, the table's feature it exercises or None for the plain variant)
 FAMILIES = {
@@ -43,7 +43,7 @@ TINY_TOKENS = 8
 def stock_bin(tmp_path_factory) -> Path:
     xllamacpp = pytest.importorskip("xllamacpp", reason="needs the test-stock extra: pip install -e '.[test-stock]'")
     assert f"xllamacpp=={xllamacpp.__version__}" == STOCK_MEASURED  # the build the table was measured on
-    from tests.xllamacpp_server import shim_folder
+    from training.fixtures.xllamacpp_server import shim_folder
 
     return shim_folder(tmp_path_factory.mktemp("stock-bin"))
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from gguf import GGUFValueType
 
-from dflash_gguf.gguf.file import KV
+from dflash_gguf.gguf.format import KV
 from dflash_gguf.owned_folder import MANIFEST
 from dflash_gguf.paths import cache_dir
 from tests.conftest import REPO, dflash_gguf
-from tests.gguf_edit import edited_copy
+from training.fixtures.gguf_edit import edited_copy
 
 pytest.importorskip("torch")
 pytest.importorskip("dflash.model")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dflash_gguf.runner.server import LlamaServer
-from tests.fixtures.trained_gguf import TRAINED
+from training.fixtures.trained_gguf import TRAINED
 from tests.llama_tools import parse_drafts
 from tests.reference_drafts import _drafter, reference_draft
 from tests.test_patches import F32_CACHES
@@ -31,7 +31,7 @@ N_PREDICT = 48
 @pytest.fixture(scope="module")
 def f32_pair(tmp_path_factory, llama_bin) -> dict[str, Path]:
     from dflash_gguf.convert.converter import convert
-    from tests.fixtures.target_model import convert_target
+    from training.fixtures.target_model import convert_target
 
     work = tmp_path_factory.mktemp("trained-dspark-f32")
     target = convert_target(TRAINED / "target", work / "target.gguf", "f32")

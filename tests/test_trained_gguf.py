@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tests.conftest import dflash_gguf
-from tests.fixtures.trained_gguf import TRAINED, trained_ggufs
+from training.fixtures.trained_gguf import TRAINED, trained_ggufs
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from tests.fixtures import smollm2 as fixture
+from training.fixtures import smollm2 as fixture
 from training.smollm2_prompts import build_prompts, names_a_held_out_subject
 
 

@@ -11,7 +11,7 @@ from dflash_gguf.validation.validate import is_report
 from dflash_gguf.validation.validate_sampled import Sampling
 from tests.conftest import cli, dflash_gguf
 from tests.refusal import assert_refused
-from tests.gguf_edit import scaled_copy
+from training.fixtures.gguf_edit import scaled_copy
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from tests.conftest import REPO
 from tests.test_layers import _modules
 
 TABLE = REPO / "dflash_gguf" / "variants.py"
-FIXTURES = (REPO / "tests" / "fixtures" / "family_drafters.py",)
+FIXTURES = (REPO / "training" / "fixtures" / "family_drafters.py",)
 CLASS_NAME = re.compile(r"\b(" + "|".join(map(re.escape, ARCHITECTURES)) + r")\b")
 
 
@@ -99,7 +99,7 @@ def test_train_recipes_take_class_and_block_from_the_table():
     # plain names: the run key hashes str(asdict(plan)), and a plan from --init must hash as one from --variant
     assert all(type(name) is str for name in settings.ARCHITECTURES.values())
     fields = set(VARIANTS[Variant.DFLASH2].config_fields)
-    from tests.fixtures.family_drafters import DFLASH2_TOY
+    from training.fixtures.family_drafters import DFLASH2_TOY
 
     assert fields <= set(settings.VARIANTS["dflash2"]) and set(DFLASH2_TOY) == fields
 

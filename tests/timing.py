@@ -86,7 +86,7 @@ _PRODUCT = {
     "dflash_gguf.validation.reference": [("speculative_runs", "PyTorch reference")],
     "dflash_gguf.convert.converter": [("convert", "conversion: ours, in-process")],
     "tests.reference_drafts": [("reference_draft", "PyTorch reference")],
-    "tests.upstream": [("_convert", "conversion: pinned upstream converter")],
+    "training.fixtures.upstream": [("_convert", "conversion: pinned upstream converter")],
     "tests.warm": [("run_cli", lambda args, *_, **__: forked_kind(args))],
 }
 

@@ -5,17 +5,19 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 import click
 
-from dflash_gguf.errors import OptionError
 from dflash_gguf.extras import require
 from dflash_gguf.hub import resolve as hub
+from dflash_gguf.hub.resolve import HubRef
 from dflash_gguf.options import (build_options, force_option, json_option, out_option, prompts_option, seed_option,
                        target_option, threads_option)
 from dflash_gguf.outputs import Input, Output, check_outputs
+from dflash_gguf.settings import Settings, option, refusal, settings_command
 from dflash_gguf.variants import VARIANTS, Variant
 
 TRAINED = tuple(v.value for v, row in VARIANTS.items() if row.block_size)  # what --variant takes
@@ -52,6 +54,64 @@ class _StepBar:
         line = (f"train: step {step + 1}/{steps or '?'}  loss {running.get('ce', 0):.3f}  "
                 f"accepted/block {running.get('accept', 0):.2f}  {rate:,.0f} tokens/s  ETA {eta}")
         click.echo(f"\r{line}\033[K" if self.tty else line, err=True, nl=not self.tty or step + 1 == steps)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSettings(Settings):
+    """`dflash-gguf train`'s options as given, checked together (dflash_gguf/settings.py); `options()` is
+    what the pipeline takes (train/pipeline.py TrainOptions, which needs torch)."""
+
+    target: Path | HubRef
+    prompts_file: Path = option("--prompts")
+    out: Path = option("-o")
+    variant: str
+    layers: int | None
+    block_size: int | None
+    target_layers: tuple[int, ...] | None
+    init: Path | None
+    minutes: float | None
+    steps: int | None
+    lr: float | None
+    answer_tokens: int
+    holdout: float
+    eval_prompts: Path | None
+    eval_tokens: int
+    no_validate: bool
+    threads: int | None
+    seed: int | None
+    torch_device: str
+    checkpoint_minutes: float
+    backend: str | None
+    llama_bin: Path | None
+    force: bool
+    as_json: bool = option("--json", False)
+
+    def problems(self) -> Iterator[str]:
+        yield from refusal(require, "reference", "dflash-gguf train (the z-lab drafter classes, trained with torch)")
+        if self.init is not None and (self.layers or self.block_size or self.target_layers
+                                      or self.variant != Variant.DFLASH):
+            yield ("--init: the drafter's shape comes from its config.json; leave out --variant, --layers, "
+                   "--block-size and --target-layers")
+        if self.minutes is not None and self.steps is not None:
+            yield "--minutes and --steps: give one"
+        yield from refusal(check_outputs, [], [Input(self.target, "--target"), Input(self.prompts_file, "--prompts"),
+                                               Input(self.init, "--init"), Input(self.eval_prompts, "--eval-prompts")])
+        yield from refusal(check_outputs, [Output(self.out, "-o", folder=True)],
+                           [Input(self.target, "--target"), Input(self.init, "--init")])
+
+    def options(self):
+        """The pipeline's TrainOptions."""
+        # extra: [train] (PyTorch): the command line starts without it
+        from .pipeline import SEED, TrainOptions
+
+        return TrainOptions(variant=self.variant, layers=self.layers, block_size=self.block_size,
+                            target_layer_ids=self.target_layers, init=self.init,
+                            minutes=self.minutes if self.minutes or self.steps else 10.0, steps=self.steps,
+                            lr=self.lr, answer_tokens=self.answer_tokens, holdout=self.holdout,
+                            eval_prompts=self.eval_prompts, eval_tokens=self.eval_tokens, threads=self.threads,
+                            seed=SEED if self.seed is None else self.seed,
+                            checkpoint_minutes=self.checkpoint_minutes, validate=not self.no_validate,
+                            device=self.torch_device, llama_bin=self.llama_bin, backend=self.backend)
 
 
 @click.command("train")
@@ -92,9 +152,8 @@ class _StepBar:
 @build_options
 @force_option
 @json_option
-def train_command(target, prompts_file, out, variant, layers, block_size, target_layers, init, minutes, steps, lr,
-                  answer_tokens, holdout, eval_prompts, eval_tokens, no_validate, threads, seed, torch_device,
-                  checkpoint_minutes, backend, llama_bin, force, as_json) -> None:
+@settings_command(TrainSettings)
+def train_command(settings: TrainSettings) -> None:
     """Train a DFlash drafter for the GGUF you run, with llama.cpp as the teacher.
 
     The patched llama.cpp answers the prompts greedily with the target (rendered by its chat
@@ -110,39 +169,21 @@ def train_command(target, prompts_file, out, variant, layers, block_size, target
       dflash-gguf train -t SmolLM2-135M-Instruct-Q4_K_M.gguf --prompts chats.jsonl -o my-drafter --minutes 30
       dflash-gguf convert my-drafter --target SmolLM2-135M-Instruct-Q4_K_M.gguf -o dflash-SmolLM2.gguf
     """
-    require("reference", "dflash-gguf train (the z-lab drafter classes, trained with torch)")
-    if init is not None and (layers or block_size or target_layers or variant != Variant.DFLASH):
-        raise OptionError("--init: the drafter's shape comes from its config.json; leave out --variant, --layers, "
-                          "--block-size and --target-layers")
-    if minutes is not None and steps is not None:
-        raise OptionError("--minutes and --steps: give one")
     # extra: [train] (PyTorch): the command line starts without it
-    from .pipeline import SEED, TrainOptions, train
-
-    check_outputs([], [Input(target, "--target"), Input(prompts_file, "--prompts"), Input(init, "--init"),
-                       Input(eval_prompts, "--eval-prompts")])
-    check_outputs([Output(out, "-o", folder=True)], [Input(target, "--target"), Input(init, "--init")])
-    target = hub.local_gguf(target)
-    options = TrainOptions(variant=variant, layers=layers, block_size=block_size, target_layer_ids=target_layers,
-                           init=init, minutes=minutes if minutes or steps else 10.0, steps=steps, lr=lr,
-                           answer_tokens=answer_tokens, holdout=holdout, eval_prompts=eval_prompts,
-                           eval_tokens=eval_tokens,
-                           threads=threads, seed=SEED if seed is None else seed,
-                           checkpoint_minutes=checkpoint_minutes, validate=not no_validate, device=torch_device,
-                           llama_bin=llama_bin, backend=backend)
-    # extra: [train] (PyTorch): the command line starts without it
+    from .pipeline import train
     from .settings import VARIANTS as RECIPES
 
-    spec = RECIPES[variant]
-    bar = _StepBar(block_size or spec["block_size"], spec["seqs_per_step"] * spec["anchors_per_seq"])
-    summary = train(target, prompts_file, out, options, force=force, progress=lambda m: click.echo(m, err=True),
-                    step_progress=bar)
-    if as_json:
-        click.echo(json.dumps({"out": str(out), **asdict(summary)}, indent=2))
+    target = hub.local_gguf(settings.target)
+    spec = RECIPES[settings.variant]
+    bar = _StepBar(settings.block_size or spec["block_size"], spec["seqs_per_step"] * spec["anchors_per_seq"])
+    summary = train(target, settings.prompts_file, settings.out, settings.options(), force=settings.force,
+                    progress=lambda m: click.echo(m, err=True), step_progress=bar)
+    if settings.as_json:
+        click.echo(json.dumps({"out": str(settings.out), **asdict(summary)}, indent=2))
         return
     held = summary.held_out
-    click.echo(f"drafter        {out} ({summary.variant}, {summary.layers} layers, block {summary.block_size}, "
-               f"taps {summary.target_layer_ids})")
+    click.echo(f"drafter        {settings.out} ({summary.variant}, {summary.layers} layers, "
+               f"block {summary.block_size}, taps {summary.target_layer_ids})")
     reused = " (answers reused from an earlier run)" if summary.teacher_reused else ""
     click.echo(f"teacher        {summary.prompts_trained} prompts, {summary.teacher_seconds:.0f} s{reused}, "
                f"{summary.teacher_store_bytes / 2**20:.0f} MiB of states on disk")

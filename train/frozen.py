@@ -2,7 +2,8 @@
 head (the embedding again when tied) and the final norm, frozen, and for the families whose decoder
 layers a DFlash layer can copy (llama, qwen3) the layers the drafter starts from.
 
-Tensors are dequantized to float32 by gguf-py (Q4_K_M, Q8_0, ...: the values llama.cpp computes with);
+The GGUF is read by the project's one reader (dflash_gguf/gguf/reader.py); tensors are dequantized to
+float32 by gguf-py's quants (Q4_K_M, Q8_0, ...: the values llama.cpp computes with);
 llama.cpp's converter permutes llama's q/k rows for its rope layout, so they are put back in
 Hugging Face's order, which the drafter's attention expects.
 """
@@ -15,12 +16,12 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-from gguf import GGUFReader
 from gguf.quants import dequantize
 from torch import nn
 
 from dflash_gguf.errors import TargetError
 from dflash_gguf.gguf.keys import General, Model, Tokenizer, per_arch
+from dflash_gguf.gguf.reader import GGUFFile
 
 # families whose decoder layer is the drafter's (Qwen3 attention; llama's lacks the q/k norms)
 COPYABLE = ("llama", "qwen3")
@@ -54,18 +55,12 @@ class GGUFWeights:
     """The target's tensors by GGUF name, dequantized to float32 on request."""
 
     def __init__(self, path: Path):
-
         self.path = Path(path)
-        try:
-            self.reader = GGUFReader(str(path))
-        except (ValueError, OSError) as err:
-            raise TargetError(f"{path}: not a GGUF gguf-py can read ({err})") from None
-        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.file = GGUFFile(self.path)
         self.shape = self._shape()
 
     def field(self, key: str, default=None):
-        field = self.reader.fields.get(key)
-        return default if field is None else field.contents()
+        return self.file.get(key, default)
 
     def layer_value(self, key: str, default=None):
         """A hyperparameter that hybrid targets store once per layer (LFM2's head_count_kv is 0 on
@@ -100,15 +95,13 @@ class GGUFWeights:
             eos_token_id=self.field(Tokenizer.EOS_ID))
 
     def has(self, name: str) -> bool:
-        return name in self.tensors
+        return name in self.file.tensors
 
     def get(self, name: str) -> torch.Tensor:
-
-        tensor = self.tensors.get(name)
-        if tensor is None:
+        info = self.file.tensors.get(name)
+        if info is None:
             raise TargetError(f"{self.path}: tensor {name} is missing")
-        data = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-        data = data.reshape([int(n) for n in reversed(tensor.shape.tolist())])
+        data = dequantize(self.file.tensor_rows(name), info.type).astype(np.float32, copy=False).reshape(info.shape)
         if self.shape.arch in _PERMUTED and name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = self.shape.n_head if name.endswith("attn_q.weight") else self.shape.n_head_kv
             data = _unpermute(data, heads)

@@ -1,5 +1,5 @@
 """A published drafter adapted to a fine-tune by `dflash-gguf train --init`: the committed SmolLM2
-drafters (tests/fixtures/smollm2/) on the pirate fine-tune (tests/fixtures/smollm2_finetune.py,
+drafters (tests/fixtures/smollm2/) on the pirate fine-tune (training/fixtures/smollm2_finetune.py,
 build/fixtures/smollm2/finetune-Q4_K_M.gguf), before and after.
 
     python -m training.adapt_finetune [--variants dflash2] [--minutes 20 | --steps N] [--prompts 400]
@@ -19,7 +19,7 @@ import json
 import subprocess
 import sys
 
-from tests.fixtures import smollm2 as fixture
+from training.fixtures import smollm2 as fixture
 from training.smollm2_vs_recipe import CLI, REPO, log, measure
 from training.train_smollm2 import prompts_file
 

@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import torch
 
-from tests.fixtures import smollm2 as fixture
+from training.fixtures import smollm2 as fixture
 from training.train_smollm2 import EOS_TOKEN_ID, _read_jsonl, load_target, load_tokenizer, render
 
 TARGETS = ("F16", "Q8_0", "Q4_1", "Q4_K_M")

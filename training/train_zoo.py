@@ -1,5 +1,5 @@
 """Train the zoo's drafters with `dflash-gguf train`: a DFlash and a DFlash 2 drafter for each target
-family's toy (tests/fixtures/families.py), committed under tests/fixtures/zoo/<arch>/<variant>/.
+family's toy (training/fixtures/families.py), committed under tests/fixtures/zoo/<arch>/<variant>/.
 
     python -m training.train_zoo                    # every family and variant missing or stale (resumable)
     python -m training.train_zoo qwen35 gemma4      # these families only
@@ -10,7 +10,7 @@ family's toy (tests/fixtures/families.py), committed under tests/fixtures/zoo/<a
     python -m training.train_zoo --force --threads 2 qwen35moe   # both cores for one drafter (the teacher and torch)
     python -m training.train_zoo --force --lr 3e-3 qwen35moe      # another peak learning rate (train --lr)
 
-Each drafter starts from the family's published geometry (tests/fixtures/family_drafters.py: its
+Each drafter starts from the family's published geometry (training/fixtures/family_drafters.py: its
 target layers, block size, sliding window, DFlash 2 shapes at toy width; `train --init`) and learns
 from the F16 target's own greedy answers, computed by the patched llama.cpp, to 200 chat prompts
 (training/smollm2_prompts.py, seed 7), 20 of them held out (`--prompts N`: N of the same generator,
@@ -31,11 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from dflash_gguf.families import FAMILIES
 from dflash_gguf.train.settings import VARIANTS as RECIPE
 from dflash_gguf.hashing import sha256_file
-from tests.fixtures import families as zoo
-from tests.fixtures.family_drafters import VARIANTS, write_drafter
+from training.fixtures import families as zoo
+from training.fixtures.family_drafters import VARIANTS, write_drafter
+from training.fixtures.toys import FAMILIES
 from training.smollm2_prompts import build_prompts
 
 PROMPTS, SEED = 200, 7

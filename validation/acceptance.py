@@ -76,3 +76,81 @@ def drafting_lines(profile: dict) -> list[str]:
             f"{d['depth']}: {d['conditional']:.2f}" for d in depths if d["conditional"] is not None)
             + "  (depth i accepted when depth i-1 was)")
     return lines
+
+
+def run_limit(timings: Iterable[dict], slots: int = 1) -> dict | None:
+    """The speedup a run's own acceptance allows at the costs its controller measured, with no
+    overhead: per request, the best draft length n for that request's whole-block acceptance
+    (`draft_full_*_per_depth`, patch 0008), E(n) = 1 + sum_k prod_{i<=k} a_i tokens per step at
+    draft(slots) [n > 0] + verify(slots * (n + 1)) ms (patch 0013: `draft_pass_cost_ms`,
+    `draft_verify_cost_ms`), against one token per verify(slots) ms; requests weighted by the
+    tokens they produced. None without those fields (a static length, or a build without 0013)."""
+    timings = [t for t in timings if t.get("draft_verify_cost_ms")]
+    if not timings:
+        return None
+    verify, draft = _costs(max(timings, key=lambda t: len(t["draft_verify_cost_ms"])))
+    pooled = _conditional(timings)
+    plain, tokens, spent, lengths = verify(slots), 0, 0.0, Counter()
+    for t in timings:
+        rates = _conditional([t], pooled)
+        best = max(range(len(rates) + 1), key=lambda n: _expected(rates, n) / _step_ms(n, slots, verify, draft))
+        produced = int(t.get("predicted_n") or 0)
+        tokens += produced
+        spent += produced * _step_ms(best, slots, verify, draft) / _expected(rates, best)
+        lengths[best] += 1
+    if not tokens or spent <= 0:
+        return None
+    return {"limit": round(tokens * plain / spent, 3), "best_lengths": {str(n): c for n, c in sorted(lengths.items())},
+            "verify_ms": round(plain, 3), "slots": slots}
+
+
+def _costs(t: dict):
+    """ms by size from one response's cost curves, the nearest measured size outside them."""
+    curves = [list(t["draft_verify_cost_ms"]), list(t.get("draft_pass_cost_ms") or [0.0])]
+    return tuple((lambda c: lambda size: float(c[min(max(size, 1), len(c)) - 1]))(c) for c in curves)
+
+
+def _conditional(timings: list[dict], fallback: list[float] | None = None) -> list[float]:
+    """a_i per depth from the whole drafted blocks' counts; `fallback`'s rate where a depth was never offered."""
+    offered: Counter[int] = Counter()
+    accepted: Counter[int] = Counter()
+    for t in timings:
+        for i, (o, a) in enumerate(zip(t.get("draft_full_offered_per_depth") or [], t.get("draft_full_accepted_per_depth") or [])):
+            offered[i] += int(o)
+            accepted[i] += int(a)
+    depths = max(len(fallback or []), max(offered, default=-1) + 1)
+    return [accepted[i] / offered[i] if offered[i] else (fallback[i] if fallback and i < len(fallback) else 0.0)
+            for i in range(depths)]
+
+
+def _expected(rates: list[float], n: int) -> float:
+    e, p = 1.0, 1.0
+    for a in rates[:n]:
+        p *= a
+        e += p
+    return e
+
+
+def _step_ms(n: int, slots: int, verify, draft) -> float:
+    return max((draft(slots) if n else 0.0) + verify(slots * (n + 1)), 1e-6)
+
+
+def limit_fields(timings: Iterable[dict], speedup: float | None, slots: int = 1) -> dict:
+    """`limit` (run_limit) and `measured_over_limit` for a report's speed section; {} without costs."""
+    limit = run_limit(timings, slots)
+    if limit is None:
+        return {}
+    ratio = round(speedup / limit["limit"], 3) if speedup is not None and limit["limit"] > 0 else None
+    return {"limit": limit, "measured_over_limit": ratio}
+
+
+def limit_line(speed: dict) -> str | None:
+    """How close the measured speedup came to the run's limit, as validate and bench print it."""
+    limit = speed.get("limit")
+    if not limit:
+        return None
+    lengths = ", ".join(f"{n}: {c}" for n, c in limit["best_lengths"].items())
+    ratio = speed.get("measured_over_limit")
+    measured = f"measured / limit {ratio:.2f}" if ratio is not None else "measured / limit: not measured reliably"
+    return (f"limit {limit['limit']:.2f}x at the controller's costs with no overhead (best length per request "
+            f"{lengths}); {measured}")

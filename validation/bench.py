@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from dflash_gguf.errors import ServerArgsError
 from dflash_gguf.runner import measure
@@ -37,7 +37,8 @@ from dflash_gguf.runner.launch import ONE_CLIENT_PER_RPC_SERVER, Launch, launch_
 from dflash_gguf.runner.build import build_info
 from dflash_gguf.runner.measure import measuring_launch
 from dflash_gguf.runner.speed import judge, load_average, shown
-from .acceptance import timings_profile
+from dflash_gguf.settings import Settings, refusal
+from .acceptance import limit_fields, timings_profile
 from .validate import ValidationSettings, run_server
 
 log = logging.getLogger(__name__)
@@ -47,15 +48,31 @@ DEFAULT_LEVELS = (1, 2, 4, 8)
 ALONE, DRAFTER = "target alone", "drafter"
 
 
-@dataclass
-class BenchSettings:
+@dataclass(frozen=True)
+class BenchSettings(Settings):
+    """How the curve is measured (bench_cli.BenchCommandSettings adds the command's own options)."""
+
     levels: tuple[int, ...] = DEFAULT_LEVELS
     n_predict: int = 64
     rounds: int = 3
     backend: str | None = None
     llama_bin: Path | None = None
-    server_args: list[str] = field(default_factory=list)  # the user's llama-server arguments (after --)
+    server_args: Sequence[str] = field(default_factory=list)  # the user's llama-server arguments (after --)
     exact: bool = False  # serve's --exact: batch-invariant kernels, so "identical" is a bit-exact check
+
+    def problems(self) -> Iterator[str]:
+        yield from refusal(check_levels, self.levels)
+        malformed = refusal(parse_server_args, self.server_args)
+        if malformed:
+            yield from malformed
+            return
+        given = parse_server_args(self.server_args)
+        for name, flag in (("parallel", "-np"), ("port", "--port")):
+            if name in given.honoured:
+                yield (f"{flag} after --: bench runs two servers per --concurrency level, each with -np set to "
+                       "the level and on a free port; leave it out")
+        if "rpc" in given.honoured:
+            yield ONE_CLIENT_PER_RPC_SERVER.format(command="bench")
 
 
 def check_levels(levels: Sequence[int]) -> tuple[int, ...]:
@@ -213,7 +230,8 @@ def _level(n: int, jobs: list[list[int]], alone: list[Pass], spec: list[Pass], r
         per_request_tokens_per_second={ALONE: _per_request(alone), DRAFTER: _per_request(spec)},
         speedup=judged.to_dict()["speedup"],
         speedup_runs=[round(x, 3) for x in speedups],
-        speed=judged.to_dict(),
+        speed={**judged.to_dict(), **limit_fields((c.timings for p in spec for stream in p.answers for c in stream),
+                                                  judged.to_dict()["speedup"], n)},
         tau=round(tau, 4),
         acceptance_rate=round(measure.acceptance_rate(drafted, accepted), 4),
         slots=_slots(spec),
@@ -268,13 +286,6 @@ def concurrency_curve(target: str | Path, draft: str | Path, prompts: Sequence[s
     """The curve (module docstring)."""
     progress = progress or (lambda msg: log.info(msg))
     levels = check_levels(settings.levels)
-    given = parse_server_args(settings.server_args)
-    for name, flag in (("parallel", "-np"), ("port", "--port")):
-        if name in given.honoured:
-            raise ServerArgsError(f"{flag} after --: bench runs two servers per --concurrency level, each with "
-                                  "-np set to the level and on a free port; leave it out")
-    if "rpc" in given.honoured:
-        raise ServerArgsError(ONE_CLIENT_PER_RPC_SERVER.format(command="bench"))
     launch = launch_recipe(target, draft, server_args=settings.server_args, exact=settings.exact)
     bin_dir = find_bin_dir(settings.backend, settings.llama_bin)
 

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import click
 
 from dflash_gguf.errors import OptionError
 from dflash_gguf.hub import resolve as hub
+from dflash_gguf.hub.resolve import HubRef
 from dflash_gguf.options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, n_predict_option,
                        prompts_option, rounds_option, seed_option, target_option)
 from . import charts as chart
-from .acceptance import drafting_lines
+from .acceptance import drafting_lines, limit_line
 from .bench import ALONE, DEFAULT_LEVELS, DRAFTER, BenchReport, BenchSettings, concurrency_curve, verdict_line
 from .suites import DEFAULT_LIMIT, SUITES, draw_suites, markdown, parse_suites, run_suites
 from .validate import ValidationSettings
 from dflash_gguf.runner.prompts import BUILTIN_PROMPTS, read_prompts
 from dflash_gguf.runner.speed import shown
+from dflash_gguf.settings import option, refusal, settings_command
 
 
 def _levels(_ctx, _param, value: str) -> tuple[int, ...]:
@@ -53,8 +57,9 @@ def print_curve(report: BenchReport) -> None:
             f"NO: {sum(not s['identical'] for s in r.streams)} of {len(r.streams)} streams differ"
         click.echo(f"{r.concurrency:>7}  {agg[ALONE]:>10.1f} {agg[DRAFTER]:>10.1f}  {per[ALONE] or 0:>9.1f} "
                    f"{per[DRAFTER] or 0:>9.1f}  {_speedup(r.speedup):>7}  {r.tau:>5.2f}  {slots:<24} {same}")
-        for line in drafting_lines(r.drafting):
-            click.echo(f"{'':>9}{line}")
+        for line in [*drafting_lines(r.drafting), limit_line(r.speed)]:
+            if line:
+                click.echo(f"{'':>9}{line}")
         if not r.target_alone_identical:
             click.echo(f"{'':>9}note: the target alone at -np {r.concurrency} differs from its one-slot "
                        "answers too (the build is not batch-invariant for this model)")
@@ -76,6 +81,39 @@ def print_curve(report: BenchReport) -> None:
                f"serve's launch: {' '.join(recipe)}"
                + (f"; your arguments: {' '.join(report.launch['user_args'])}" if report.launch["user_args"]
                   else ""))
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchCommandSettings(BenchSettings):
+    """`dflash-gguf bench`'s options: the curve's (BenchSettings), or with --suite validate's for each suite
+    (`validation()`), and what the command reads and writes."""
+
+    target: Path | HubRef
+    draft: Path
+    prompts_file: Path | None = option("--prompts")
+    suites: tuple[str, ...] = option("--suite", ())
+    limit: int = DEFAULT_LIMIT
+    seed: int | None = None
+    charts_dir: Path | None = option("--charts")
+    as_json: bool = option("--json", False)
+    explicit: frozenset[str] = frozenset()  # the options given, not defaulted (dflash_gguf/settings.py)
+
+    def problems(self) -> Iterator[str]:
+        if self.suites and self.explicit & {"levels", "prompts_file"}:
+            yield ("--suite takes its prompts from the suites and runs one stream at a time; leave out "
+                   "--concurrency and --prompts (or --suite, for the concurrency curve)")
+        if not self.suites:
+            if self.explicit & {"limit", "seed"}:
+                yield "--limit and --seed choose the rows of --suite; give --suite NAME or leave them out"
+            yield from super().problems()
+        if self.charts_dir is not None:
+            yield from refusal(chart.check, self.charts_dir,
+                               chart.SUITE_CHARTS if self.suites else chart.CURVE_CHARTS)
+
+    def validation(self) -> ValidationSettings:
+        """How each suite's prompts are validated (--suite)."""
+        return ValidationSettings(n_predict=self.n_predict, rounds=self.rounds, exact=self.exact,
+                                  backend=self.backend, llama_bin=self.llama_bin, server_args=list(self.server_args))
 
 
 @click.command("bench", cls=ServerArgsCommand)
@@ -102,11 +140,8 @@ def print_curve(report: BenchReport) -> None:
 @exact_option
 @build_options
 @json_option
-@click.pass_context
-def bench_command(ctx: click.Context, target: Path, draft: Path, levels: tuple[int, ...], prompts_file: Path | None,
-                  suites: tuple[str, ...], limit: int, seed: int, charts_dir: Path | None, n_predict: int,
-                  rounds: int, exact: bool, backend: str | None, llama_bin: Path | None, as_json: bool,
-                  server_args: tuple[str, ...]) -> None:
+@settings_command(BenchCommandSettings)
+def bench_command(settings: BenchCommandSettings) -> None:
     """Throughput against concurrency, with the drafter and without, every stream checked.
 
     \b
@@ -144,29 +179,17 @@ def bench_command(ctx: click.Context, target: Path, draft: Path, levels: tuple[i
       dflash-gguf bench -t t.gguf -d d.gguf --concurrency 1,4,16 --prompts p.txt -n 128 --json -- -ngl 99
       dflash-gguf bench -t t.gguf -d d.gguf --suite humaneval,gsm8k,mt-bench --limit 16 --charts charts/
     """
-    given = {name for name in ("levels", "prompts_file", "limit", "seed")
-             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
-    if suites and given & {"levels", "prompts_file"}:
-        raise OptionError("--suite takes its prompts from the suites and runs one stream at a time; leave out "
-                          "--concurrency and --prompts (or --suite, for the concurrency curve)")
-    if not suites and given & {"limit", "seed"}:
-        raise OptionError("--limit and --seed choose the rows of --suite; give --suite NAME or leave them out")
-    chart_files = chart.check(charts_dir, chart.SUITE_CHARTS if suites else chart.CURVE_CHARTS) \
-        if charts_dir is not None else []
-    target = hub.local_gguf(target)
-    if suites:
-        _bench_suites(target, draft, suites, limit, seed or 0, charts_dir, ValidationSettings(
-            n_predict=n_predict, rounds=rounds, exact=exact, backend=backend, llama_bin=llama_bin,
-            server_args=list(server_args)), as_json)
-    prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
-    settings = BenchSettings(levels=levels, n_predict=n_predict, rounds=rounds, backend=backend, llama_bin=llama_bin,
-                             server_args=list(server_args), exact=exact)
-    report = concurrency_curve(target, draft, prompts, settings, progress=lambda msg: click.echo(msg, err=True))
+    target = hub.local_gguf(settings.target)
+    if settings.suites:
+        _bench_suites(target, settings)
+    prompts = read_prompts(settings.prompts_file) if settings.prompts_file else list(BUILTIN_PROMPTS)
+    report = concurrency_curve(target, settings.draft, prompts, settings,
+                               progress=lambda msg: click.echo(msg, err=True))
     for message in report.warnings:
         click.echo(f"warning: {message}", err=True)
-    if chart_files:
-        _charts(chart.curve_charts(report.to_dict(), charts_dir))
-    if as_json:
+    if settings.charts_dir is not None:
+        _charts(chart.curve_charts(report.to_dict(), settings.charts_dir))
+    if settings.as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         print_curve(report)
@@ -178,15 +201,15 @@ def _charts(written: list[Path]) -> None:
         click.echo(f"chart: {path}", err=True)
 
 
-def _bench_suites(target: Path, draft: Path, names: tuple[str, ...], limit: int, seed: int, charts_dir: Path | None,
-                  settings: ValidationSettings, as_json: bool) -> None:
-    drawn = draw_suites(names, limit, seed)  # every wheel read before a server starts
-    report = run_suites(target, draft, drawn, settings, limit, seed, progress=lambda msg: click.echo(msg, err=True))
+def _bench_suites(target: Path, settings: BenchCommandSettings) -> None:
+    drawn = draw_suites(settings.suites, settings.limit, settings.seed or 0)  # every wheel read before a server starts
+    report = run_suites(target, settings.draft, drawn, settings.validation(), settings.limit, settings.seed or 0,
+                        progress=lambda msg: click.echo(msg, err=True))
     for message in report.warnings:
         click.echo(f"warning: {message}", err=True)
-    if charts_dir is not None:
-        _charts(chart.suite_charts(report.to_dict(), charts_dir))
-    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else markdown(report))
+    if settings.charts_dir is not None:
+        _charts(chart.suite_charts(report.to_dict(), settings.charts_dir))
+    click.echo(json.dumps(report.to_dict(), indent=2) if settings.as_json else markdown(report))
     sys.exit(0 if report.lossless else 1)
 
 

@@ -28,12 +28,12 @@ from typing import Callable, Sequence
 from dflash_gguf.confined_reader import file_in
 from dflash_gguf.convert.converter import sliding_window
 from dflash_gguf.errors import DflashError, ServerArgsError, TargetError
-from dflash_gguf.families import FAMILIES
+from dflash_gguf.families import TARGET_KEYS
 from dflash_gguf.gguf import layout
 from dflash_gguf.gguf.checkpoint import DrafterCheckpoint
 from dflash_gguf.gguf.describe import describe
-from dflash_gguf.gguf.file import GGUFFile
 from dflash_gguf.gguf.keys import DFlash, Tokenizer
+from dflash_gguf.gguf.reader import GGUFFile
 from dflash_gguf.gguf.target import load_target
 from dflash_gguf.runner.build import find_bin_dir
 from dflash_gguf.runner.launch import check_pair, dflash_server, split_mode_problem
@@ -178,9 +178,7 @@ def check_files(target: Path, draft: Path, checkpoint: Path | None = None) -> li
 def check_target_family(target: Path, arch: str | None, keys: set[str]) -> list[Finding]:
     """A target of a known family without the keys its drafters' runs depend on (dflash_gguf/families.py):
     written by an older converter, its window or rope sections are llama.cpp's defaults, not the model's."""
-    if arch not in FAMILIES:
-        return []
-    missing = [f"{arch}.{key}" for key in FAMILIES[arch].target_keys if f"{arch}.{key}" not in keys]
+    missing = [f"{arch}.{key}" for key in TARGET_KEYS.get(arch, ()) if f"{arch}.{key}" not in keys]
     if not missing:
         return []
     return [Finding("target-metadata", f"{target.name} is a {arch} target without {', '.join(missing)}, so "

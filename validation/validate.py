@@ -26,19 +26,21 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
+from dflash_gguf.extras import require
 from dflash_gguf.hub import resolve as hub
 from dflash_gguf.hub.resolve import HubRef
 from dflash_gguf.outputs import head
+from dflash_gguf.settings import Settings, refusal
 from dflash_gguf.runner.build import build_info, find_bin_dir
 from dflash_gguf.runner.client import Completion, LlamaClient
-from dflash_gguf.runner.launch import Launch, launch_recipe
+from dflash_gguf.runner.launch import Launch, launch_recipe, with_rpc
 from dflash_gguf.runner.measure import (Progress, ServerRun, acceptance_rate, first_divergence, mean_acceptance_length,
                               measuring_launch)
 from dflash_gguf.runner.prompts import Prompt, size_bound, tokenize_prompts
 from dflash_gguf.runner.speed import Rounds, Speedup, interleaved_rounds, not_measured
-from .acceptance import depth_profile
+from .acceptance import depth_profile, limit_fields
 from .draft_parity import draft_parity
 from .lossless import MISMATCH, NUMERICAL, judge, noise_by_width
 from .reference import run_reference
@@ -48,8 +50,11 @@ from .server_steps import DEBUG_ARGS, TaskSteps, read_steps, tree_state
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class ValidationSettings:
+@dataclass(frozen=True)
+class ValidationSettings(Settings):
+    """How validate runs: its command's options that reach the library (validate_cli.ValidateSettings adds
+    the command's own). release, train and bench build it too, through the same checks."""
+
     n_predict: int = 64
     parallel: int | None = None          # requests in flight = llama-server slots; None: -np after --, else 1
     temperature: float = 0.0
@@ -57,13 +62,21 @@ class ValidationSettings:
     threads: int | None = None           # llama-server -t
     backend: str | None = None           # which patched build (or llama_bin: any build's bin folder)
     llama_bin: Path | None = None
-    server_args: list[str] = field(default_factory=list)  # the user's llama-server arguments (after --)
+    server_args: Sequence[str] = field(default_factory=list)  # the user's llama-server arguments (after --)
     reference_draft: Path | HubRef | None = None  # z-lab HF checkpoints (or repo ids): run the PyTorch reference too
     reference_target: Path | HubRef | None = None
     rounds: int = 3                      # interleaved speed rounds (runner/speed.py); 0: speed not measured
+    rpc: str | None = None               # --rpc: the target over rpc-servers (folded into the server arguments)
+
+    def problems(self) -> Iterator[str]:
+        if self.temperature == 0 and (self.reference_draft is None) != (self.reference_target is None):
+            yield "--reference-draft and --reference-target go together"
+        if self.temperature == 0 and self.reference_draft is not None:
+            yield from refusal(require, "reference", "--reference-draft")
+        yield from refusal(with_rpc, self.rpc, self.server_args)
 
     def user_server_args(self) -> list[str]:
-        return (["-t", str(self.threads)] if self.threads else []) + [str(a) for a in self.server_args]
+        return (["-t", str(self.threads)] if self.threads else []) + list(with_rpc(self.rpc, self.server_args))
 
 
 def _reference_parity(settings: ValidationSettings, prompt_ids: list[list[int]], spec: ServerRun,
@@ -301,6 +314,8 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], s
         tokens_per_second=rounds.tokens_per_second() if rounds else {"target": 0.0, "speculative": 0.0},
         speedup=speedup.to_dict()["speedup"],
         speed={**speedup.to_dict(), "rounds": settings.rounds,
+               **limit_fields((c.timings for c in rounds.answers) if rounds else (), speedup.to_dict()["speedup"],
+                              launch.parallel),
                "tokens_per_second_rounds": {"target": rounds.alone, "speculative": rounds.speculative}
                if rounds else None},
         divergences=divergences,

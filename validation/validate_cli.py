@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import click
 
-from dflash_gguf.errors import OptionError
-from dflash_gguf.extras import require
 from dflash_gguf.hub.model_param import ModelParam
 from dflash_gguf.hub import resolve as hub
+from dflash_gguf.hub.resolve import HubRef
 from dflash_gguf.options import (GGUF, OUTPUT_FILE, ServerArgsCommand, build_options, draft_option, exact_option, json_option,
                        n_predict_option, parallel_option, prompts_option, rounds_option, rpc_option, seed_option, target_option,
                        temperature_option, threads_option)
 from dflash_gguf.outputs import Input, Output, Replace, check_outputs, write_text
-from dflash_gguf.runner.launch import with_rpc
 from dflash_gguf.runner.prompts import BUILTIN_PROMPTS, read_prompts
 from dflash_gguf.runner.speed import MIN_ROUNDS, shown
-from .acceptance import drafting_lines
+from dflash_gguf.settings import option, refusal, settings_command
+from .acceptance import drafting_lines, limit_line
 from .distribution import DEFAULT_ALPHA
 from .validate import ValidationReport, ValidationSettings, is_report, validate, verdict
 from .validate_sampled import DistributionReport, Sampling, validate_distribution
@@ -125,6 +126,8 @@ def _print_table(report: ValidationReport) -> None:
     click.echo(f"tokens/s target alone   {tps['target']:.1f} (median round)")
     click.echo(f"tokens/s speculative    {tps['speculative']:.1f} (median round)")
     click.echo(f"speedup                 {shown(report.speed)}")
+    if line := limit_line(report.speed):
+        click.echo(f"                        {line}")
     click.echo(f"llama.cpp               {report.llama['backend']} build {report.llama['build']}")
     launch = report.launch
     click.echo(f"llama-server            serve's launch: {' '.join(launch['recipe'])}")
@@ -146,6 +149,51 @@ def _print_distribution(report: DistributionReport) -> None:
     click.echo(f"mean acceptance length  {report.mean_acceptance_length:.3f} tokens per target step (tau)")
     click.echo(f"acceptance rate         {report.acceptance_rate:.3f} ({report.accepted} / {report.drafted})")
     click.echo(f"llama.cpp               {report.llama['backend']} build {report.llama['build']}")
+
+
+SAMPLING = tuple(f.name for f in dataclasses.fields(Sampling) if f.name != "temperature")  # --top-k ... --alpha
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidateSettings(ValidationSettings):
+    """`dflash-gguf validate`'s options: how validate runs (ValidationSettings, which the library takes),
+    what the command reads and writes, and the sampler of a run above temperature 0 (`SAMPLING`)."""
+
+    target: Path | HubRef
+    draft: Path
+    prompts_file: Path | None = option("--prompts")
+    baseline: Path | None = None
+    report_file: Path | None = option("--report")
+    as_json: bool = option("--json", False)
+    strict: bool = False
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    samples: int | None = None
+    positions: int | None = None
+    seed: int | None = None
+    alpha: float | None = None
+
+    def problems(self) -> Iterator[str]:
+        if self.temperature == 0:
+            for flag in self.given(*SAMPLING):
+                yield (f"{flag}: a sampling option; give --temperature above 0 with it (greedy runs are checked "
+                       "token by token)")
+        else:
+            for flag in self.given("strict", "reference_draft", "reference_target"):
+                yield f"{flag}: applies to greedy runs; leave it out with --temperature above 0"
+        yield from super().problems()
+        yield from refusal(check_outputs, [Output(self.report_file, "--report", Replace.OWNED, owned=is_report,
+                                                  what="report")] if self.report_file is not None else [],
+                           [Input(self.target, "--target"), Input(self.draft, "--draft"),
+                            Input(self.prompts_file, "--prompts"), Input(self.baseline, "--baseline"),
+                            Input(self.reference_draft, "--reference-draft"),
+                            Input(self.reference_target, "--reference-target")])
+
+    def sampling(self) -> Sampling:
+        """The sampler: the options given, the rest Sampling's defaults."""
+        given = {name: getattr(self, name) for name in SAMPLING if getattr(self, name) is not None}
+        return Sampling(temperature=self.temperature, **given)
 
 
 @click.command("validate", cls=ServerArgsCommand)
@@ -184,9 +232,8 @@ def _print_distribution(report: DistributionReport) -> None:
 @json_option
 @click.option("--report", "report_file", type=OUTPUT_FILE,
               help="Also write the full report as JSON to this file.")
-def validate_command(target, draft, prompts_file, n_predict, parallel, temperature, top_k, top_p, min_p, samples,
-                     positions, seed, alpha, rounds, strict, exact, baseline, backend, llama_bin, threads, rpc,
-                     reference_draft, reference_target, as_json, report_file, server_args) -> None:
+@settings_command(ValidateSettings)
+def validate_command(settings: ValidateSettings) -> None:
     """Prove a drafter is lossless in llama.cpp, and measure what it buys.
 
     Runs the patched llama-server on the same prompts (as token ids) with the drafter and without
@@ -245,42 +292,16 @@ def validate_command(target, draft, prompts_file, n_predict, parallel, temperatu
       dflash-gguf validate -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf -- -ctkd q8_0 -fa on -np 8
       dflash-gguf validate -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf --temperature 0.7 --samples 200
     """
-    target = hub.local_gguf(target)
-    check_outputs([Output(report_file, "--report", Replace.OWNED, owned=is_report, what="report")]
-                  if report_file is not None else [],
-                  [Input(target, "--target"), Input(draft, "--draft"), Input(prompts_file, "--prompts"),
-                   Input(baseline, "--baseline"), Input(reference_draft, "--reference-draft"),
-                   Input(reference_target, "--reference-target")])
-    prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
-    server_args = with_rpc(rpc, server_args)
-    settings = ValidationSettings(n_predict=n_predict, parallel=parallel, temperature=temperature,
-                                  exact=exact, threads=threads, backend=backend,
-                                  llama_bin=llama_bin, server_args=list(server_args),
-                                  reference_draft=reference_draft, reference_target=reference_target,
-                                  rounds=rounds)
-    sampling_options = {"--top-k": top_k, "--top-p": top_p, "--min-p": min_p, "--samples": samples,
-                        "--positions": positions, "--seed": seed, "--alpha": alpha}
-    if temperature == 0:
-        given = [name for name, value in sampling_options.items() if value is not None]
-        if given:
-            raise OptionError(f"{given[0]}: a sampling option; give --temperature above 0 with it "
-                              "(greedy runs are checked token by token)")
-        if (reference_draft is None) != (reference_target is None):
-            raise OptionError("--reference-draft and --reference-target go together")
-        if reference_draft is not None:
-            require("reference", "--reference-draft")
-        report = validate(target, draft, prompts, settings, baseline, progress=lambda msg: click.echo(msg, err=True))
-        _write(report.to_dict(), as_json, report_file, lambda _: _print_table(report))
-        sys.exit(verdict(report, strict))
-    for flag, used in (("--strict", strict), ("--reference-draft", reference_draft),
-                       ("--reference-target", reference_target)):
-        if used:
-            raise OptionError(f"{flag}: applies to greedy runs; leave it out with --temperature above 0")
-    chosen = {name[2:].replace("-", "_"): value for name, value in sampling_options.items() if value is not None}
-    sampling = Sampling(temperature=temperature, **chosen)
-    report = validate_distribution(target, draft, prompts, settings, sampling, baseline,
+    target = hub.local_gguf(settings.target)
+    prompts = read_prompts(settings.prompts_file) if settings.prompts_file else list(BUILTIN_PROMPTS)
+    if settings.temperature == 0:
+        report = validate(target, settings.draft, prompts, settings, settings.baseline,
+                          progress=lambda msg: click.echo(msg, err=True))
+        _write(report.to_dict(), settings.as_json, settings.report_file, lambda _: _print_table(report))
+        sys.exit(verdict(report, settings.strict))
+    report = validate_distribution(target, settings.draft, prompts, settings, settings.sampling(), settings.baseline,
                                    progress=lambda msg: click.echo(msg, err=True))
-    _write(report.to_dict(), as_json, report_file, lambda _: _print_distribution(report))
+    _write(report.to_dict(), settings.as_json, settings.report_file, lambda _: _print_distribution(report))
     sys.exit(sampled_verdict(report))
 
 

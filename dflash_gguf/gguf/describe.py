@@ -19,9 +19,9 @@ from ..variants import VARIANTS
 from . import layout
 from .compat import DrafterFacts
 from .config_values import MAX_BLOCK_SIZE
-from .file import GGUFFile
 from .keys import ARCH, DEFAULT_BLOCK_SIZE, LEGACY_ARCH, DFlash, General, Legacy, Tokenizer
 from .llama_support import support_of
+from .reader import GGUFFile
 
 # llama.cpp's --spec-type for each variant mainline runs
 SPEC_TYPES = {v: row.spec_type for v, row in VARIANTS.items() if row.spec_type}

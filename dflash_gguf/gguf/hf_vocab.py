@@ -20,8 +20,9 @@ from ..confined_reader import find_in
 from ..errors import InputError, TargetError
 from ..inputs import decode_text, parse_json
 from ..terminal import shown
-from .file import KV, kv_from_writer
+from .format import KV
 from .keys import ARCH, Tokenizer
+from .writer import kv_from_writer
 
 QWEN2_SPLIT_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                      r"|\s*[\r\n]+|\s+(?!\S)|\s+")

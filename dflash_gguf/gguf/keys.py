@@ -5,9 +5,9 @@ from `gguf.Keys` (formatted for the `dflash` architecture where a key is per-arc
 DFlash keys that PyPI gguf 0.19 lacks are spelled here as the pinned llama.cpp reads them
 (`src/llama-arch.cpp`, and `common/speculative.cpp` for `sample_from_anchor`). Every other module
 names a key through this table, a per-architecture one through `per_arch` (tests/test_keys.py holds
-it). One table sits below this one and cannot import it: the zoo's family facts
-(dflash_gguf/families.py), whose `target_keys` are per-architecture names without their `{arch}.`,
-which `doctor` puts in front of them.
+it). One table sits below this one and cannot import it: the families' target keys
+(dflash_gguf/families.py `TARGET_KEYS`), per-architecture names without their `{arch}.`, which
+`doctor` puts in front of them.
 """
 
 from __future__ import annotations

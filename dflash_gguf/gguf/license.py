@@ -4,8 +4,8 @@ through the typed general.* metadata and judged by the one license parser (dflas
 from __future__ import annotations
 
 from ..licenses import License, license_ids, strictest
-from .file import GGUFFile
 from .keys import General
+from .reader import GGUFFile
 
 
 def license_from_gguf(path, opened=None) -> License:

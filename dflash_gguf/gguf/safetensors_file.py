@@ -17,7 +17,7 @@ from ..confined_reader import Opened
 from ..errors import CheckpointError, InputError
 from ..inputs import parse_json
 from ..terminal import shown
-from .file import FileSpan
+from .format import FileSpan
 
 # safetensors dtype -> (numpy dtype used to read it, bytes per element)
 DTYPES = {

@@ -16,9 +16,10 @@ from ..hub import resolve as hub
 from ..inputs import parse_json
 from ..terminal import shown
 from . import config_values as cv
-from .file import KV, GGUFFile, tokenizer_metadata
+from .format import KV
 from .hf_vocab import tokenizer_metadata as hf_tokenizer_metadata
 from .keys import ARCH, LEGACY_ARCH, General, Model, Tokenizer, per_arch
+from .reader import GGUFFile, tokenizer_metadata
 
 
 @dataclass

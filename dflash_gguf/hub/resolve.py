@@ -34,7 +34,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from ..confined_reader import find_in, open_in, safe_name
 from ..errors import DflashError, HubError
 from ..gguf.checkpoint import INDEX_NAME, MASK_EMBEDDING_NAME
-from ..gguf.file import GGUFFile
+from ..gguf.reader import GGUFFile
 from ..licenses import LICENSE_FILE_NAMES
 from . import cache as hub_cache
 from . import client as hub_client

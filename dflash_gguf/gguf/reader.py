@@ -1,110 +1,32 @@
-"""A small, defensive GGUF reader and a streaming GGUF writer.
+"""A small, defensive GGUF reader.
 
-The reader keeps each key/value's raw bytes, so tokenizer metadata can be copied verbatim from a
-target GGUF, and checks every length and offset against the file size before trusting it (a
-truncated or corrupt file raises GGUFFormatError naming what is wrong). The writer follows the
-format's order (header, key/values, tensor infos, aligned tensor data) and streams tensor data in
-chunks, so memory stays bounded by one chunk.
+It keeps each key/value's raw bytes, so tokenizer metadata can be copied verbatim from a target GGUF,
+and checks every length and offset against the file size before trusting it (a truncated or corrupt
+file raises GGUFFormatError naming what is wrong). Every GGUF the project opens is read here: a
+drafter, a target (its metadata, and its tensors for training and for a drafter's own embeddings), a
+remote file's header through range reads.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
 import mmap
 import os
 import struct
-from dataclasses import dataclass, field
-from enum import Enum, auto
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from .. import typed_reader as values
 from ..errors import GGUFFormatError, InputError
 from ..inputs import open_regular
-from ..outputs import guard, named_for, partial_name
-from ..secrets import refuse_secrets
 from ..typed_reader import U32_MAX, Field
+from .format import DEFAULT_ALIGNMENT, KV, MAGIC, SCALAR, FileSpan, TensorInfo
 from .keys import General, Tokenizer
 
-MAGIC = b"GGUF"
-VERSION = 3
-DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4            # GGML_MAX_DIMS
 MAX_TENSOR_NAME = 64    # GGML_MAX_NAME, terminating zero included
-
-_SCALAR = {
-    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b",
-    GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
-    GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
-    GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q",
-    GGUFValueType.FLOAT32: "<f", GGUFValueType.FLOAT64: "<d",
-    GGUFValueType.BOOL: "<?",
-}
-
-
-@dataclass(frozen=True)
-class FileSpan:
-    """Bytes to copy verbatim from a file: the writer hands these to the kernel (copy_file_range).
-    `source`: the file as it was opened and checked (confine.Opened); the bytes come from it, never
-    from whatever `path` names by the time they are copied."""
-
-    path: Path
-    offset: int
-    nbytes: int
-    source: Any = field(default=None, compare=False, repr=False)
-
-
-@dataclass
-class KV:
-    """One metadata entry: its decoded value and, when read from a file, its exact bytes."""
-
-    key: str
-    type: GGUFValueType
-    value: Any
-    sub_type: GGUFValueType | None = None
-    raw: bytes | None = None  # the serialized type+value, as read
-
-    def encoded(self) -> bytes:
-        """Type tag and value, as they go after the key."""
-        if self.raw is not None:
-            return self.raw
-        return struct.pack("<I", self.type) + _pack_value(self.value, self.type, self.sub_type)
-
-
-@dataclass
-class TensorInfo:
-    name: str
-    shape: tuple[int, ...]  # numpy / PyTorch order (outermost first)
-    type: GGMLQuantizationType
-    offset: int = 0  # relative to the start of the data section
-
-    @property
-    def n_elements(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        block, type_size = GGML_QUANT_SIZES[self.type]
-        return self.n_elements // block * type_size
-
-
-def _pack_value(value: Any, vtype: GGUFValueType, sub_type: GGUFValueType | None) -> bytes:
-    if vtype in _SCALAR:
-        return struct.pack(_SCALAR[vtype], value)
-    if vtype == GGUFValueType.STRING:
-        data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
-        return struct.pack("<Q", len(data)) + data
-    if vtype == GGUFValueType.ARRAY:
-        if sub_type is None:
-            sub_type = GGUFValueType.get_type(value[0])
-        items = b"".join(_pack_value(v, sub_type, None) for v in value)
-        return struct.pack("<IQ", sub_type, len(value)) + items
-    raise ValueError(f"unsupported GGUF value type {vtype!r}")
-
 
 # general.* keys read as text (names, licenses, links): declared STRING, valid UTF-8, no control characters
 GENERAL_STRINGS = (General.ARCHITECTURE, General.NAME, General.LICENSE, General.LICENSE_NAME, General.LICENSE_LINK,
@@ -150,11 +72,6 @@ def general_metadata(kv: dict[str, KV], path: object) -> dict[str, Any]:
     return out
 
 
-def kv_from_writer(writer: GGUFWriter) -> list[KV]:
-    """The metadata a gguf-py writer collected, as KV entries (types exactly as gguf-py chose them)."""
-    return [KV(key, v.type, v.value, v.sub_type) for key, v in writer.kv_data[0].items()]
-
-
 FIRST_READ = 256 << 10  # first range read of a file object; each later read doubles what is held
 # the most of a file object held before its tensor data: a 262k-token vocabulary is some 10 MiB, and a
 # server that keeps sending keys (a header claiming 2^39 of them in a 1 TiB file) is stopped here
@@ -166,14 +83,16 @@ _U64 = struct.Struct("<Q")
 # info (name length, dimension count, type, offset): what a header's counts need at the least.
 MIN_KV_BYTES = 8 + 4 + 1
 MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
+READ_PIECE = 64 << 20  # tensor data is read from a file this much at a time
 
 
 class GGUFFile:
     """A GGUF opened read-only, every structure bounds-checked.
 
-    `source` is a path (read through mmap) or a seekable binary file object, such as a remote file
-    answering range reads: from one, only the header, metadata and tensor infos are read, into a
-    prefix that doubles as parsing needs more, so the bytes read stay under twice `data_offset`.
+    `source` is a path (mapped; tensor_rows reads the opened file instead) or a seekable binary file
+    object, such as a remote file answering range reads: from one, only the header, metadata and
+    tensor infos are read, into a prefix that doubles as parsing needs more, so the bytes read stay
+    under twice `data_offset`.
     `name` labels a file object in messages.
     """
 
@@ -272,8 +191,8 @@ class GGUFFile:
 
     def _value(self, vtype: int, pos: int, what: str) -> tuple[Any, GGUFValueType | None, int]:
         vtype = GGUFValueType(vtype)
-        if vtype in _SCALAR:
-            value, pos = self._unpack(_SCALAR[vtype], pos, what)
+        if vtype in SCALAR:
+            value, pos = self._unpack(SCALAR[vtype], pos, what)
             return value, None, pos
         if vtype == GGUFValueType.STRING:
             raw, pos = self._string(pos, what)
@@ -282,10 +201,10 @@ class GGUFFile:
             sub, pos = self._unpack("<I", pos, what)
             count, pos = self._unpack("<Q", pos, what)
             sub = GGUFValueType(sub)
-            if sub in _SCALAR:
-                width = struct.calcsize(_SCALAR[sub])
+            if sub in SCALAR:
+                width = struct.calcsize(SCALAR[sub])
                 self._need(pos, count * width, what)
-                dtype = np.dtype(_SCALAR[sub].replace("?", "b1"))
+                dtype = np.dtype(SCALAR[sub].replace("?", "b1"))
                 arr = np.frombuffer(self._map, dtype=dtype, count=count, offset=pos)
                 return arr.tolist(), sub, pos + count * width
             if sub == GGUFValueType.ARRAY:
@@ -389,21 +308,55 @@ class GGUFFile:
         kv = self.kv.get(key)
         return kv.value if kv is not None else default
 
-    @property
-    def opened_file(self) -> BinaryIO | None:
-        """The file as it was opened and checked (None for a remote file): what its bytes are copied from."""
-        return self._fh
-
     def general(self) -> dict[str, Any]:
         """The general.* metadata, typed (general_metadata): what targets and licenses are read from."""
         return general_metadata(self.kv, self.path)
 
     def tensor_bytes(self, name: str) -> memoryview:
-        if self._stream is not None:
-            raise GGUFFormatError(f"{self.path}: read for its metadata only; tensor data was not fetched")
+        self._local_data()
         t = self.tensors[name]
         start = self.data_offset + t.offset
         return memoryview(self._map)[start:start + t.nbytes]
+
+    def tensor_span(self, name: str) -> FileSpan:
+        """Where tensor `name`'s bytes lie in the file as it was opened: what the writer copies verbatim."""
+        self._local_data()
+        t = self.tensors[name]
+        return FileSpan(self.path, self.data_offset + t.offset, t.nbytes, self._fh)
+
+    def tensor_rows(self, name: str, first: int = 0, count: int | None = None) -> np.ndarray:
+        """Rows [first, first + count) of tensor `name` (all of them by default; a row is its innermost
+        dimension, the outer ones taken together) as a new uint8 array of shape (rows, bytes per row),
+        what gguf-py's quants.dequantize takes. Read from the file as it was opened and checked, not
+        through the map, so memory holds only the rows asked for; a file cut short since it was opened
+        is refused."""
+        self._local_data()
+        t = self.tensors[name]
+        block, type_size = GGML_QUANT_SIZES[t.type]
+        row_bytes = (t.shape[-1] if t.shape else 1) // block * type_size
+        n_rows = t.nbytes // row_bytes if row_bytes else 0
+        count = n_rows - first if count is None else count
+        if not 0 <= first <= first + count <= n_rows:
+            raise ValueError(f"rows {first}..{first + count} of tensor {name!r}, which has {n_rows}")
+        rows = np.empty((count, row_bytes), np.uint8)
+        self._read_into(rows.reshape(-1), self.data_offset + t.offset + first * row_bytes, f"tensor {name!r}")
+        return rows
+
+    def _local_data(self) -> None:
+        if self._stream is not None:
+            raise GGUFFormatError(f"{self.path}: read for its metadata only; tensor data was not fetched")
+
+    def _read_into(self, buf: np.ndarray, offset: int, what: str) -> None:
+        """Fill `buf` (uint8, flat) from the opened file at `offset`, READ_PIECE at a time (a single read
+        returns at most 2 GiB, and each piece is a temporary copy)."""
+        done, fd = 0, self._fh.fileno()
+        while done < buf.size:
+            piece = os.pread(fd, min(buf.size - done, READ_PIECE), offset + done)
+            if not piece:
+                raise GGUFFormatError(f"{self.path}: {what} is cut short at byte {offset + done}: the file was "
+                                      "truncated since it was opened")
+            buf[done:done + len(piece)] = np.frombuffer(piece, np.uint8)
+            done += len(piece)
 
     def close(self) -> None:
         if isinstance(self._map, mmap.mmap):
@@ -417,133 +370,3 @@ class GGUFFile:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-# -- writing ---------------------------------------------------------------------------------------
-class _State(Enum):
-    COLLECTING = auto()
-    WRITING_DATA = auto()
-    DONE = auto()
-
-
-@dataclass
-class PlannedTensor:
-    info: TensorInfo
-    chunks: Any  # () -> Iterable[bytes-like | FileSpan]: the tensor's data, in order, info.nbytes long
-
-
-@dataclass
-class GGUFPlan:
-    """Everything a GGUF will contain, before a byte is written."""
-
-    kv: list[KV] = field(default_factory=list)
-    tensors: list[PlannedTensor] = field(default_factory=list)
-
-    def add_kv(self, items: list[KV]) -> None:
-        """Add entries; a key already present is replaced where it stands."""
-        index = {kv.key: i for i, kv in enumerate(self.kv)}
-        for kv in items:
-            if kv.key in index:
-                self.kv[index[kv.key]] = kv
-            else:
-                index[kv.key] = len(self.kv)
-                self.kv.append(kv)
-
-
-def write_gguf(plan: GGUFPlan, out: Path, progress=None) -> None:
-    """Write `plan` to `out` through a temporary file renamed into place only when complete.
-
-    `progress(done_bytes, total_bytes, tensor_name)` is called as data is written.
-    """
-    out = Path(out)
-    tmp = partial_name(out)
-    refuse_secrets((kv.value for kv in plan.kv if kv.type == GGUFValueType.STRING), out)
-    try:
-        guard(out)
-        with open(tmp, "wb") as fh:
-            _GGUFStreamWriter(fh).write(plan, progress)
-        guard(out)
-        os.replace(tmp, out)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        if err.filename in (None, str(tmp)):
-            raise named_for(err, out) from None
-        raise
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def encode_header(plan: GGUFPlan, alignment: int = DEFAULT_ALIGNMENT) -> bytes:
-    """Header, key/values and tensor infos, padded to where tensor data starts; sets each tensor's
-    offset in the data section."""
-    out = [MAGIC + struct.pack("<IQQ", VERSION, len(plan.tensors), len(plan.kv))]
-    for kv in plan.kv:
-        key = kv.key.encode("utf-8")
-        out.append(struct.pack("<Q", len(key)) + key + kv.encoded())
-    offset = 0
-    for t in plan.tensors:
-        t.info.offset = offset
-        name = t.info.name.encode("utf-8")
-        dims = tuple(reversed(t.info.shape))
-        out.append(struct.pack("<Q", len(name)) + name + struct.pack("<I", len(dims))
-                   + struct.pack(f"<{len(dims)}Q", *dims) + struct.pack("<IQ", t.info.type, offset))
-        offset += -(-t.info.nbytes // alignment) * alignment
-    size = sum(map(len, out))
-    return b"".join(out) + b"\0" * (-size % alignment)
-
-
-class _GGUFStreamWriter:
-    def __init__(self, fh: BinaryIO, alignment: int = DEFAULT_ALIGNMENT):
-        self.fh = fh
-        self.alignment = alignment
-        self.state = _State.COLLECTING
-
-    def _pad(self, n: int) -> None:
-        pad = -n % self.alignment
-        if pad:
-            self.fh.write(b"\0" * pad)
-
-    def write(self, plan: GGUFPlan, progress=None) -> None:
-        if self.state is not _State.COLLECTING:
-            raise RuntimeError("GGUF writer already used")
-        fh = self.fh
-        fh.write(encode_header(plan, self.alignment))
-        self.state = _State.WRITING_DATA
-        total = sum(t.info.nbytes for t in plan.tensors)
-        done = 0
-        for t in plan.tensors:
-            written = 0
-            for chunk in t.chunks():
-                if isinstance(chunk, FileSpan):
-                    n = self._copy_span(chunk)
-                else:
-                    fh.write(chunk)
-                    n = memoryview(chunk).nbytes
-                written += n
-                done += n
-                if progress:
-                    progress(done, total, t.info.name)
-            if written != t.info.nbytes:
-                raise RuntimeError(f"tensor {t.info.name}: wrote {written} bytes, expected {t.info.nbytes}")
-            self._pad(written)
-        self.state = _State.DONE
-
-    def _copy_span(self, span: FileSpan) -> int:
-        """Copy file bytes in the kernel where it can (copy_file_range), else through a buffer."""
-        self.fh.flush()
-        out_fd = self.fh.fileno()
-        held = getattr(span.source, "fh", span.source)  # a confine.Opened, or an open file
-        with contextlib.nullcontext(held) if held is not None else open(span.path, "rb") as src:
-            offset, left = span.offset, span.nbytes
-            while left:
-                try:
-                    n = os.copy_file_range(src.fileno(), out_fd, left, offset)
-                except (AttributeError, OSError):
-                    n = os.write(out_fd, os.pread(src.fileno(), min(left, 16 << 20), offset))
-                if n == 0:
-                    raise OSError(f"{span.path}: unexpected end of file at byte {offset}")
-                offset += n
-                left -= n
-        self.fh.seek(0, os.SEEK_END)
-        return span.nbytes
