@@ -115,7 +115,7 @@ train-zoo: llama
 	$(PY) -m training.train_zoo $(ARCHS)
 
 # tests/fixtures/WEIGHTS.json: every committed weights file's size, sha256 and card figures, rewritten
-# after a retrain that is meant to be committed (docs/testing.md#committed-weights; tests/test_weights.py).
+# after a retrain that is meant to be committed (docs/testing.md#committed-weights; tests/house/test_weights.py).
 .PHONY: weights-manifest
 weights-manifest: setup
 	$(PY) -m training.weights_manifest

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from dflash_gguf.errors import GGUFFormatError, OptionError
-from dflash_gguf.gguf.compat import check_drafter
+from dflash_gguf.gguf.drafter_fit import check_drafter
 from dflash_gguf.gguf.describe import describe
 from dflash_gguf.gguf.reader import GGUFFile
 from dflash_gguf.gguf.target import load_target

@@ -20,7 +20,7 @@ from dflash_gguf.errors import CheckpointError
 from dflash_gguf.gguf import config_values as cv
 from dflash_gguf.gguf import layout
 from dflash_gguf.gguf.checkpoint import Checkpoint, DrafterCheckpoint
-from dflash_gguf.gguf.compat import DrafterFacts, check_dflash2_shapes, check_fits_target
+from dflash_gguf.gguf.drafter_fit import DrafterFacts, check_dflash2_shapes, check_fits_target
 from dflash_gguf.gguf.format import FileSpan, TensorInfo
 from dflash_gguf.gguf.keys import ARCH, DFlash, General, Tokenizer
 from dflash_gguf.gguf.quantized import FP8

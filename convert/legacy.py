@@ -17,7 +17,7 @@ from dflash_gguf import typed_reader as values
 from dflash_gguf.errors import GGUFFormatError
 from dflash_gguf.gguf import config_values as cv
 from dflash_gguf.gguf import layout
-from dflash_gguf.gguf.compat import check_fits_target
+from dflash_gguf.gguf.drafter_fit import check_fits_target
 from dflash_gguf.gguf.describe import describe
 from dflash_gguf.gguf.format import TensorInfo
 from dflash_gguf.gguf.keys import ARCH, LEGACY_ARCH, DFlash, General, Legacy, Tokenizer

@@ -12,7 +12,7 @@ import click
 from . import __version__
 from .convert.cli import commands as convert_commands
 from .errors import DflashError
-from .hub.client import check_environment
+from .hub.transport import check_environment
 from .inputs import reading
 from .quantize.cli import commands as quantize_commands
 from .release.cli import commands as release_commands

@@ -1,6 +1,6 @@
 """docs/cli.md and the README's command table, generated from the command line itself (click), so
 neither can drift from the code: `python -m dflash_gguf.cli_docs` rewrites both, and
-`python -m dflash_gguf.cli_docs --check` (tests/test_docs.py) fails when either is stale."""
+`python -m dflash_gguf.cli_docs --check` (tests/house/test_docs.py) fails when either is stale."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def reference() -> str:
     top = _context(main, "dflash-gguf")
     parts = ["# Command reference", "",
              "Every command's `--help`, generated from the command line by `python -m dflash_gguf.cli_docs` "
-             "(tests/test_docs.py checks it is current). Exit status everywhere: 0 done, 1 a finding "
+             "(tests/house/test_docs.py checks it is current). Exit status everywhere: 0 done, 1 a finding "
              "(problems found: inspect, doctor; not lossless: validate; a stream differs: bench), 2 bad "
              "input, one `error:` line on stderr; 128+N when stopped by signal N.", "",
              "```text", main.get_help(top), "```", ""]

@@ -5,7 +5,7 @@ forever or never end; they are refused with one line before anything is read. Te
 (config.json, cards, prompts) are read up to a size no real one reaches, and refused before a
 byte is read when larger (a 6 GiB sparse tokenizer.json costs nothing to refuse).
 
-Every file opened here or by the confined reader (confine.py) is recorded for the command that
+Every file opened here or by the confined reader (confined_reader.py) is recorded for the command that
 runs (`reading()`, which the command line enters), so that outputs.py can refuse an output that
 is a file read, by path after resolving links or by device and inode, wherever it was found.
 """

@@ -67,7 +67,7 @@ _registered: list[str] = []  # tokens the process was handed at run time (the OI
 
 
 def _token_file() -> Path:
-    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+    # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import constants
 
     return Path(constants.HF_TOKEN_PATH)

@@ -102,7 +102,7 @@ def settings_command(cls: type[Settings]) -> Callable[[Callable[[Any], Any]], Ca
         def callback(**params: Any) -> Any:
             return f(cls.from_params(params, explicit_params(click.get_current_context())))
 
-        callback.settings = cls  # what the callback receives (tests/test_settings.py reads it)
+        callback.settings = cls  # what the callback receives (tests/base/test_settings.py reads it)
         return callback
 
     return decorate

@@ -5,7 +5,7 @@ converter's order), the PyTorch reference class that runs it (its name is what `
 prefix of its release files, the tensor that tells it apart in a mainline GGUF, llama-server's
 --spec-type, the block size `dflash-gguf train` gives it and the `dflash_config` fields it adds to
 DFlash's. gguf/layout.py, gguf/describe.py, train/, validation/reference.py and the fixtures read it;
-no module outside this one spells a class name (tests/test_variants.py holds it).
+no module outside this one spells a class name (tests/base/test_variants.py holds it).
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ def summary_lines(reports: dict[str, dict], tuning: dict, timings: dict, n_promp
                   threads: int | None) -> list[str]:
     """The demo's summary, from the JSON that `validate --report` wrote per drafter, `tune --json`
     printed, and the `timings` of serve's chat answer: what the demo reads is what a user's script
-    reads, so a change to those reports shows here (tests/test_demo.py)."""
+    reads, so a change to those reports shows here (tests/house/test_demo.py)."""
     lines = [f"== summary: {NAME} {TARGET_TYPE} on the patched llama.cpp CPU build, greedy, {n_prompts} held-out "
              f"chat prompts x {N_NEW} tokens" + (f", -t {threads}" if threads else ""),
              f"{'drafter':<9} {'exact':<28} {'tau':>6} {'accept':>7} {'target tok/s':>13} {'spec tok/s':>11} "

@@ -20,7 +20,7 @@ from dflash_gguf.confined_reader import check_inside, file_in, find_in
 from dflash_gguf.errors import DflashError, PublishError
 from dflash_gguf.errors import LicenseError
 from dflash_gguf.gguf import layout
-from dflash_gguf.hub import client as hub_client
+from dflash_gguf.hub import transport as hub_transport
 from dflash_gguf.hub import names as hub_names
 from dflash_gguf.inputs import TEXT_LIMIT
 from dflash_gguf.licenses import read_text, split_front_matter
@@ -150,7 +150,7 @@ def _one_line(err: Exception) -> str:
 
 def require_token() -> str:
     """huggingface_hub's token (HF_TOKEN or the stored login); refused without one."""
-    hub_client.install()
+    hub_transport.install()
     token = hub_token()
     if not token:
         raise PublishError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (or use --dry-run)")
@@ -209,8 +209,8 @@ def commit_files(uploads: list[Upload], repo: str, *, private: bool = False, api
                  skipped: list[str] | None = None, delete: list[str] = ()) -> PublishResult:
     """Create `repo` if needed (an existing one is left as it is), add `uploads` and remove `delete`
     in one commit; the repository's other files stay."""
-    hub_client.install()
-    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+    hub_transport.install()
+    # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
     result = PublishResult(repo, private, False, [{"path": u.path, "bytes": u.bytes} for u in uploads],

@@ -69,7 +69,7 @@ def planned_sources(draft, target) -> tuple[dict, object, object]:
 
 def published_provenance(repo: str) -> dict | None:
     """The provenance block of the card REPO holds; None when it has no card (or no such repo)."""
-    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+    # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
 
     with hub.hub_errors(hub.HubRef(repo)):

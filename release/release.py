@@ -51,7 +51,7 @@ from dflash_gguf.validation.validate import ValidationSettings
 from . import license_rules as lic
 from .card import NOT_VALIDATED, ReleaseResult, VariantResult, example_variant, render_card
 from .license_files import LicensePlan, plan_license_files, write_license_files
-from .names import drafter_repo, resolve_target, safe_name, target_facts, variant_file
+from .file_names import drafter_repo, resolve_target, safe_name, target_facts, variant_file
 
 
 Progress = Callable[[str], None]

@@ -31,7 +31,7 @@ from dflash_gguf.gguf import layout
 from dflash_gguf.hub import resolve as hub
 from dflash_gguf.licenses import read_text, split_front_matter
 from .card import PROVENANCE_KEY, ReleaseResult
-from .names import QUANT_SUFFIX, safe_name, variant_file
+from .file_names import QUANT_SUFFIX, safe_name, variant_file
 from .publish import PublishResult, Upload, check_repo_id, commit_files, plan_upload, require_token
 from .push import planned_sources, same_release, warn_before_publishing
 from .release import ReleaseSettings, parse_types, release
@@ -122,7 +122,7 @@ def _published_provenance(repo: str, card_paths: list[str], files: list[str]) ->
 
 
 def _target_sha256(repo: str, revision: str | None, path: str) -> str | None:
-    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+    # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import HfApi
 
     with hub.hub_errors(hub.HubRef(repo, revision)):

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from dflash_gguf.errors import ServerArgsError
 from dflash_gguf.gguf import layout
-from dflash_gguf.gguf.compat import check_dflash2_shapes, check_fits_target
+from dflash_gguf.gguf.drafter_fit import check_dflash2_shapes, check_fits_target
 from dflash_gguf.gguf.describe import DrafterDescription, describe
 from dflash_gguf.gguf.target import load_target
 from dflash_gguf.options import AUTO, parse_rpc

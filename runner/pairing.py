@@ -26,7 +26,7 @@ from dflash_gguf.confined_reader import find_in
 from dflash_gguf.errors import DflashError
 from dflash_gguf.gguf import layout
 from dflash_gguf.hub import cache as hub_cache
-from dflash_gguf.hub import client as hub_client
+from dflash_gguf.hub import transport as hub_transport
 from dflash_gguf.hub.names import QUANT_SUFFIX
 from dflash_gguf.hub.resolve import cache_source
 from .launch import check_pair
@@ -127,7 +127,7 @@ def _repo_sidecars(target: Path) -> list[Candidate]:
 def _cache_drafters(target: Path) -> list[Candidate]:
     """Drafter GGUFs in any cached repository whose name names the target's model (a bounded scan)."""
     try:
-        hub_client.install()  # the Hub settings checked before huggingface_hub reads them
+        hub_transport.install()  # the Hub settings checked before huggingface_hub reads them
         root = hub_cache.cache_root()
         repos = sorted(e.name for e in os.scandir(root) if e.name.startswith("models--") and e.is_dir(follow_symlinks=False))
     except (OSError, DflashError):

@@ -31,35 +31,35 @@ from dflash_gguf.settings import option, refusal, settings_command
 from . import tuned_settings as tuned
 from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient, Metrics, is_server_url
-from .launch import Launch, launch_recipe, with_rpc
+from .launch import Launch, launch_recipe, parse_server_args, with_rpc
 from .pairing import find_drafter
 from .server import LlamaServer, stop_on_signals
 from .server_log import is_server_log
 
 
-def _start(target: Path, draft: Path | None, *, backend: str | None, llama_bin: Path | None, host: str | None,
-           port: int | None, parallel: int | None, draft_max: int | None, log_path: Path | None,
-           startup_timeout: float, server_args: tuple[str, ...], use_tuned: bool = False,
+def _start(settings: ServerSettings, target: Path | HubRef, draft: Path | None, *, use_tuned: bool = False,
            request_timeout: float | None = 600.0, exact: bool = False) -> tuple[Launch, LlamaServer]:
-    """The launch recipe for the pair (checked first; its warnings printed once) and its server.
-    `use_tuned`: under the setting `tune` saved for the pair and build, if any (the launch may
-    then be the target alone)."""
+    """The launch recipe for the pair under `settings` (their --rpc folded into the arguments after `--`;
+    checked first, its warnings printed once) and its server. `use_tuned`: under the setting `tune`
+    saved for the pair and build, if any (the launch may then be the target alone)."""
+    s = settings
     target = hub.local_gguf(target)
-    if log_path is not None:
-        check_outputs([Output(log_path, "--log", Replace.OWNED, owned=is_server_log, what="llama-server log")],
+    server_args = with_rpc(s.rpc, s.server_args)
+    if s.log_path is not None:
+        check_outputs([Output(s.log_path, "--log", Replace.OWNED, owned=is_server_log, what="llama-server log")],
                       [Input(target, "--target")] + ([Input(draft, "--draft")] if draft is not None else []))
-    launch = launch_recipe(target, draft, parallel=parallel, draft_max=draft_max, host=host, port=port,
+    launch = launch_recipe(target, draft, parallel=s.parallel, draft_max=s.draft_max, host=s.host, port=s.port,
                            server_args=server_args, exact=exact)
-    bin_dir = find_bin_dir(backend, llama_bin)
-    applied = _tuned(tuned.TuneKey.of(target, draft, build_info(bin_dir, backend)["build"], exact), target,
-                     draft_max, server_args) if use_tuned and draft is not None else None
+    bin_dir = find_bin_dir(s.backend, s.llama_bin)
+    applied = _tuned(tuned.TuneKey.of(target, draft, build_info(bin_dir, s.backend)["build"], exact), target,
+                     s.draft_max, server_args) if use_tuned and draft is not None else None
     if applied is not None:
-        launch = launch_recipe(target, draft if applied.drafting else None, parallel=parallel,
-                               draft_max=applied.draft_max, host=host, port=port, server_args=applied.server_args,
+        launch = launch_recipe(target, draft if applied.drafting else None, parallel=s.parallel,
+                               draft_max=applied.draft_max, host=s.host, port=s.port, server_args=applied.server_args,
                                exact=exact)
     for warning in launch.warnings:
         click.echo(f"warning: {warning}", err=True)
-    server = launch.server(bin_dir=bin_dir, log_path=log_path, startup_timeout=startup_timeout,
+    server = launch.server(bin_dir=bin_dir, log_path=s.log_path, startup_timeout=s.startup_timeout,
                            request_timeout=request_timeout)
     return launch, server
 
@@ -81,6 +81,29 @@ def _tuned(key: tuned.TuneKey, target: Path, draft_max: int | None,
     return applied
 
 
+def _server_args_problems(settings: ServerSettings) -> list[str]:
+    """What the runner refuses in the arguments after `--` and in --rpc beside them, before any file is read
+    (with_rpc reads those arguments too: what it would refuse about them is said once)."""
+    return (refusal(parse_server_args, settings.server_args)
+            or refusal(with_rpc, settings.rpc, settings.server_args))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeSettings(ServerSettings):
+    """`dflash-gguf serve`'s options: the pair (or the target alone) and how to start it (ServerSettings)."""
+
+    target: Path | HubRef
+    draft: Path | None = None
+    no_draft: bool = False
+    no_tuned: bool = False
+    exact: bool = False
+
+    def problems(self) -> Iterator[str]:
+        if self.no_draft and self.draft is not None:
+            yield "serve: --no-draft serves the target alone; give it or --draft, not both"
+        yield from _server_args_problems(self)
+
+
 @click.command("serve", cls=ServerArgsCommand)
 @target_option()
 @draft_option(required=False)  # left out: the drafter is looked for (runner/pairing.py)
@@ -90,9 +113,8 @@ def _tuned(key: tuned.TuneKey, target: Path, draft_max: int | None,
 @click.option("--no-tuned", is_flag=True,
               help="Ignore the setting `dflash-gguf tune` saved for this target, drafter and build.")
 @exact_option
-def serve(target: Path, draft: Path | None, no_draft: bool, backend: str | None, llama_bin: Path | None,
-          host: str | None, port: int | None, parallel: int | None, draft_max: int | None, log_path: Path | None,
-          startup_timeout: float, rpc: str | None, no_tuned: bool, exact: bool, server_args: tuple[str, ...]) -> None:
+@settings_command(ServeSettings)
+def serve(settings: ServeSettings) -> None:
     """Run llama-server with TARGET and its DFlash drafter until Ctrl-C or SIGTERM.
 
     \b
@@ -133,19 +155,13 @@ def serve(target: Path, draft: Path | None, no_draft: bool, backend: str | None,
       dflash-gguf serve -t t.gguf -d d.gguf --port 8080 -- -c 8192 -ngl 99
       dflash-gguf serve -t t.gguf -d d.gguf --rpc 10.0.0.2:50052,10.0.0.3:50052 -- -devd none
     """
-    if no_draft and draft is not None:
-        raise OptionError("serve: --no-draft serves the target alone; give it or --draft, not both")
-    server_args = with_rpc(rpc, server_args)
-    target = hub.local_gguf(target)
-    if draft is None and not no_draft:
+    target, draft = hub.local_gguf(settings.target), settings.draft
+    if draft is None and not settings.no_draft:
         pairing = find_drafter(target)
         for line in pairing.lines():
             click.echo(line, err=True)
         draft = pairing.chosen.path if pairing.chosen is not None else None
-    launch, server = _start(target, draft, backend=backend, llama_bin=llama_bin, host=host, port=port,
-                            parallel=parallel, draft_max=draft_max, log_path=log_path,
-                            startup_timeout=startup_timeout, server_args=server_args, use_tuned=not no_tuned,
-                            exact=exact)
+    launch, server = _start(settings, target, draft, use_tuned=not settings.no_tuned, exact=settings.exact)
     click.echo(f"starting llama-server ({server.exe}) ...", err=True)
     try:
         with stop_on_signals(), server:
@@ -208,7 +224,7 @@ class GenerateSettings(ServerSettings):
                    "arguments after --) to start one, not both")
         if self.url is None and (self.target is None or self.draft is None):
             yield "generate: give --url of a running server, or --target and --draft to start one"
-        yield from refusal(with_rpc, self.rpc, self.server_args)
+        yield from _server_args_problems(self)
 
 
 @click.command("generate", cls=ServerArgsCommand)
@@ -259,12 +275,7 @@ def generate(settings: GenerateSettings) -> None:
         report = run(LlamaClient(_checked_url(settings.url), timeout=settings.request_timeout))
         report["server"] = None
     else:
-        _, server = _start(settings.target, settings.draft, backend=settings.backend, llama_bin=settings.llama_bin,
-                           host=settings.host, port=settings.port, parallel=settings.parallel,
-                           draft_max=settings.draft_max, log_path=settings.log_path,
-                           startup_timeout=settings.startup_timeout,
-                           server_args=with_rpc(settings.rpc, settings.server_args),
-                           request_timeout=settings.request_timeout)
+        _, server = _start(settings, settings.target, settings.draft, request_timeout=settings.request_timeout)
         with stop_on_signals(), server:
             report = run(server.client)
             report["server"] = {"target": str(settings.target), "draft": str(settings.draft), "args": server.args}

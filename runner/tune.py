@@ -50,7 +50,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from dflash_gguf import typed_reader as values
-from dflash_gguf.errors import ServerArgsError, ServerError, ServerStartError
+from dflash_gguf.errors import ServerError, ServerStartError
+from dflash_gguf.settings import Settings, refusal
 from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient
 from dflash_gguf.options import AUTO
@@ -272,8 +273,11 @@ def faster_alone(candidates: Sequence[Candidate]) -> Candidate | None:
 # Measuring
 # ---------------------------------------------------------------------------------------------
 
-@dataclass
-class TuneSettings:
+@dataclass(frozen=True, kw_only=True)
+class TuneSettings(Settings):
+    """How tune measures, checked as it is built (dflash_gguf/settings.py): the command line's
+    (runner/tune_cli.py) and the benchmarks'."""
+
     n_predict: int = 64
     rounds: int = 3                   # paired passes over the prompts per searched setting
     confirm_rounds: int = 6           # paired passes of the best setting, fresh
@@ -282,9 +286,20 @@ class TuneSettings:
     quick: bool = False               # coarse grids only, one p_min
     backend: str | None = None
     llama_bin: Path | None = None
-    server_args: list[str] = field(default_factory=list)  # the user's (after --)
+    server_args: Sequence[str] = ()   # the user's (after --)
     cpus: int | None = None           # the thread grid's top; default: this process's CPUs
     exact: bool = False               # serve --exact: every setting measured batch-invariant
+
+    def problems(self) -> Iterator[str]:
+        refused = refusal(parse_server_args, self.server_args)
+        if refused:
+            yield from refused
+            return
+        honoured = parse_server_args(self.server_args).honoured
+        if "port" in honoured:
+            yield "--port after --: tune runs two servers at a time, each on a free port; leave it out"
+        if "rpc" in honoured:
+            yield ONE_CLIENT_PER_RPC_SERVER.format(command="tune")
 
 
 @dataclass
@@ -590,12 +605,8 @@ def tune(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], setti
     speedup reaches `settings.min_speedup`, else the target alone at its fastest thread count."""
     progress = progress or (lambda _msg: None)
     target, draft = Path(target), Path(draft)
-    # the pair's checks and the user's arguments, before anything starts
+    # the pair's checks, before anything starts (the user's arguments were checked with the settings)
     warnings = list(launch_recipe(target, draft, server_args=settings.server_args).warnings)
-    if "port" in parse_server_args(settings.server_args).honoured:
-        raise ServerArgsError("--port after --: tune runs two servers at a time, each on a free port; leave it out")
-    if "rpc" in parse_server_args(settings.server_args).honoured:
-        raise ServerArgsError(ONE_CLIENT_PER_RPC_SERVER.format(command="tune"))
     tuner = _Tuner(target, draft, prompts, settings, progress)
     spec, alone, stopped = tuner.run()
     if stopped:

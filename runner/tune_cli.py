@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
 from dflash_gguf.hub import resolve as hub
+from dflash_gguf.hub.resolve import HubRef
 from dflash_gguf.options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, n_predict_option,
                        prompts_option, rounds_option, rpc_option, target_option)
+from dflash_gguf.settings import Settings, option, refusal, settings_command
 from . import tuned_settings as tuned
 from .launch import with_rpc
 from .prompts import BUILTIN_PROMPTS, read_prompts
@@ -64,6 +68,45 @@ def print_table(result: dict, saved: Path | None) -> None:
         click.echo(f"saved                   {saved}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class TuneCommandSettings(Settings):
+    """`dflash-gguf tune`'s options; `measuring()` is how they measure (runner/tune.py's TuneSettings,
+    whose rules are checked with these)."""
+
+    target: Path | HubRef
+    draft: Path
+    prompts_file: Path | None = option("--prompts")
+    n_predict: int | None = None
+    rounds: int | None = None
+    quick: bool = False
+    max_seconds: float | None = None
+    min_speedup: float = DEFAULT_MIN_SPEEDUP
+    exact: bool = False
+    as_json: bool = option("--json", False)
+    backend: str | None = None
+    llama_bin: Path | None = None
+    rpc: str | None = None
+    server_args: tuple[str, ...] = ()
+
+    def problems(self) -> Iterator[str]:
+        folded = refusal(with_rpc, self.rpc, self.server_args)
+        yield from folded
+        # --rpc and the one after -- disagreeing: tune's own rules still read those after --
+        yield from refusal(self.measuring, self.server_args if folded else None)
+
+    def measuring(self, server_args: Sequence[str] | None = None) -> TuneSettings:
+        """The settings tune measures with: --quick's defaults where the options leave them open, and
+        --rpc folded into `server_args` (default: the arguments after `--`)."""
+        explore = self.rounds or (QUICK["rounds"] if self.quick else TuneSettings.rounds)
+        confirm = QUICK["confirm_rounds"] if self.quick and self.rounds is None else 2 * explore
+        return TuneSettings(
+            n_predict=self.n_predict or (QUICK["n_predict"] if self.quick else TuneSettings.n_predict),
+            rounds=explore, confirm_rounds=confirm,
+            min_speedup=self.min_speedup, max_seconds=self.max_seconds, quick=self.quick, backend=self.backend,
+            llama_bin=self.llama_bin, exact=self.exact,
+            server_args=list(with_rpc(self.rpc, self.server_args) if server_args is None else server_args))
+
+
 @click.command("tune", cls=ServerArgsCommand)
 @target_option()
 @draft_option()
@@ -81,9 +124,8 @@ def print_table(result: dict, saved: Path | None) -> None:
 @json_option
 @build_options
 @rpc_option
-def tune_command(target: Path, draft: Path, prompts_file: Path | None, n_predict: int | None, rounds: int | None,
-                 quick: bool, max_seconds: float | None, min_speedup: float, as_json: bool, backend: str | None,
-                 llama_bin: Path | None, rpc: str | None, exact: bool, server_args: tuple[str, ...]) -> None:
+@settings_command(TuneCommandSettings)
+def tune_command(settings: TuneCommandSettings) -> None:
     """Find the fastest way to serve TARGET with its drafter on this machine, and whether
     drafting pays at all; `serve` then uses it.
 
@@ -121,25 +163,19 @@ def tune_command(target: Path, draft: Path, prompts_file: Path | None, n_predict
       dflash-gguf tune -t Qwen3-8B-Q4_K_M.gguf -d dflash-Qwen3-8B-F16.gguf
       dflash-gguf tune -t t.gguf -d d.gguf --quick --json -- -ngl 99
     """
-    target = hub.local_gguf(target)
-    prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
-    server_args = with_rpc(rpc, server_args)
-    if quick:
+    target, draft = hub.local_gguf(settings.target), settings.draft
+    prompts = read_prompts(settings.prompts_file) if settings.prompts_file else list(BUILTIN_PROMPTS)
+    if settings.quick:
         prompts = prompts[:QUICK["prompts"]]
-    explore = rounds or (QUICK["rounds"] if quick else TuneSettings.rounds)
-    settings = TuneSettings(
-        n_predict=n_predict or (QUICK["n_predict"] if quick else TuneSettings.n_predict),
-        rounds=explore, confirm_rounds=QUICK["confirm_rounds"] if quick and rounds is None else 2 * explore,
-        min_speedup=min_speedup, max_seconds=max_seconds, quick=quick, backend=backend, llama_bin=llama_bin,
-        server_args=list(server_args), exact=exact)
-    result: TuneResult = tune(target, draft, prompts, settings, progress=lambda msg: click.echo(msg, err=True))
+    measuring = settings.measuring()
+    result: TuneResult = tune(target, draft, prompts, measuring, progress=lambda msg: click.echo(msg, err=True))
     report = result.to_dict()
-    key = tuned.TuneKey.of(target, draft, result.llama["build"], exact)
+    key = tuned.TuneKey.of(target, draft, result.llama["build"], settings.exact)
     saved = tuned.save(key, report)
     click.echo(f"saved the tuned setting to {saved}", err=True)
     for message in result.warnings:
         click.echo(f"warning: {message}", err=True)
-    if as_json:
+    if settings.as_json:
         click.echo(json.dumps({**report, "saved": str(saved)}, indent=2))
     else:
         print_table(report, saved)

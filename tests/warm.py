@@ -1,6 +1,6 @@
 """`run_cli`: the command line run as a new process without paying for its imports each time, in a child
 forked from a warm process that imported it once (training/fixtures/warm.py says what such a child shows
-and what it does not: tests/test_cli.py keeps real subprocesses for those)."""
+and what it does not: tests/base/test_cli.py keeps real subprocesses for those)."""
 
 from __future__ import annotations
 

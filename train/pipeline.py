@@ -31,7 +31,7 @@ import torch
 from dflash_gguf.convert.converter import convert
 from dflash_gguf.errors import CheckpointError, InputError
 from dflash_gguf.gguf.checkpoint import DrafterCheckpoint
-from dflash_gguf.gguf.compat import DrafterFacts, check_dflash2_shapes
+from dflash_gguf.gguf.drafter_fit import DrafterFacts, check_dflash2_shapes
 from dflash_gguf.gguf.keys import Tokenizer
 from dflash_gguf.owned_folder import built_beside, check_destination
 from dflash_gguf.paths import cache_dir
@@ -420,10 +420,10 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
     spec = {**plan.spec(), **({"lr": options.lr} if options.lr else {})}
     run_key = _sha(out.resolve(), asdict(plan), options.steps, options.minutes, options.seed, options.init, spec["lr"])
     checkpoint = folder / f"ckpt-{run_key}.pt"
-    drafter = recipe.train_drafter(
-        drafter, frozen, data, spec, options.steps, options.seed + 1, plan.variant, checkpoint=checkpoint,
-        bf16=bf16, budget_seconds=options.minutes * 60 if options.steps is None else None,
-        checkpoint_seconds=options.checkpoint_minutes * 60, progress=step_progress)
+    run = recipe.TrainingRun(name=plan.variant, seed=options.seed + 1, steps=options.steps,
+                             budget_seconds=options.minutes * 60 if options.steps is None else None,
+                             checkpoint=checkpoint, checkpoint_seconds=options.checkpoint_minutes * 60, bf16=bf16)
+    drafter = recipe.train_drafter(drafter, frozen, data, spec, run, progress=step_progress)
     train_seconds = drafter.trained_seconds
 
     summary = Summary(target=str(target), variant=plan.variant, layers=plan.layers, block_size=plan.block_size,

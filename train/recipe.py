@@ -451,21 +451,37 @@ def _sized(budget: float, spent: float, step: int, pace: deque) -> int:
     return max(step + 1, step + int(max(0.0, budget - spent) / per_step))
 
 
-def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | None, seed: int, name: str,
-                  checkpoint: Path | None = None, checkpoint_every: int = 50, bf16: bool = False,
-                  deadline: float | None = None, budget_seconds: float | None = None,
-                  checkpoint_seconds: float | None = None, progress=None):
+@dataclass(frozen=True)
+class TrainingRun:
+    """How train_drafter runs: `name` (its log lines'), `seed` (the batches'), how long (`steps`, or
+    `budget_seconds`), where and how often it checkpoints, `deadline` and `bf16` (train_drafter says how
+    each is used)."""
+
+    name: str
+    seed: int
+    steps: int | None = None
+    budget_seconds: float | None = None
+    checkpoint: Path | None = None
+    checkpoint_every: int = 50
+    checkpoint_seconds: float | None = None
+    deadline: float | None = None
+    bf16: bool = False
+
+
+def train_drafter(drafter, target, data: DistillSet, spec: dict, run: TrainingRun, progress=None):
     """AdamW on the drafter alone (the target's embeddings and head stay frozen), lr warm-up then
-    cosine to 10 %, clip 1.0. With `checkpoint`, the drafter, optimizer, batch generator and
-    running statistics are saved every `checkpoint_every` steps (or `checkpoint_seconds`) and a
+    cosine to 10 %, clip 1.0. With `run.checkpoint`, the drafter, optimizer, batch generator and
+    running statistics are saved every `run.checkpoint_every` steps (or `run.checkpoint_seconds`) and a
     rerun continues from the last one, with the same result as a run that was never stopped.
-    `bf16` runs the forward under bf16 autocast on the drafter's device (weights, optimizer and loss
-    reductions stay float32). `deadline` (time.time() seconds) stops the loop early, after a checkpoint; the steps
-    done are in `drafter.trained_steps`. `budget_seconds` instead of `steps`: the step count is set
+    `run.bf16` runs the forward under bf16 autocast on the drafter's device (weights, optimizer and loss
+    reductions stay float32). `run.deadline` (time.time() seconds) stops the loop early, after a checkpoint; the
+    steps done are in `drafter.trained_steps`. `run.budget_seconds` instead of `run.steps`: the step count is set
     from the speed of the warm-up steps (which do not depend on it) so that the run takes about that
     long, then re-sized every RESIZE_EVERY steps from the pace of the last ones so that the run ends
     at its budget whatever the load does meanwhile; the count is kept in the checkpoint. `progress(step, steps, running, seconds, first)` is called
     after every step (default: a log line every 25); `steps` is None until a budget has sized it."""
+    name, checkpoint, budget_seconds = run.name, run.checkpoint, run.budget_seconds
+    steps = run.steps  # sized from the budget as the run goes, when it is None
     warmup = 50
     device_type = next(drafter.parameters()).device.type
     drafter.train()
@@ -475,7 +491,7 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=spec["lr"], betas=(0.9, 0.95))
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(run.seed)
     running: dict[str, float] = {}
     first, spent = 0, 0.0  # steps and seconds before this process (a resumed run)
     if checkpoint is not None and checkpoint.is_file():
@@ -503,7 +519,7 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
         tmp.replace(checkpoint)
 
     while steps is None or step < steps:
-        if deadline is not None and time.time() > deadline:
+        if run.deadline is not None and time.time() > run.deadline:
             log(f"{name}: deadline reached after {step} of {steps} steps")
             break
         if budget_seconds is not None and step - first + 1 >= min(warmup, 20) and (
@@ -512,7 +528,7 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
         seq, anchors = anchor_batch(data, spec["seqs_per_step"], spec["anchors_per_seq"], generator)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps or 10 ** 9, spec["lr"], warmup)
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=run.bf16):
             loss, stats = drafter_loss(drafter, target, data, seq, anchors, spec, generator)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -527,8 +543,8 @@ def train_drafter(drafter, target, data: DistillSet, spec: dict, steps: int | No
             rates.append((pace[-1][1] - pace[0][1]) / (pace[-1][0] - pace[0][0]))
         progress(step - 1, steps, running, time.time() - started, first)  # steps None: not sized yet
         if checkpoint is not None and steps is not None:
-            due = (time.time() - last_save >= checkpoint_seconds if checkpoint_seconds is not None
-                   else step % checkpoint_every == 0)
+            due = (time.time() - last_save >= run.checkpoint_seconds if run.checkpoint_seconds is not None
+                   else step % run.checkpoint_every == 0)
             if due or step == steps:
                 save(step)
                 last_save = time.time()

@@ -15,7 +15,7 @@ reference need when the only copy of a target is llama.cpp's (SmolLM2-135M-Instr
 Dequantizing is exact (float32 holds every Q4_1/Q8_0 value), so the folder is the GGUF's own model,
 not the original full-precision one; what that costs is in training/README.md. The derivation is
 proved by the pinned upstream converter turning the folder back into a GGUF with the same tokenizer
-metadata (tests/test_smollm2_fixture.py).
+metadata (tests/house/test_smollm2_fixture.py).
 """
 
 from __future__ import annotations

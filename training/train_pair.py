@@ -375,8 +375,8 @@ def load_distill() -> DistillSet:
 
 def stage_drafter(name: str, steps: int | None = None) -> None:
     spec = DRAFTERS[name]
-    drafter = recipe.train_drafter(new_drafter(name), load_target(), load_distill(), spec,
-                                   steps or spec["steps"], SEED + 20 + list(DRAFTERS).index(name), name)
+    run = recipe.TrainingRun(name=name, seed=SEED + 20 + list(DRAFTERS).index(name), steps=steps or spec["steps"])
+    drafter = recipe.train_drafter(new_drafter(name), load_target(), load_distill(), spec, run)
     save_drafter(drafter, name)
 
 

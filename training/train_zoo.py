@@ -17,7 +17,7 @@ from the F16 target's own greedy answers, computed by the patched llama.cpp, to 
 the same 20 held out); `train` measures held-out tau with
 `validate` at the end and writes it to the card. `trained.json` beside the checkpoint records the
 target file it was trained for (sha256): the fixture uses the trained drafter only for that target,
-and tests/test_families.py fails when a fixture change leaves a drafter stale.
+and tests/house/test_families.py fails when a fixture change leaves a drafter stale.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`python -m training.weights_manifest` (`make weights-manifest`): tests/fixtures/WEIGHTS.json, every
 committed weights file with its size, its sha256 and, for a trained drafter, the figures its card held
-when it was committed. Never written by hand: tests/test_weights.py fails while the tree and the
+when it was committed. Never written by hand: tests/house/test_weights.py fails while the tree and the
 manifest differ, so a changed weights file shows in review as a manifest diff, beside its figures
 (docs/testing.md#committed-weights: a retrain whose figures did not move is not committed).
 

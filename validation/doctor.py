@@ -166,7 +166,7 @@ def check_files(target: Path, draft: Path, checkpoint: Path | None = None) -> li
                                 "re-convert the drafter with --target set to this target"))
     findings += check_target_family(target, target_arch, target_keys)
     try:
-        check_pair(target, desc)  # gguf/compat.py: taps the target's graph does not record included
+        check_pair(target, desc)  # gguf/drafter_fit.py: taps the target's graph does not record included
     except TargetError as err:
         taps = "target_layer_ids" in str(err) or "records no layer inputs" in str(err)
         findings.append(Finding("target-taps" if taps else "pair", str(err)))

@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import CheckpointError
 from ..variants import VARIANTS
 from . import layout
-from .compat import DrafterFacts
+from .drafter_fit import DrafterFacts
 from .config_values import MAX_BLOCK_SIZE
 from .keys import ARCH, DEFAULT_BLOCK_SIZE, LEGACY_ARCH, DFlash, General, Legacy, Tokenizer
 from .llama_support import support_of
@@ -95,7 +95,7 @@ class DrafterDescription:
                 f"{list(self.target_layers_llama)} (ids from 1) out of range; re-convert the drafter")
 
     def facts(self) -> DrafterFacts:
-        """What the compatibility rules (dflash_gguf/gguf/compat.py) need."""
+        """What the compatibility rules (dflash_gguf/gguf/drafter_fit.py) need."""
         if self.hidden is None:
             key = Legacy.EMBEDDING_LENGTH if self.variant == layout.LEGACY else DFlash.EMBEDDING_LENGTH
             raise CheckpointError(f"{self.path}: key {key} is missing; re-convert the drafter with dflash-gguf convert")

@@ -4,7 +4,7 @@ In the manner of gguf-py's `constants.py`: nested classes of key strings. Standa
 from `gguf.Keys` (formatted for the `dflash` architecture where a key is per-architecture); the
 DFlash keys that PyPI gguf 0.19 lacks are spelled here as the pinned llama.cpp reads them
 (`src/llama-arch.cpp`, and `common/speculative.cpp` for `sample_from_anchor`). Every other module
-names a key through this table, a per-architecture one through `per_arch` (tests/test_keys.py holds
+names a key through this table, a per-architecture one through `per_arch` (tests/gguf/test_keys.py holds
 it). One table sits below this one and cannot import it: the families' target keys
 (dflash_gguf/families.py `TARGET_KEYS`), per-architecture names without their `{arch}.`, which
 `doctor` puts in front of them.

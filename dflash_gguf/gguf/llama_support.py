@@ -2,7 +2,7 @@
 
 One table, measured: each row is a feature a converted file can carry, told by its tensors, with
 the patch of ggml_patches/ a build needs to run it (None: stock llama.cpp runs it) and, for those,
-what stock llama.cpp says when it refuses the file. tests/test_stock_llama.py runs every family the
+what stock llama.cpp says when it refuses the file. tests/runner/test_stock_llama.py runs every family the
 converter writes in stock llama.cpp (PyPI xllamacpp, the version in STOCK_MEASURED) beside the
 patched build and fails when stock behaves otherwise than this table says. The model card
 (release/card.py), `inspect` and `release`'s warning all read `support()`.

@@ -64,7 +64,7 @@ def read_files(path: Path) -> list:
 
 
 def load_target(target: str | Path | hub.HubRef, vocab_size_hint: int | None = None) -> TargetInfo:
-    """The target from its GGUF or Hugging Face folder, local or named on the Hub (hub.py)."""
+    """The target from its GGUF or Hugging Face folder, local or named on the Hub (hub/resolve.py)."""
     model = hub.as_model(target)
     if isinstance(model, hub.HubRef):
         if model.is_gguf:

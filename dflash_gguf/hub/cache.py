@@ -1,4 +1,4 @@
-"""huggingface_hub's cache, read through the confined reader (confine.py).
+"""huggingface_hub's cache, read through the confined reader (confined_reader.py).
 
 A repository's cache folder is `models--owner--name/` under HF_HUB_CACHE, holding `refs/<revision>`
 (the commit a branch or tag named when last fetched), `snapshots/<commit>/` (links into `blobs/`)
@@ -19,13 +19,13 @@ from ..confined_reader import find_in
 from ..errors import DflashError, HubError
 from ..inputs import parse_json
 from ..terminal import shown
-from .client import API_BODY_LIMIT, COMMIT, file_name
+from .transport import API_BODY_LIMIT, COMMIT, file_name
 
 REF_LIMIT = 4096  # a ref file holds a commit id
 
 
 def cache_root() -> Path:
-    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+    # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import constants
 
     return Path(constants.HF_HUB_CACHE)

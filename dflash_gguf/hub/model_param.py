@@ -1,4 +1,4 @@
-"""The click parameter type for a model argument: a local path, or a Hub repo id (hub.py)."""
+"""The click parameter type for a model argument: a local path, or a Hub repo id (resolve.py)."""
 
 from __future__ import annotations
 

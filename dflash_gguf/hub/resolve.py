@@ -37,7 +37,7 @@ from ..gguf.checkpoint import INDEX_NAME, MASK_EMBEDDING_NAME
 from ..gguf.reader import GGUFFile
 from ..licenses import LICENSE_FILE_NAMES
 from . import cache as hub_cache
-from . import client as hub_client
+from . import transport as hub_transport
 from . import names as hub_names
 from .names import is_repo_id, is_revision
 
@@ -101,8 +101,8 @@ def as_model(value: str | os.PathLike | HubRef) -> Path | HubRef:
 
 def hub_endpoint() -> str:
     """The Hub this process talks to (HF_ENDPOINT, else the public Hub), without any user:password."""
-    hub_client.install()
-    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+    hub_transport.install()
+    # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import constants
 
     parts = urlsplit(constants.ENDPOINT.rstrip("/"))
@@ -149,8 +149,8 @@ def folder_name(folder: str | os.PathLike) -> str:
 # ---------------------------------------------------------------------------------------------------
 
 def _offline() -> bool:
-    hub_client.install()
-    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+    hub_transport.install()
+    # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import constants
 
     return constants.is_offline_mode()
@@ -165,7 +165,7 @@ def _offline_error(ref: HubRef) -> HubError:
 def hub_errors(ref: HubRef):
     """Turn huggingface_hub's and the network's exceptions into one line each, in our words (the
     guarded client installed first: every request inside goes through it)."""
-    hub_client.install()
+    hub_transport.install()
     try:
         yield
     except DflashError:
@@ -181,11 +181,11 @@ def _worded(ref: HubRef, err: Exception) -> HubError | None:
     """The one line for a Hub or network error; None for an exception of another origin."""
     # startup: only commands that reach the Hub load the HTTP stack
     import httpx2
-    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+    # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import errors
 
     if isinstance(err, errors.GatedRepoError):
-        # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+        # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
         from huggingface_hub import get_token
 
         who = "this token has no access" if get_token() else "no token is set"
@@ -264,12 +264,12 @@ def _exists(repo: str, revision: str = DEFAULT_REVISION) -> bool:
     return True
 
 
-def _fetch_model_info(repo: str, revision: str) -> hub_client.ModelInfo:
+def _fetch_model_info(repo: str, revision: str) -> hub_transport.ModelInfo:
     """`/api/models/O/N/revision/R` (always at a revision: mirrors answer it where the bare form is
     refused), read through the typed reader."""
     # startup: only commands that reach the Hub load the HTTP stack
     import httpx2
-    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+    # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import constants
     from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_backoff
 
@@ -279,10 +279,10 @@ def _fetch_model_info(repo: str, revision: str) -> hub_client.ModelInfo:
     retried = (httpx2.TimeoutException, httpx2.ReadError, httpx2.WriteError, httpx2.RemoteProtocolError)
     response = http_backoff("GET", url, headers=build_hf_headers(), retry_on_exceptions=retried)
     hf_raise_for_status(response)
-    return hub_client.read_model_info(response.content, hub_client.shown_url(url))
+    return hub_transport.read_model_info(response.content, hub_transport.shown_url(url))
 
 
-def model_info(ref: HubRef) -> hub_client.ModelInfo:
+def model_info(ref: HubRef) -> hub_transport.ModelInfo:
     """The repository's model info at `ref`'s revision, `main` when it names none."""
     with hub_errors(ref):
         return _fetch_model_info(ref.repo, ref.revision or DEFAULT_REVISION)
@@ -301,7 +301,7 @@ def _first_line(err: Exception | str) -> str:
 @contextmanager
 def _quiet_progress():
     """huggingface_hub's progress bars only on a terminal (the library does not print otherwise)."""
-    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+    # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
     if sys.stderr.isatty() or are_progress_bars_disabled():
@@ -326,7 +326,7 @@ def _weight_files(folder: Path, ref: HubRef, revision: str) -> list[str]:
             return [safe_name(v, INDEX_NAME, "weight_map shard") for v in dict.fromkeys(weight_map.values())]
         except (DflashError, ValueError, AttributeError, TypeError, RecursionError):
             return []  # the checkpoint reader names what is wrong with it
-    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+    # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import get_cached_repo_tree
     from huggingface_hub.errors import CachedRepoTreeNotFoundError
 
@@ -345,7 +345,7 @@ def _weight_files(folder: Path, ref: HubRef, revision: str) -> list[str]:
 def fetch_folder(ref: HubRef, files: tuple[str, ...], weights: bool = False) -> Path:
     """The repository's snapshot folder in the cache holding `files` (those it has) and, with
     `weights`, its safetensors weights; fetched when missing."""
-    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+    # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import snapshot_download
 
     if ref.is_gguf:
@@ -360,7 +360,7 @@ def fetch_folder(ref: HubRef, files: tuple[str, ...], weights: bool = False) -> 
         if weights:
             shards = _weight_files(folder, ref, folder.name)
             if shards:
-                hub_client.file_names(shards, ref)
+                hub_transport.file_names(shards, ref)
                 snapshot_download(ref.repo, revision=folder.name, allow_patterns=shards)
     log.info("%s: using %s", ref, folder)
     return folder
@@ -369,7 +369,7 @@ def fetch_folder(ref: HubRef, files: tuple[str, ...], weights: bool = False) -> 
 def card_folder(repo: str, revision: str | None) -> Path:
     """The repository's card and license files (those it has) in the cache: what a GGUF repository
     declares of its license beside each file's `general.license`."""
-    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+    # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import snapshot_download
 
     ref = HubRef(repo, revision)
@@ -383,11 +383,11 @@ def download_file(repo: str, path: str, revision: str | None = None):
     """One file of a repository, fetched into the cache and opened through the confined reader
     (confine.Opened): a cached file linked out of the cache is refused, not read. huggingface_hub's
     errors are the caller's to word (`hub_errors`), or to expect (a missing card)."""
-    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+    # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import hf_hub_download
 
-    hub_client.install()
-    hub_client.file_name(path, repo)
+    hub_transport.install()
+    hub_transport.file_name(path, repo)
     hub_cache.check_repo(repo, revision)
     cached = hf_hub_download(repo, path, revision=revision)
     folder = hub_cache.check_snapshot(Path(cached[:-len(path)]))
@@ -460,7 +460,7 @@ class HubRangeFile(io.RawIOBase):
     stream is closed by `close()`, without reading the rest of the file."""
 
     def __init__(self, url: str, size: int, name: str, token: bool = True):
-        # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+        # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
         from huggingface_hub.utils import build_hf_headers
 
         self.url, self.size, self.name = url, size, name
@@ -538,7 +538,7 @@ class HubRangeFile(io.RawIOBase):
         """Ask for bytes [start, start + length): their bytes on a 206; None on a 200 (the server
         ignored the range), whose answer is kept open as the stream to read from."""
 
-        # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+        # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
         from huggingface_hub.utils import get_session, hf_raise_for_status
 
         self._close_stream()
@@ -671,7 +671,7 @@ def resolve_source(ref: HubRef) -> HubSource:
 
 def fetch_gguf(ref: HubRef) -> Path:
     """The whole GGUF `ref` names, in the Hub cache (fetched when it is not there): what llama.cpp loads."""
-    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+    # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import hf_hub_download
 
     if not ref.is_gguf:
@@ -695,7 +695,7 @@ def local_gguf(target: Path | HubRef) -> Path:
 def open_gguf(ref: HubRef) -> HubGGUF:
     """The GGUF `ref` names: from the cache if it is there, else its header and metadata only, read by
     range requests. Its provenance is the exact commit read."""
-    # after: hub/client.py has checked the Hub settings (huggingface_hub reads them when imported)
+    # after: hub/transport.py has checked the Hub settings (huggingface_hub reads them when imported)
     from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
 
     if _offline():

@@ -1,0 +1,574 @@
+"""What each patch of ggml_patches/series changes, through the patched llama.cpp programs a user runs.
+
+- 0001-dflash-startup-checks: a drafter that does not fit its target ends llama-server, llama-cli
+  and llama-speculative-simple with exit status 1 and one "dflash: ..." line naming both values,
+  instead of a GGML_ASSERT abort (SIGABRT, status 134, core dump).
+- 0002-dflash-swa-causal: a drafter with sliding-window layers and no `is_causal` drafts what the
+  z-lab reference drafts (sliding layers causal, full layers non-causal); one without sliding
+  layers drafts as before.
+- 0003-dflash-log-drafts: at debug verbosity (-lv 5) each draft is logged as
+  `dflash draft: seq_id=.. pos=.. id_last=.. n=.. ids=[..]`, on stderr, server included.
+- 0005-server-yield-without-wakeups: llama-server decodes and drafts without waking its task worker
+  thread for nothing: counted as the threads' voluntary context switches per generated token.
+- 0006-amx-tile-config-rodata: a quantized model (Q8_0, Q4_0) answers on a CPU with AMX instead of
+  dying with SIGILL at its first matrix multiply.
+- 0009-spec-tree-verify: `--spec-tree-budget N` verifies a best-first draft tree of the DFlash /
+  DFlash 2 block in one target batch: the target's own tokens, more of them per step; the chain
+  where the tree cannot serve (temperature > 0, recurrent targets); one line and exit 2 for a
+  budget it cannot serve.
+- 0008 / 0013 / 0014 (`--spec-draft-n-max auto`): the tokens of the static setting, the choices and
+  step costs in every response's timings, parking with probes whose share of a parked slot's steps
+  is bounded.
+
+`DFLASH_GGUF_TEST_LLAMA_BIN=<bin dir> pytest tests/runner/test_patches.py` runs the same tests against the
+programs of another build; against an unpatched build of the pinned tree all 16 fail (the two of 0006 only on a CPU with AMX).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from dflash_gguf.convert.converter import convert
+from training.fixtures.target_model import convert_target
+from dflash_gguf.runner.server import LlamaServer, free_port
+
+from tests.llama_tools import parse_drafts, run_tool
+from tests.malformed import edit_config, regenerate_weights
+from tests.reference_drafts import reference_draft, reference_layer_causality, tokenize
+
+pytestmark = pytest.mark.integration
+
+PROMPT = "Hello world, this is a test of"
+N_DRAFT = 15  # block size 16 - 1: the whole block of the fixture drafters
+# exact numerics on both sides: float32 weights (--outtype f32) and float32 KV caches in llama.cpp,
+# float32 PyTorch for the reference (see test_first_draft_matches_reference)
+F32_CACHES = ("-ctk", "f32", "-ctv", "f32", "-ctkd", "f32", "-ctvd", "f32")
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------
+
+def _fake_target(fixtures: Path, folder: Path, **config) -> Path:
+    """The tiny target's HF folder without weights (all the converter reads), config edited."""
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (fixtures / "target-hf" / name).is_file():
+            shutil.copyfile(fixtures / "target-hf" / name, folder / name)
+    data = json.loads((fixtures / "target-hf" / "config.json").read_text())
+    data.update(config)
+    (folder / "config.json").write_text(json.dumps(data, indent=2))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def misfit_drafters(fixtures: Path, tmp_path_factory) -> dict[str, Path]:
+    """Drafter GGUFs that do not fit the tiny target (6 layers, hidden 64), each like dflash-b16.
+
+    Our converter refuses them against the real target, so each is converted against a fake target
+    that it does fit (a user converting against the wrong target, or with another converter).
+    """
+    work = tmp_path_factory.mktemp("misfit")
+    out = {}
+
+    # trained for a wider target: hidden 128
+    src = shutil.copytree(fixtures / "dflash-b16", work / "wide-128")
+    regenerate_weights(edit_config(src, hidden_size=128))
+    out["wide-128"] = work / "wide-128.gguf"
+    convert(src, _fake_target(fixtures, work / "target-wide", hidden_size=128), out["wide-128"])
+
+    # taps layer 8 of a deeper target: GGUF dflash.target_layers [1, 3, 9], past the target's 6
+    src = shutil.copytree(fixtures / "dflash-b16", work / "deep-ids")
+    edit_config(src, dflash__target_layer_ids=[0, 2, 8])
+    out["deep-ids"] = work / "deep-ids.gguf"
+    convert(src, _fake_target(fixtures, work / "target-deep", num_hidden_layers=12), out["deep-ids"])
+
+    # taps the target's last layer (HF id 5, GGUF 6 == n_layer): within its depth, but the qwen3 graph
+    # records the inputs of layers 1..5 only (our converter refuses it too: converted against 7 layers)
+    src = shutil.copytree(fixtures / "dflash-b16", work / "last-id")
+    edit_config(src, dflash__target_layer_ids=[0, 2, 5])
+    out["last-id"] = work / "last-id.gguf"
+    convert(src, _fake_target(fixtures, work / "target-7", num_hidden_layers=7), out["last-id"])
+    return out
+
+
+@pytest.fixture(scope="session")
+def f32_models(fixtures: Path, tmp_path_factory) -> dict[str, Path]:
+    """The tiny target and the drafters dflash-b16 and dflash-swa as float32 GGUFs."""
+    work = tmp_path_factory.mktemp("f32")
+    models = {"target": convert_target(fixtures / "target-hf", work / "target-f32.gguf", "f32")}
+    for name in ("dflash-b16", "dflash-swa"):
+        models[name] = work / f"{name}-f32.gguf"
+        convert(fixtures / name, models["target"], models[name], "f32")
+    return models
+
+
+# ---------------------------------------------------------------------------------------------
+# 0001: a drafter that does not fit its target is refused with one line
+# ---------------------------------------------------------------------------------------------
+
+# the line naming both values, per misfit drafter
+MISFIT_LINES = {
+    "wide-128": r"dflash: draft embedding length 128 != target 64\b",
+    "deep-ids": r"dflash: draft target layer 9 \(dflash\.target_layers\) is outside the target's layers 1\.\.6\b",
+    "last-id": r"dflash: draft target layer 6 \(dflash\.target_layers\) is not recorded by the qwen3 graph, "
+               r"which provides layers 1\.\.5\b",
+}
+
+TOOL_ARGS = {
+    "llama-server": ("--host", "127.0.0.1"),  # and --port, a free one
+    "llama-cli": ("-p", "Hello", "-n", "4", "-st"),
+    "llama-speculative-simple": ("-p", "Hello", "-n", "8"),
+}
+
+
+@pytest.mark.parametrize("tool", list(TOOL_ARGS))
+@pytest.mark.parametrize("misfit", list(MISFIT_LINES))
+def test_misfit_drafter_is_refused_with_one_line(llama_bin: Path, target_gguf: Path,
+                                                 misfit_drafters: dict[str, Path], misfit: str, tool: str):
+    """Unpatched (measured on the pinned tree, CPU): SIGABRT, exit status 134, core dump, with
+    GGML_ASSERT(ggml_can_repeat(b, a)) (wide-128), GGML_ASSERT(lid <= model.hparams.n_layer())
+    (deep-ids), GGML_ASSERT(t_layer_inp[il] != nullptr && "layer input tensor is null")
+    (last-id; llama-server only reaches it at the first request, so it starts and serves)."""
+    args = TOOL_ARGS[tool] + (("--port", str(free_port())) if tool == "llama-server" else ())
+    proc = run_tool(llama_bin, tool, "-m", target_gguf, "-md", misfit_drafters[misfit],
+                    "--spec-type", "draft-dflash", "-c", "512", "-t", "1", *args, timeout=30)
+    log = proc.stdout + proc.stderr
+    tail = "\n".join(log.splitlines()[-15:])
+    assert proc.returncode == 1, f"{tool} exited with status {proc.returncode}, expected 1:\n{tail}"
+    assert "GGML_ASSERT" not in log and "core dumped" not in log.lower(), tail
+    lines = [line for line in log.splitlines() if re.search(MISFIT_LINES[misfit], line)]
+    assert len(lines) == 1, f"expected one line matching {MISFIT_LINES[misfit]!r}, got {len(lines)}:\n{tail}"
+
+
+# ---------------------------------------------------------------------------------------------
+# 0002 (and 0003, which makes the drafts visible): drafts equal the reference's
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("drafter", ["dflash-swa", "dflash-b16"])
+def test_first_draft_matches_reference(llama_bin: Path, fixtures: Path, f32_models: dict[str, Path],
+                                       drafter: str):
+    """llama-speculative-simple's first draft (greedy, the whole block of 15) equals the z-lab
+    reference's (dflash==0.1.0 DFlashDraftModel, float32) for the same context and block.
+
+    Prompt "Hello world, this is a test of" = [9707, 1879, 11, 419, 374, 264, 1273, 315]:
+    context = the first 7 tokens, block = [315, mask x 15] at positions 7..22.
+
+    dflash-swa (layer_types sliding, sliding, full; sliding_window 32; no is_causal), measured:
+      reference (sliding layers causal, full non-causal): 146045 146045 142626 79176 102379 42536 40155 x9
+      unpatched llama.cpp (0001 + 0003, without 0002):    40155 x15, i.e. the reference with every
+                                                          layer non-causal (asserted below too); the
+                                                          same with the fully unpatched build and f16
+                                                          models, printed by a modified
+                                                          llama-speculative-simple
+      patched:                                            the reference
+    dflash-b16 (no sliding layers, non-causal everywhere in both): unchanged by 0002, the reference
+      59676 59676 59676 52275 x6 35002 19478 19478 52275 x3.
+    Without 0003 there is no `dflash draft:` line and the test fails on that.
+
+    Numerics: the models are converted with --outtype f32 and llama.cpp runs with f32 KV caches
+    (-ctk/-ctv/-ctkd/-ctvd f32), so all 15 tokens are compared exactly. With the f16 target and
+    f16/bf16 drafters the first drafts happened to agree as well, but later drafts of the same run
+    already differ between f16 and f32 (the reference's smallest top-2 logit gap in these blocks is
+    about 0.01 for logits of about 4), so a 16-bit comparison would depend on the CPU's kernels.
+    """
+    target_dir = fixtures / "target-hf"
+    ids = tokenize(target_dir, PROMPT)
+    proc = run_tool(llama_bin, "llama-speculative-simple", "-m", f32_models["target"],
+                    "-md", f32_models[drafter], "--spec-type", "draft-dflash", "--spec-draft-n-max", str(N_DRAFT),
+                    "-p", PROMPT, "-n", str(N_DRAFT + 1), "--temp", "0", "-c", "512", "-t", "1",
+                    *F32_CACHES, "-lv", "5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    drafts = parse_drafts(proc.stderr)
+    assert drafts, "no `dflash draft:` line at -lv 5 (ggml_patches/0003-dflash-log-drafts.patch missing?)"
+    first = drafts[0]
+    # llama.cpp tokenized the prompt as the reference did: context ids[:-1], block starts with ids[-1]
+    assert (first.pos, first.id_last) == (len(ids) - 1, ids[-1])
+
+    expected = reference_draft(fixtures / drafter, target_dir, ids[:-1], ids[-1], N_DRAFT)
+    assert first.ids == expected
+
+    causal = reference_layer_causality(fixtures / drafter)
+    all_noncausal = reference_draft(fixtures / drafter, target_dir, ids[:-1], ids[-1], N_DRAFT,
+                                    causal=[False] * len(causal))
+    if drafter == "dflash-swa":
+        assert causal == [True, True, False]
+        # what upstream computes (one non-causal switch for every layer) is told apart by this test
+        assert all_noncausal != expected
+    else:
+        assert causal == [False, False] and all_noncausal == expected
+
+
+def test_server_logs_drafts(llama_bin: Path, fixtures: Path, f32_models: dict[str, Path],
+                                      tmp_path: Path):
+    """llama-server -lv 5 logs each draft; its first draft (context = the whole prompt,
+    block = [the target's first token, mask x 15]) is the reference's, for dflash-swa.
+
+    Unpatched: no `dflash draft:` line (0003), and the draft itself would be the all-non-causal one (0002).
+    """
+    target_dir = fixtures / "target-hf"
+    ids = tokenize(target_dir, PROMPT)
+    log = tmp_path / "llama-server.log"
+    args = ["-md", f32_models["dflash-swa"], "--spec-type", "draft-dflash", "--spec-draft-n-max", str(N_DRAFT),
+            "--parallel", "1", "-c", "512", "-t", "1", *F32_CACHES, "-lv", "5"]
+    with LlamaServer(f32_models["target"], args, bin_dir=llama_bin, log_path=log) as server:
+        answer = server.client.complete(ids, 4)
+    assert answer.n_predicted == 4
+    drafts = parse_drafts(log.read_text(errors="replace"))
+    assert drafts, "no `dflash draft:` line in llama-server's log at -lv 5"
+    first = drafts[0]
+    assert first.pos == len(ids)
+    assert first.ids == reference_draft(fixtures / "dflash-swa", target_dir, ids, first.id_last, N_DRAFT)
+
+
+def _voluntary_switches(pid: int) -> int:
+    """Voluntary context switches of every thread of a process so far (Linux /proc)."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            text = status.read_text()
+        except OSError:  # a thread that just ended
+            continue
+        total += int(re.search(r"^voluntary_ctxt_switches:\s*(\d+)", text, re.M).group(1))
+    return total
+
+
+@pytest.mark.serial  # -t 2 threads that wait at OpenMP barriers sleep (and switch) when other work holds a core
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts context switches in /proc")
+@pytest.mark.parametrize("drafter", [None, "dflash2"])
+def test_server_decode_does_not_wake_the_task_worker(llama_bin: Path, trained_pair: dict[str, Path],
+                                                      drafter: str | None, tmp_path: Path):
+    """Every decode, draft and speculative process runs inside yield_to_queue(); unpatched, each
+    one woke the server's task worker thread to decline the NEXT_RESPONSE marker, and the worker
+    slept again: about 3 voluntary context switches per token alone, 1.7 with DFlash 2 (0005)."""
+    from training.fixtures.trained_gguf import held_out_prompts
+
+    prompts = held_out_prompts()[:8]
+    args = ["--parallel", "1", "-c", "1024", "-t", "2"]
+    if drafter:
+        args += ["-md", trained_pair[drafter], "--spec-type", "draft-dflash"]
+    with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / "server.log") as server:
+        ids = [server.client.tokenize(p, add_special=True) for p in prompts]
+        server.client.complete(ids[0][:8], 4)  # warm-up: threads and buffers exist before counting
+        before = _voluntary_switches(server.pid)
+        tokens = sum(server.client.complete(i, 64, ignore_eos=True).n_predicted for i in ids)
+        switches = _voluntary_switches(server.pid) - before
+    assert tokens >= 8 * 60
+    assert switches / tokens < 0.5, f"{switches} voluntary context switches for {tokens} tokens"
+
+
+def _has_amx() -> bool:
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_quantized_target_runs_on_this_cpu(llama_bin: Path, target_gguf: Path, qtype: str, tmp_path: Path):
+    """A quantized target answers (0006): on an AMX CPU the unpatched build's AMX kernels load an
+    empty tile configuration and the first matrix multiply dies with SIGILL; without AMX the
+    kernels are not compiled and this passes either way."""
+    quantized = tmp_path / f"target-{qtype}.gguf"
+    proc = run_tool(llama_bin, "llama-quantize", target_gguf, quantized, qtype, "1")
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    with LlamaServer(quantized, ["-t", "1", "-c", "256"], bin_dir=llama_bin, log_path=tmp_path / "server.log") as server:
+        answer = server.client.complete("Hello world", 8, ignore_eos=True)
+    assert answer.n_predicted == 8, f"AMX CPU: {_has_amx()}"
+
+
+# ---------------------------------------------------------------------------------------------
+# 0008: --spec-draft-n-max auto chooses the verified draft length per slot and step
+# ---------------------------------------------------------------------------------------------
+
+# the decision line 0008 logs at -lv 5, one per slot and generation step
+AUTO_LINE = re.compile(r"spec auto: slot=(\d+) n=(\d+) parked=([01]) E=([\d.]+) cost_ms=([\d.]+) why=(\w+)")
+
+
+def test_draft_length_auto_is_identical_and_parks(llama_bin: Path, trained_pair: dict[str, Path], tmp_path: Path):
+    """`--spec-draft-n-max auto` emits the tokens of the static setting and of the target alone at
+    temperature 0 (only how many drafted tokens are verified changes), reports its choices in each
+    response's timings, and parks (plain target steps, no draft pass) where drafting cannot pay.
+
+    The trained pair's DFlash 2 drafter has an 8-token block (n 0..7). On CPU its draft pass costs
+    about 5 target tokens (measured 4-5 ms against 0.8-1.2 ms per plain step on 2 cores) while its
+    drafts are accepted about 4 deep, so after the start-up calibration (4 full drafts, 2 plain
+    steps) the controller parks; every 8, 16, 32, 64 parked steps it drafts one block to score it.
+    Unpatched: "auto" is not a number and llama-server exits at argument parsing."""
+    from training.fixtures.trained_gguf import held_out_prompts
+
+    prompts = held_out_prompts()[:3]
+    common = ["--parallel", "1", "-c", "1024", "-t", "1"]
+    spec = ["-md", trained_pair["dflash2"], "--spec-type", "draft-dflash"]
+    runs: dict[str, list] = {}
+    for name, args in (("alone", common), ("static", common + spec + ["--spec-draft-n-max", "7"]),
+                       ("auto", common + spec + ["--spec-draft-n-max", "auto", "-lv", "5"])):
+        with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / f"{name}.log") as server:
+            runs[name] = [server.client.complete(p, 64, ignore_eos=True) for p in prompts]
+
+    agree = [i for i in range(len(prompts)) if runs["static"][i].tokens == runs["alone"][i].tokens]
+    assert agree, "the static setting and the target alone disagree on every prompt (batching noise?)"
+    for i in range(len(prompts)):
+        assert runs["auto"][i].tokens == runs["static"][i].tokens, f"prompt {i}: auto differs from static"
+
+    decisions = AUTO_LINE.findall((tmp_path / "auto.log").read_text(errors="replace"))
+    steps = 0
+    for answer in runs["auto"]:
+        t = answer.timings
+        hist, offered, accepted = t["draft_n_chosen_hist"], t["draft_offered_per_depth"], t["draft_accepted_per_depth"]
+        assert len(hist) == 8 and len(offered) == len(accepted) == 7
+        assert sum(n * c for n, c in enumerate(hist)) == answer.draft_n
+        assert sum(accepted) == answer.draft_n_accepted
+        assert offered[0] == sum(hist[1:]) and all(a <= o for a, o in zip(accepted, offered))
+        assert len(t["draft_full_offered_per_depth"]) == 7  # whole drafted blocks, scored afterwards
+        steps += sum(hist)
+    assert len(decisions) == steps, "one `spec auto:` line per generation step"
+    assert [int(d[1]) for d in decisions[:6]] == [7, 7, 7, 7, 0, 0]  # start-up calibration
+    after = decisions[6:]
+    parked = [d for d in after if d[2] == "1"]
+    assert len(parked) > len(after) / 2, f"parked {len(parked)} of {len(after)} steps"
+    probes = [i for i, d in enumerate(after) if d[5] == "probe"]
+    assert probes and all(int(after[i][1]) == 0 for i in probes)
+
+
+AUTO_COSTS = re.compile(r"spec auto: .* draft_ms=([\d.]+) verify1_ms=([\d.]+) verify(\d+)_ms=([\d.]+)")
+
+
+def test_draft_length_auto_reports_its_step_costs(llama_bin: Path, trained_pair: dict[str, Path], tmp_path: Path):
+    """Patch 0013: every auto response carries the step costs its last step was decided with
+    (`draft_verify_cost_ms` by batch tokens, `draft_pass_cost_ms` by drafting sequences): the values
+    of the last `spec auto:` line, finite and positive, the verify curve covering the whole block plus
+    one; validation/acceptance.py's run limit is computed from them (1.0 at least: n = 0 is a choice).
+    Without 0013 the timings hold neither field."""
+    from dflash_gguf.validation.acceptance import run_limit
+    from training.fixtures.trained_gguf import held_out_prompts
+
+    args = ["--parallel", "1", "-c", "1024", "-t", "1", "-md", trained_pair["dflash2"], "--spec-type", "draft-dflash",
+            "--spec-draft-n-max", "auto", "-lv", "5"]
+    with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / "auto.log") as server:
+        answers = []
+        for prompt in held_out_prompts()[:2]:
+            answers.append(server.client.complete(prompt, 32, ignore_eos=True))
+            log = (tmp_path / "auto.log").read_text(errors="replace")
+            t = answers[-1].timings
+            verify, draft = t["draft_verify_cost_ms"], t["draft_pass_cost_ms"]
+            assert len(verify) >= 8 and len(draft) >= 1, t
+            assert all(math.isfinite(v) and v > 0 for v in [*verify, *draft]), t
+            decision = AUTO_LINE.findall(log)[-1]
+            if decision[5] == "limit":  # no room left for a draft: the line prices a plain step, verify(1)
+                assert round(verify[0], 3) == float(decision[4])
+            else:
+                last = AUTO_COSTS.findall(log)[-1]
+                width = int(last[2])  # the widest step the decision priced
+                assert (round(draft[0], 3), round(verify[0], 3), round(verify[width - 1], 3)) == \
+                    (float(last[0]), float(last[1]), float(last[3]))
+    limit = run_limit(a.timings for a in answers)
+    assert limit is not None and limit["limit"] >= 1.0 and sum(limit["best_lengths"].values()) == 2
+
+
+def test_draft_length_auto_probes_cost_a_bounded_share(llama_bin: Path, trained_pair: dict[str, Path], tmp_path: Path):
+    """Patch 0014: a slot that stays parked waits longer between probes than 0008's 64 steps where a
+    draft pass is dear (the trained pair's DFlash 2 pass costs several plain steps on this CPU), up to
+    the wait that keeps probes at about 1 % of the plain steps: ceil(draft / (0.01 * verify1)) by the
+    costs logged at the probe, never more than 1024. Unpatched the waits stop at 64."""
+    from training.fixtures.trained_gguf import held_out_prompts
+
+    args = ["--parallel", "1", "-c", "1024", "-t", "1", "-md", trained_pair["dflash2"], "--spec-type", "draft-dflash",
+            "--spec-draft-n-max", "auto", "-lv", "5"]
+    with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / "auto.log") as server:
+        server.client.complete(held_out_prompts()[0], 480, ignore_eos=True)
+    log = (tmp_path / "auto.log").read_text(errors="replace")
+    lines = [(d, c) for d, c in zip(AUTO_LINE.findall(log), AUTO_COSTS.findall(log))]
+    probes = [i for i, (d, _) in enumerate(lines) if d[5] == "probe"]
+    # waits between two probes with only parked steps between them (a draft resets the schedule to 8)
+    waits = [(a, b - a) for a, b in zip(probes, probes[1:]) if all(lines[i][0][2] == "1" for i in range(a, b))]
+    assert waits and max(w for _, w in waits) > 64, f"waits between probes {waits}: capped at 0008's 64"
+    for a, wait in waits:
+        draft_ms, verify1_ms = float(lines[a][1][0]), float(lines[a][1][1])
+        assert wait <= max(64, min(1024, math.ceil(draft_ms / (0.01 * verify1_ms)))) + 1, (wait, draft_ms, verify1_ms)
+
+
+@pytest.mark.parametrize("extra", [(), ("-md", "DRAFTER", "--spec-type", "ngram-simple")],
+                         ids=["no-drafter", "ngram"])
+def test_draft_length_auto_without_block_drafter_is_refused(llama_bin: Path, trained_pair: dict[str, Path],
+                                                             extra: tuple[str, ...]):
+    """auto needs a DFlash / DSpark drafter: without one, one error line and exit status 2, before
+    anything is loaded (unpatched: "auto" is an invalid value, exit status 1)."""
+    args = [trained_pair["dflash2"] if a == "DRAFTER" else a for a in extra]
+    proc = run_tool(llama_bin, "llama-server", "-m", trained_pair["target"], *args, "--spec-draft-n-max", "auto",
+                    "--host", "127.0.0.1", "--port", str(free_port()), "-t", "1", timeout=30)
+    log = proc.stdout + proc.stderr
+    lines = [line for line in log.splitlines() if "--spec-draft-n-max auto" in line]
+    assert proc.returncode == 2, f"exit status {proc.returncode}:\n{log[-1500:]}"
+    assert len(lines) == 1 and " E " in lines[0], log[-1500:]
+
+
+# ---------------------------------------------------------------------------------------------
+# 0009-spec-tree-verify
+# ---------------------------------------------------------------------------------------------
+
+TREE_LINE = re.compile(r"spec tree: slot=(\d+) pos=(\d+) last=(\d+) n=(\d+) tokens=\[([\d,]*)\] parents=\[([\d,]*)\]")
+TREE_ACCEPTED = re.compile(r"spec tree accepted: slot=(\d+) path=\[([\d,]*)\]")
+TREE_COMMON = ("--parallel", "1", "-c", "2048", "-t", "1")
+# batch-invariant kernels (patch 0007, what --exact sets): a token's logits and layer inputs do not depend on
+# the batch it was verified in, so tree, chain and target alone are compared bit for bit
+TREE_ENV = {"GGML_CPU_USE_REF": "1"}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(t) for t in text.split(",") if t]
+
+
+def _tree_steps(log: str) -> list[tuple[int, int, list[int], list[int], list[int]]]:
+    """(pos, last, tokens, parents, accepted path) per tree step, checked for shape: parents come first,
+    the accepted path descends from the root."""
+    trees, paths = TREE_LINE.findall(log), TREE_ACCEPTED.findall(log)
+    assert len(trees) == len(paths) > 0, (len(trees), len(paths))
+    steps = []
+    for (slot, pos, last, n, toks, pars), (slot_acc, path) in zip(trees, paths):
+        tokens, parents, path = _ints(toks), _ints(pars), _ints(path)
+        assert slot == slot_acc and len(tokens) == len(parents) == int(n) > 0
+        assert all(0 <= p < j for j, p in enumerate(parents, start=1)), parents
+        assert all(parents[j - 1] == (path[i - 1] if i else 0) for i, j in enumerate(path)), (parents, path)
+        steps.append((int(pos), int(last), tokens, parents, path))
+    return steps
+
+
+def _requests(log: str) -> list[str]:
+    """The server log cut at the end of each request (one slot: requests do not overlap)."""
+    return log.split("stop processing:")[:-1]
+
+
+def _tau(answers) -> float:
+    """Tokens per verifying target step: 1 + accepted draft tokens per step that verified a draft."""
+    steps = sum(sum(a.timings["draft_n_chosen_hist"][1:]) for a in answers)
+    return 1 + sum(a.draft_n_accepted for a in answers) / max(1, steps)
+
+
+@pytest.mark.parametrize("drafter", ["dflash2", "dflash"])
+def test_tree_verify_is_the_targets_own_and_accepts_more(llama_bin: Path, smollm2: dict[str, Path], drafter: str,
+                                                         tmp_path: Path):
+    """`--spec-tree-budget N` verifies a best-first draft tree in one target batch: on SmolLM2 F16 with its
+    DFlash 2 and DFlash drafters the output is the target alone's, token for token; every step's tree and
+    accepted path are logged and add up to the response's draft counts; more tokens are accepted per step
+    than with the chain; and the drafter after a tree step is the one the chain leaves (every draft made at
+    the same position after the same token is identical). Unpatched: unknown argument, exit 1."""
+    from training.fixtures.smollm2 import EVAL_PROMPTS
+
+    chats = [json.loads(line)["messages"] for line in EVAL_PROMPTS.read_text(encoding="utf-8").splitlines()[:3]]
+    spec = ["-md", smollm2[drafter], "--spec-type", "draft-dflash", "--spec-draft-n-max", "15"]
+    configs = {"alone": [], "chain7": spec[:-1] + ["7", "-lv", "5"], "chain15": spec + ["-lv", "5"],
+               "tree8": spec + ["--spec-tree-budget", "8", "-lv", "5"],
+               "tree16": spec + ["--spec-tree-budget", "16", "-lv", "5"]}
+    runs, logs = {}, {}
+    for name, args in configs.items():
+        log_path = tmp_path / f"{name}.log"
+        with LlamaServer(smollm2["F16"], [*TREE_COMMON, *args], bin_dir=llama_bin, log_path=log_path,
+                         env=TREE_ENV) as server:
+            prompts = [server.client.apply_template(m) for m in chats]
+            runs[name] = [server.client.complete(p, 64, ignore_eos=True) for p in prompts]
+        logs[name] = log_path.read_text(errors="replace")
+
+    for name, answers in runs.items():
+        for i, answer in enumerate(answers):
+            assert answer.tokens == runs["alone"][i].tokens, f"{name}, prompt {i}: not the target's own tokens"
+
+    for budget in (8, 16):
+        answers, log = runs[f"tree{budget}"], logs[f"tree{budget}"]
+        assert f"spec tree: budget={budget} n_seq_max={1 + budget} kv_unified=1" in log
+        steps = _tree_steps(log)
+        assert all(len(tokens) <= budget for _, _, tokens, _, _ in steps)
+        assert sum(len(t) for _, _, t, _, _ in steps) == sum(a.draft_n for a in answers)
+        assert sum(len(path) for *_, path in steps) == sum(a.draft_n_accepted for a in answers)
+        assert all(a.timings["draft_tree_budget"] == budget for a in answers)
+        accepted = sum(a.draft_n_accepted for a in answers)
+        assert sum(sum(a.timings["draft_accepted_per_depth"]) for a in answers) == accepted
+        # the first node popped is the root's best child: the chain's first token
+        for request in _requests(log):
+            chain_first = {(d.pos, d.id_last): d.ids[0] for d in parse_drafts(request)}
+            assert all(int(t.split(",")[0]) == chain_first[(int(pos), int(last))]
+                       for _, pos, last, _, t, _ in TREE_LINE.findall(request))
+    assert all(a.timings["draft_tree_budget"] == 0 for a in runs["chain15"])
+
+    # the drafter after tree steps is the one the chain leaves: the same drafts wherever both drafted at the
+    # same point, bit for bit. Patch 0010 moves an accepted path whose nodes were not the first in the batch
+    # next to the root, so the target's KV cells stay in position order and its layer inputs, which the
+    # drafter reads, are the chain's; without it they differ in the last bits after such a step
+    for name in ("tree8", "tree16"):
+        common = 0
+        for chain_req, tree_req in zip(_requests(logs["chain15"]), _requests(logs[name])):
+            chain = {(d.pos, d.id_last): d.ids for d in parse_drafts(chain_req)}
+            tree = {(d.pos, d.id_last): d.ids for d in parse_drafts(tree_req)}
+            for key in set(chain) & set(tree):
+                assert chain[key] == tree[key], f"{name}: the drafter differs at {key}"
+                common += 1
+        assert common >= 6, (name, common)
+        moved = [path for *_, path in _tree_steps(logs[name]) if path != list(range(1, len(path) + 1))]
+        assert moved, f"{name}: no accepted path was out of batch order, so nothing was moved"
+
+    tau = {name: _tau(runs[name]) for name in runs if name != "alone"}
+    print(f"{drafter}: tokens per target step " + ", ".join(f"{k} {v:.3f}" for k, v in tau.items()))
+    assert tau["tree8"] >= tau["chain7"] and tau["tree16"] >= tau["chain15"], tau
+
+
+def test_tree_serves_greedy_requests_only(llama_bin: Path, smollm2: dict[str, Path], tmp_path: Path):
+    """A request at temperature > 0 is verified by the chain (the walk down a tree takes the target's own
+    greedy tokens): the server says so for the task, and its timings say draft_tree_budget 0."""
+    args = [*TREE_COMMON, "-md", smollm2["dflash2"], "--spec-type", "draft-dflash", "--spec-tree-budget", "8",
+            "-lv", "5"]
+    log_path = tmp_path / "server.log"
+    with LlamaServer(smollm2["F16"], args, bin_dir=llama_bin, log_path=log_path) as server:
+        sampled = server.client.complete(PROMPT, 24, temperature=0.8, seed=1, ignore_eos=True)
+        n_trees = len(TREE_LINE.findall(log_path.read_text(errors="replace")))
+        greedy = server.client.complete(PROMPT, 24, ignore_eos=True)
+    log = log_path.read_text(errors="replace")
+    assert "spec tree: greedy requests; temperature > 0 verifies the chain" in log
+    assert len(re.findall(r"spec tree: chain for task \d+: ", log)) == 1
+    assert n_trees == 0 and sampled.draft_n > 0 and sampled.timings["draft_tree_budget"] == 0
+    assert greedy.timings["draft_tree_budget"] == 8 and TREE_LINE.search(log)
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--spec-tree-budget", "-1"), "--spec-tree-budget -1: a node budget is 0"),
+    (("--spec-tree-budget", "8", "--spec-draft-n-max", "auto"), "cannot be combined; choose one"),
+    (("--spec-tree-budget", "8", "--spec-type", "ngram-simple"), "needs a DFlash or DFlash 2 drafter"),
+    (("--spec-tree-budget", "16", "-b", "16"), "use a budget of at most 15"),
+    (("--spec-tree-budget", "16", "-c", "12"), "use a budget of at most 11"),
+    (("--spec-tree-budget", "64", "--parallel", "4"), "use a budget of at most 63"),
+], ids=["negative", "auto", "no-dflash", "batch", "context", "sequences"])
+def test_tree_budget_refusals(llama_bin: Path, smollm2: dict[str, Path], args: tuple[str, ...], says: str):
+    """A budget the server cannot serve: one error line naming the fix, exit status 2, nothing loaded."""
+    drafter = () if "ngram-simple" in args else ("-md", smollm2["dflash2"], "--spec-type", "draft-dflash")
+    proc = run_tool(llama_bin, "llama-server", "-m", smollm2["F16"], *drafter, *args,
+                    "--host", "127.0.0.1", "--port", str(free_port()), "-t", "1", timeout=60)
+    log = proc.stdout + proc.stderr
+    lines = [line for line in log.splitlines() if "--spec-tree-budget" in line]
+    assert proc.returncode == 2, f"exit status {proc.returncode}:\n{log[-1500:]}"
+    assert len(lines) == 1 and " E " in lines[0] and says in lines[0], log[-1500:]
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_tree_is_off_on_a_recurrent_target(llama_bin: Path, family, arch: str, tmp_path: Path):
+    """A recurrent or hybrid target keeps one state per sequence, not one per branch of a tree: the server
+    says at start-up that the chain verifies, and serves the target alone's tokens."""
+    folder = family(arch)
+    prompt = (folder / "prompts.txt").read_text().splitlines()[0]
+    common = ["--parallel", "1", "-c", "1024", "-t", "1"]
+    spec = ["-md", folder / "dflash2.gguf", "--spec-type", "draft-dflash", "--spec-tree-budget", "8"]
+    answers, log_path = {}, tmp_path / "tree.log"
+    for name, args in (("alone", common), ("tree", common + spec)):
+        with LlamaServer(folder / "target-F16.gguf", args, bin_dir=llama_bin, env=TREE_ENV,
+                         log_path=log_path if name == "tree" else None) as server:
+            answers[name] = server.client.complete(prompt, 24, ignore_eos=True)
+    log = log_path.read_text(errors="replace")
+    off = [line for line in log.splitlines() if "spec tree:" in line]
+    assert len(off) == 1 and "spec tree: off: a recurrent or hybrid target" in off[0], off
+    assert off[0].rstrip().endswith("; verifying the chain"), off
+    assert answers["tree"].tokens == answers["alone"].tokens
+    assert answers["tree"].draft_n > 0 and answers["tree"].timings["draft_tree_budget"] == 0
