@@ -16,7 +16,7 @@ def progress(msg: str) -> None:
 @dataclass
 class SideBySide:
     """Per server: milliseconds per generated token of each round (the server's own `predicted_ms`),
-    the first round's tokens per prompt, its accepted draft tokens and its answers."""
+    the first round's tokens per prompt and accepted draft tokens, and every round's answers."""
 
     ms: dict[str, list[float]] = field(default_factory=dict)
     tokens: dict[str, list[list[int]]] = field(default_factory=dict)
@@ -36,8 +36,8 @@ def measure_side_by_side(servers: dict, ids: list[list[int]], n_predict: int, ro
                 c = servers[name].client.complete(prompt, n_predict, temperature=0.0, seed=0, cache_prompt=False)
                 per_round[name][0] += float(c.timings.get("predicted_ms", 0.0))
                 per_round[name][1] += c.n_predicted
+                out.answers[name].append(c)  # every round's: a server that adapts (auto) changes across rounds
                 if r == 0:
-                    out.answers[name].append(c)
                     out.tokens[name].append(c.tokens)
                     out.accepted[name] += c.draft_n_accepted
         for name, (t, n) in per_round.items():

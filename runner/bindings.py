@@ -86,3 +86,18 @@ def load_model(path: str | Path, *, backend: str | None = None, bin_dir: Path | 
     use_patched_library(backend, bin_dir)
     kwargs.setdefault("verbose", False)
     return bindings().Llama(str(path), **kwargs)
+
+
+class HeldModel:
+    """Holds a model and its context on the low-level bindings (`_lib`, `_model`, `_ctx`, loaded by
+    the subclass's `__enter__`); leaving the `with` block frees the context, then the model."""
+
+    _lib = _model = _ctx = None
+
+    def __exit__(self, *exc_info) -> None:
+        if self._ctx:
+            self._lib.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            self._lib.llama_model_free(self._model)
+            self._model = None

@@ -57,7 +57,7 @@ def _bind(lib) -> dict:
     return functions
 
 
-class Teacher:
+class Teacher(engine.HeldModel):
     """The target loaded once for answering conversations; use as a context manager.
 
     `taps` are llama.cpp layer ids (the input of layer L: a checkpoint's target_layer_id + 1)."""
@@ -66,7 +66,6 @@ class Teacher:
                  threads: int | None = None, bin_dir: Path | None = None):
         self.target, self.taps, self.top_k = Path(target), list(taps), top_k
         self.n_ctx, self.n_seq, self.threads, self.bin_dir = n_ctx, n_seq, threads, bin_dir
-        self._lib = self._model = self._ctx = None
         self.answered_alone = 0  # conversations answered again alone after non-finite logits in a batch
 
     def __enter__(self) -> "Teacher":
@@ -107,14 +106,6 @@ class Teacher:
                                   "(`dflash-gguf doctor` lists them)")
             self._layer_inp["set"](self._ctx, lid, True)
         return self
-
-    def __exit__(self, *exc_info) -> None:
-        if self._ctx:
-            self._lib.llama_free(self._ctx)
-            self._ctx = None
-        if self._model:
-            self._lib.llama_model_free(self._model)
-            self._model = None
 
     # -----------------------------------------------------------------------------------------
 

@@ -163,14 +163,13 @@ def _environment(values: dict[str, str]):
                 os.environ[name] = value
 
 
-class Replay:
+class Replay(engine.HeldModel):
     """One target loaded in-process with a server's context; use as a context manager."""
 
     def __init__(self, model: str | Path, context: ServerContext, *, bin_dir: Path | None = None):
         self.model_path = Path(model)
         self.context = context
         self.bin_dir = bin_dir
-        self._lib = self._model = self._ctx = None
         self._n_vocab = 0
         self._pack = None
 
@@ -202,14 +201,6 @@ class Replay:
         self._n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self._model))
         self._pack = _seq_pack(lib)
         return self
-
-    def __exit__(self, *exc_info) -> None:
-        if self._ctx:
-            self._lib.llama_free(self._ctx)
-            self._ctx = None
-        if self._model:
-            self._lib.llama_model_free(self._model)
-            self._model = None
 
     # -----------------------------------------------------------------------------------------
 

@@ -16,9 +16,9 @@
   DFlash 2 block in one target batch: the target's own tokens, more of them per step; the chain
   where the tree cannot serve (temperature > 0, recurrent targets); one line and exit 2 for a
   budget it cannot serve.
-- 0008 / 0013 / 0014 (`--spec-draft-n-max auto`): the tokens of the static setting, the choices and
-  step costs in every response's timings, parking with probes whose share of a parked slot's steps
-  is bounded.
+- 0008 / 0013 / 0014 / 0015 (`--spec-draft-n-max auto`): the tokens of the static setting, the
+  choices and step costs in every response's timings, parking with probes whose share of a parked
+  slot's steps is bounded, costs that start from the warm passes.
 
 `DFLASH_GGUF_TEST_LLAMA_BIN=<bin dir> pytest tests/runner/test_patches.py` runs the same tests against the
 programs of another build; against an unpatched build of the pinned tree all 16 fail (the two of 0006 only on a CPU with AMX).
@@ -392,6 +392,34 @@ def test_draft_length_auto_probes_cost_a_bounded_share(llama_bin: Path, trained_
     for a, wait in waits:
         draft_ms, verify1_ms = float(lines[a][1][0]), float(lines[a][1][1])
         assert wait <= max(64, min(1024, math.ceil(draft_ms / (0.01 * verify1_ms)))) + 1, (wait, draft_ms, verify1_ms)
+
+
+AUTO_COST_SAMPLE = re.compile(r"spec auto cost: (draft|verify) size=(\d+) ms=([\d.]+) estimate=([\d.]+)")
+
+
+def test_draft_length_auto_costs_start_from_the_warm_passes(llama_bin: Path, trained_pair: dict[str, Path],
+                                                             tmp_path: Path):
+    """Patch 0015: the first 4 samples of a cost (a draft pass, a verify batch of a size) set it to the
+    least of them, as the `spec auto cost:` debug line after each sample shows; later samples move it
+    by a tenth of their difference, at most 3x the estimate. A cold first pass (the first touch of
+    the weights) no longer prices drafting out. Unpatched there is no such line, and the first
+    samples were averaged."""
+    from training.fixtures.trained_gguf import held_out_prompts
+
+    args = ["--parallel", "1", "-c", "1024", "-t", "1", "-md", trained_pair["dflash2"], "--spec-type", "draft-dflash",
+            "--spec-draft-n-max", "auto", "-lv", "5"]
+    with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / "auto.log") as server:
+        for prompt in held_out_prompts()[:2]:
+            server.client.complete(prompt, 48, ignore_eos=True)
+    samples: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for kind, size, ms, estimate in AUTO_COST_SAMPLE.findall((tmp_path / "auto.log").read_text(errors="replace")):
+        samples.setdefault((kind, int(size)), []).append((float(ms), float(estimate)))
+    assert ("draft", 1) in samples and ("verify", 1) in samples and ("verify", 8) in samples, sorted(samples)
+    for key, seen in samples.items():
+        for i, (_, estimate) in enumerate(seen[:4]):
+            assert estimate == pytest.approx(min(ms for ms, _ in seen[:i + 1]), abs=0.0015), (key, seen[:4])
+        for (ms, estimate), (_, before) in zip(seen[4:], seen[3:]):
+            assert estimate == pytest.approx(before + 0.1 * (min(ms, 3 * before) - before), abs=0.003), (key, ms)
 
 
 @pytest.mark.parametrize("extra", [(), ("-md", "DRAFTER", "--spec-type", "ngram-simple")],
