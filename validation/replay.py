@@ -44,7 +44,7 @@ TOP = 8  # logits kept per row: the top few, for the report and the noise measur
 # llama-server's own defaults (common/common.h) for what decides the numerics
 _N_BATCH, _N_UBATCH = 2048, 512
 _DRAFT_N_MAX = 3
-AUTO_N_MAX = 64  # what --spec-draft-n-max auto sets llama-server's n_max to (patch 0008)
+AUTO_N_MAX = 16  # what --spec-draft-n-max auto sets llama-server's n_max to (patches 0008, 0016)
 # the speculative types for which the server keeps recurrent-state snapshots (need_n_rs_seq)
 _SNAPSHOT_SPEC_TYPES = {"draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark"}
 _CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30,

@@ -101,6 +101,25 @@ def test_pair_is_exact_in_patched_server(arch, variant, family, llama_bin, tmp_p
     assert 0 < result["accepted"] < result["drafted"], (result["accepted"], result["drafted"])
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_draft_length_auto_serves_a_recurrent_target(variant, family, llama_bin, tmp_path):
+    """Patch 0016: with `--spec-draft-n-max auto` the hybrid LFM2 target serves (0008's limit of 64
+    made its context keep 64 state snapshots per sequence, and its graph aborted llama-server at
+    start-up), and under --exact the output is the target's own, every token proven."""
+    folder = family("lfm2")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join((folder / "prompts.jsonl").read_text().splitlines()[:2]) + "\n")
+    report = tmp_path / "report.json"
+    proc = dflash_gguf("validate", "--target", folder / "target-F16.gguf", "--draft", folder / f"{variant}.gguf",
+                       "--prompts", prompts, "-n", "24", "--backend", "cpu", "--threads", "1", "--exact", "--rounds", "1",
+                       "--report", report, "--", "--spec-draft-n-max", "auto")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(report.read_text())
+    assert result["exact"] and result["lossless"]
+    assert result["proven_by_replay"] == result["produced"] == 48
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("arch", [a for a in ARCHS if not FAMILIES[a].limitation])
 def test_every_committed_zoo_drafter_met_the_ten_minute_goal(arch, variant):
