@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from dflash_gguf.progress import Progress
+
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 WORK = REPO / "build" / "bench" / "concurrency"
@@ -34,8 +36,6 @@ PAGE, PLOT = "benchmarks-concurrency.md", "benchmarks-concurrency.png"
 # one thread per server (the machine is shared); the memory-bound target read from RAM, not mmap
 SERVER_ARGS = ["-t", "1"]
 MEMORY_BOUND_ARGS = ["--load-mode", "none"]
-
-Progress = Callable[[str], None]
 
 
 @dataclass

@@ -27,8 +27,8 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable
 
+from dflash_gguf.progress import Progress
 from dflash_gguf.validation.lossless import MISMATCH, NUMERICAL
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,8 +42,6 @@ THREADS = 1
 BATCHES = (8, 16)
 BEGIN, END = "<!-- section (g): benchmarks/real_target.py -->", "<!-- end of section (g) -->"
 PNG = "benchmarks-real.png"
-
-Progress = Callable[[str], None]
 
 
 def llama_bench(target: Path, bin_dir: Path, batches=BATCHES, threads: int = THREADS, repeats: int = 3) -> dict:

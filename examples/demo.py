@@ -20,6 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from dflash_gguf.progress import working
 from dflash_gguf.runner.prompts import read_prompts
 from dflash_gguf.runner.speed import shown
 from dflash_gguf.runner.speed_verdict import speed_verdict
@@ -50,16 +51,18 @@ def step(title: str, *args, show: bool = True) -> subprocess.CompletedProcess:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     stderr: list[str] = []
 
-    def relay() -> None:
-        for line in proc.stderr:
-            stderr.append(line)
-            print(f"   | {line.rstrip()}", flush=True)
+    # a step that keeps its progress to a terminal (release's) still shows that it is alive
+    with working(lambda message: print(message, flush=True), f"   | {args[0]}") as alive:
+        def relay() -> None:
+            for line in proc.stderr:
+                stderr.append(line)
+                alive.say(f"   | {line.rstrip()}")
 
-    reader = threading.Thread(target=relay, daemon=True)
-    reader.start()
-    stdout = proc.stdout.read()
-    proc.wait()
-    reader.join()
+        reader = threading.Thread(target=relay, daemon=True)
+        reader.start()
+        stdout = proc.stdout.read()
+        proc.wait()
+        reader.join()
     if show:
         sys.stdout.write(stdout)
     print(f"   ({time.monotonic() - started:.0f} s)", flush=True)

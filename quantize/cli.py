@@ -12,6 +12,7 @@ import click
 
 from dflash_gguf.options import OUTPUT_FILE, build_options, force_option, json_option, quantize_threads_option
 from dflash_gguf.outputs import Input, Output, check_outputs
+from dflash_gguf.progress import printer
 from dflash_gguf.terminal import say
 from .quantize import ALL_TYPES, DEFAULT_RECIPE, RECIPES
 from .quantize import quantize as quantize_file
@@ -26,8 +27,9 @@ recipe_option = click.option(
 
 
 def progress(message: str) -> None:
+    """On a terminal, a line (a refusal after it would not be the only line in a log); logged always."""
     if sys.stderr.isatty():
-        say(message, err=True)
+        printer()(message)
     log.info("%s", message)
 
 

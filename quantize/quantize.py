@@ -17,7 +17,6 @@ import re
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,11 +30,11 @@ from dflash_gguf.gguf.license import license_from_gguf
 from dflash_gguf.gguf.reader import GGUFFile
 from dflash_gguf.licenses import Kind
 from dflash_gguf.outputs import Input, Output, check_outputs, named_for, partial_name
+from dflash_gguf.progress import Progress
 from dflash_gguf.runner.build import find_bin_dir, runtime_env
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[str], None]
 
 # llama-quantize's file types this tool offers, each with the ggml type most tensors get.
 # (The _M / _S mixtures give some tensors a neighbouring type; the report shows which.)

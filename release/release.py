@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -38,6 +37,7 @@ from dflash_gguf.hub.names import check_repo_id
 from dflash_gguf.hub.resolve import HubRef
 from dflash_gguf.outputs import Input, Output, check_outputs
 from dflash_gguf.owned_folder import built_beside, check_destination
+from dflash_gguf.progress import Progress, working
 from dflash_gguf.secrets import refuse_secrets
 from dflash_gguf.settings import Settings, option, refusal
 from dflash_gguf.quantize.quantize import (DEFAULT_RECIPE, FLOAT_TYPES, Recipe, find_llama_quantize, get_recipe, parse_type,
@@ -52,9 +52,6 @@ from . import license_rules as lic
 from .card import NOT_VALIDATED, ReleaseResult, VariantResult, example_variant, render_card
 from .license_files import LicensePlan, plan_license_files, write_license_files
 from .file_names import drafter_repo, resolve_target, safe_name, target_facts, variant_file
-
-
-Progress = Callable[[str], None]
 
 
 def parse_types(types: str | list[str]) -> list[str]:
@@ -298,7 +295,8 @@ def release(settings: ReleaseSettings, *, progress: Progress | None = None, side
                      settings.validation())
 
     with built_beside(out_dir, force=settings.force, command="release") as folder:
-        made = _make_variants(making, settled, wanted, folder, say)
+        with working(say, "release"):
+            made = _make_variants(making, settled, wanted, folder, say)
         runs_on = support_of(made.drafter)
         if not runs_on.stock:
             made.warnings.append(f"stock llama.cpp cannot load these files: {runs_on.why}; the file "

@@ -40,10 +40,11 @@ import tempfile
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from dflash_gguf import typed_reader as values
 from dflash_gguf.errors import DflashError, LlamaBuildError
+from dflash_gguf.progress import Progress, working
 from dflash_gguf.hashing import sha256_file
 from dflash_gguf.inputs import parse_json, read_bytes
 from dflash_gguf.options import BACKENDS
@@ -60,8 +61,6 @@ KEY_LENGTH = 16
 # folders of a user checkout that are never part of the source (build outputs, VCS data)
 _SKIP_DIRS = {".git", ".github", "__pycache__", ".venv", "node_modules"}
 _SKIP_DIR_PREFIXES = ("build",)
-
-Progress = Callable[[str], None]
 
 
 def _quiet(_: str) -> None:
@@ -497,16 +496,18 @@ def _run_logged(cmd: list[str], log: Path, progress: Progress, label: str, cwd: 
         try:
             last = -10
             assert proc.stdout is not None
-            for line in proc.stdout:
-                out.write(line)
-                match = re.match(r"\[\s*(\d+)%\]", line) or re.match(r"\[(\d+)/(\d+)\]", line)
-                if match:
-                    pct = int(match.group(1)) if match.lastindex == 1 else \
-                        100 * int(match.group(1)) // max(1, int(match.group(2)))
-                    if pct >= last + 10:
-                        last = pct - pct % 10
-                        progress(f"{label}: {pct}%")
-            rc = proc.wait()
+            # one big file compiles for minutes on 2 cores between two percentages: the heartbeat speaks
+            with working(progress, label) as step:
+                for line in proc.stdout:
+                    out.write(line)
+                    match = re.match(r"\[\s*(\d+)%\]", line) or re.match(r"\[(\d+)/(\d+)\]", line)
+                    if match:
+                        pct = int(match.group(1)) if match.lastindex == 1 else \
+                            100 * int(match.group(1)) // max(1, int(match.group(2)))
+                        if pct >= last + 10:
+                            last = pct - pct % 10
+                            step.say(f"{label}: {pct}%")
+                rc = proc.wait()
         finally:
             if proc.poll() is None:
                 proc.kill()

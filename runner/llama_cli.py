@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from dflash_gguf.progress import printer
 from dflash_gguf.errors import LlamaBuildError, ServerError
 from dflash_gguf.options import (backend_option, build_options, exact_option, host_option, json_option, port_option,
                        threads_option)
@@ -69,7 +70,7 @@ def build_command(backend: str | None, source_dir: Path | None, jobs: int | None
     started = time.monotonic()
 
     def progress(message: str) -> None:
-        click.echo(f"[{time.monotonic() - started:6.1f}s] {message}", err=True)
+        printer()(f"[{time.monotonic() - started:6.1f}s] {message}")
 
     if prepare_only:
         src = _build.prepare(backend=backend, source_dir=source_dir, progress=progress)

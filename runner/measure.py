@@ -4,14 +4,14 @@ every slot needs, the answers of one server, and the acceptance maths."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
+
+from dflash_gguf.progress import Progress
 
 from .client import Completion
 from .launch import CTX_SIZE, Launch
 from .prompts import Prompt, size_bound
 from .speed import generation_speed
-
-Progress = Callable[[str], None]
 
 
 @dataclass

@@ -25,13 +25,13 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from dflash_gguf.progress import Progress, stage
+
 from .client import Completion, LlamaClient
 
 MIN_ROUNDS = 3
 # a range this narrow is a figure, even when its median lies within it of 1x
 RANGE_FLOOR = 0.05
-
-Progress = Callable[[str], None]
 
 
 def cpus() -> int:
@@ -185,22 +185,27 @@ def interleaved_rounds(alone: LlamaClient, speculative: LlamaClient, prompts: Se
     """`rounds` passes over `prompts`, each prompt sent to both servers one after the other, the first
     alternating by prompt and round. `ask` sends one request (the same for both)."""
     out = Rounds([], [], [], load_average())
-    for r in range(rounds):
-        mine: list[Completion] = []
-        theirs: list[Completion] = []
-        for i, ids in enumerate(prompts):
-            if (i + r) % 2:
-                mine.append(ask(speculative, ids))
-                theirs.append(ask(alone, ids))
-            else:
-                theirs.append(ask(alone, ids))
-                mine.append(ask(speculative, ids))
-        out.alone.append(generation_speed(theirs))
-        out.speculative.append(generation_speed(mine))
-        out.answers += mine
-        out.load = max(filter(None, (out.load, load_average())), default=None)
-        if progress:
+    with stage(progress, "speed: requests", total=2 * rounds * len(prompts)) as requests:
+        def answer(client: LlamaClient, ids: Sequence[int]) -> Completion:
+            completion = ask(client, ids)
+            requests.advance()
+            return completion
+
+        for r in range(rounds):
+            mine: list[Completion] = []
+            theirs: list[Completion] = []
+            for i, ids in enumerate(prompts):
+                if (i + r) % 2:
+                    mine.append(answer(speculative, ids))
+                    theirs.append(answer(alone, ids))
+                else:
+                    theirs.append(answer(alone, ids))
+                    mine.append(answer(speculative, ids))
+            out.alone.append(generation_speed(theirs))
+            out.speculative.append(generation_speed(mine))
+            out.answers += mine
+            out.load = max(filter(None, (out.load, load_average())), default=None)
             a, b = out.alone[-1], out.speculative[-1]
-            progress(f"speed round {r + 1}/{rounds}: target alone {a:.1f} tok/s, speculative {b:.1f} tok/s"
-                     + (f" ({b / a:.3f}x)" if a else ""))
+            requests.say(f"speed round {r + 1}/{rounds}: target alone {a:.1f} tok/s, speculative {b:.1f} tok/s"
+                         + (f" ({b / a:.3f}x)" if a else ""))
     return out

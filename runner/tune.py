@@ -51,6 +51,7 @@ from typing import Iterator, Sequence
 
 from dflash_gguf import typed_reader as values
 from dflash_gguf.errors import ServerError, ServerStartError
+from dflash_gguf.progress import Stage, working
 from dflash_gguf.settings import Settings, refusal
 from .build import build_info, find_bin_dir
 from .client import Completion, LlamaClient
@@ -405,9 +406,10 @@ class _Tuner:
         if cand.error is not None:
             return cand
         try:
-            with self._running(setting) as server:
+            with self._running(setting) as server, \
+                    Stage(self.progress, f"  {setting.label()}: requests", total=2 * passes * len(self.prompt_ids)) as requests:
                 for p in range(passes):
-                    if not self._pass(reference, server, cand, p):
+                    if not self._pass(reference, server, cand, p, requests):
                         cand.abandoned = True
                         break
         except ServerStartError as err:
@@ -426,7 +428,7 @@ class _Tuner:
                       f"alone: {cand.speedup:.2f}x{tau} (median of {len(cand.ratios)} request pairs)")
         return cand
 
-    def _pass(self, reference: LlamaServer, server: LlamaServer, cand: Candidate, p: int) -> bool:
+    def _pass(self, reference: LlamaServer, server: LlamaServer, cand: Candidate, p: int, requests: Stage) -> bool:
         """One paired pass; False when it stopped early, the setting being far slower than the reference."""
         n = self.settings.n_predict
         mine, theirs = [], []
@@ -434,10 +436,12 @@ class _Tuner:
             ref_first = bool((i + p) % 2) or not self.ref_seconds
             if ref_first:
                 theirs.append(self._timed(reference, ids))
+                requests.advance()
             # a request far slower than the reference's is not waited for: the setting is out
             limit = self._limit()
             try:
                 mine.append(_ask(server.client, ids, n, timeout=limit))
+                requests.advance()
             except ServerError as err:
                 cand.stalled = True
                 self.progress(f"  {cand.setting.label()}: stopped, no answer within {limit:.1f} s "
@@ -447,6 +451,7 @@ class _Tuner:
                 break
             if not ref_first:
                 theirs.append(self._timed(reference, ids))
+                requests.advance()
             a_tps, b_tps = (ServerRun([c], [c]).tokens_per_second() for c in (mine[-1], theirs[-1]))
             if a_tps and b_tps:
                 cand.ratios.append(a_tps / b_tps)
@@ -608,7 +613,8 @@ def tune(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], setti
     # the pair's checks, before anything starts (the user's arguments were checked with the settings)
     warnings = list(launch_recipe(target, draft, server_args=settings.server_args).warnings)
     tuner = _Tuner(target, draft, prompts, settings, progress)
-    spec, alone, stopped = tuner.run()
+    with working(progress, "tune"):
+        spec, alone, stopped = tuner.run()
     if stopped:
         progress(f"--max-seconds {settings.max_seconds:g} reached: skipped the search from the {stopped} stage on")
     # decided on the speedup as saved (3 decimals), so serve's verdict line, computed from the saved

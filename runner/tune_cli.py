@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from dflash_gguf.progress import printer
 from dflash_gguf.hub import resolve as hub
 from dflash_gguf.hub.resolve import HubRef
 from dflash_gguf.options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, n_predict_option,
@@ -168,7 +169,7 @@ def tune_command(settings: TuneCommandSettings) -> None:
     if settings.quick:
         prompts = prompts[:QUICK["prompts"]]
     measuring = settings.measuring()
-    result: TuneResult = tune(target, draft, prompts, measuring, progress=lambda msg: click.echo(msg, err=True))
+    result: TuneResult = tune(target, draft, prompts, measuring, progress=printer())
     report = result.to_dict()
     key = tuned.TuneKey.of(target, draft, result.llama["build"], settings.exact)
     saved = tuned.save(key, report)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from dflash_gguf.hub.resolve import HubRef
 from dflash_gguf.options import (build_options, force_option, json_option, out_option, prompts_option, seed_option,
                        target_option, threads_option)
 from dflash_gguf.outputs import Input, Output, check_outputs
+from dflash_gguf.progress import BEAT, printer
 from dflash_gguf.settings import Settings, option, refusal, settings_command
 from dflash_gguf.variants import VARIANTS, Variant
 
@@ -36,16 +36,18 @@ def _layer_list(_ctx, _param, value: str | None) -> tuple[int, ...] | None:
 
 
 class _StepBar:
-    """The training progress on stderr: rewritten in place on a terminal, a line a minute otherwise."""
+    """The training progress on stderr: rewritten in place on a terminal, a line every BEAT seconds
+    otherwise (so the heartbeat never needs to speak between them)."""
 
     def __init__(self, block_size: int, blocks_per_step: int):
         self.tokens_per_step = (block_size - 1) * blocks_per_step
-        self.tty, self.last = sys.stderr.isatty(), 0.0
+        self.printer = printer()
+        self.tty, self.last = self.printer.tty(), 0.0
 
     def __call__(self, step: int, steps: int | None, running: dict, seconds: float, first: int) -> None:
         done = step + 1 - first
         now = time.time()
-        if not (self.tty or now - self.last >= 60 or step + 1 == steps):
+        if not (self.tty or now - self.last >= BEAT or step + 1 == steps):
             return
         self.last = now
         rate = done * self.tokens_per_step / max(seconds, 1e-9)
@@ -53,7 +55,9 @@ class _StepBar:
         eta = f"{left // 60}:{left % 60:02d}" if steps else "sizing the run from the first steps"
         line = (f"train: step {step + 1}/{steps or '?'}  loss {running.get('ce', 0):.3f}  "
                 f"accepted/block {running.get('accept', 0):.2f}  {rate:,.0f} tokens/s  ETA {eta}")
-        click.echo(f"\r{line}\033[K" if self.tty else line, err=True, nl=not self.tty or step + 1 == steps)
+        self.printer.status(line)
+        if step + 1 == steps:
+            self.printer.end_status()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,7 +181,7 @@ def train_command(settings: TrainSettings) -> None:
     spec = RECIPES[settings.variant]
     bar = _StepBar(settings.block_size or spec["block_size"], spec["seqs_per_step"] * spec["anchors_per_seq"])
     summary = train(target, settings.prompts_file, settings.out, settings.options(), force=settings.force,
-                    progress=lambda m: click.echo(m, err=True), step_progress=bar)
+                    progress=printer(), step_progress=bar)
     if settings.as_json:
         click.echo(json.dumps({"out": str(settings.out), **asdict(summary)}, indent=2))
         return

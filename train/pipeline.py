@@ -24,7 +24,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -35,6 +35,7 @@ from dflash_gguf.gguf.drafter_fit import DrafterFacts, check_dflash2_shapes
 from dflash_gguf.gguf.keys import Tokenizer
 from dflash_gguf.owned_folder import built_beside, check_destination
 from dflash_gguf.paths import cache_dir
+from dflash_gguf.progress import Progress, working
 from dflash_gguf.runner.build import find_bin_dir
 from dflash_gguf.runner.launch import launch_recipe
 from dflash_gguf.runner.prompts import Prompt, read_prompts, tokenize_prompts
@@ -49,7 +50,6 @@ from .teacher import Teacher
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[str], None]
 CARD_MARK = "<!-- written by dflash-gguf train -->"
 SEED = 20261202
 
@@ -174,8 +174,9 @@ def teacher_store(target: Path, prompt_ids: list[list[int]], plan: st.DrafterPla
               for i in range(0, len(prompt_ids), options.parallel)]
     started, made = time.time(), 0
     n_ctx = max(map(len, prompt_ids)) + options.answer_tokens + 1
-    with Teacher(target, plan.llama_taps, n_ctx=n_ctx, n_seq=options.parallel, top_k=st.TEACHER_TOP_K,
-                 threads=options.threads, bin_dir=_bin_dir(options)) as teacher:
+    with working(progress, "teacher"), \
+            Teacher(target, plan.llama_taps, n_ctx=n_ctx, n_seq=options.parallel, top_k=st.TEACHER_TOP_K,
+                    threads=options.threads, bin_dir=_bin_dir(options)) as teacher:
         if teacher.recurrent:
             progress("teacher: one conversation at a time (the target has recurrent state, and the pinned "
                      "llama.cpp's batched steps of several such sequences are unreliable)")
@@ -423,7 +424,8 @@ def train(target: Path, prompts_file: Path, out: Path, options: TrainOptions, *,
     run = recipe.TrainingRun(name=plan.variant, seed=options.seed + 1, steps=options.steps,
                              budget_seconds=options.minutes * 60 if options.steps is None else None,
                              checkpoint=checkpoint, checkpoint_seconds=options.checkpoint_minutes * 60, bf16=bf16)
-    drafter = recipe.train_drafter(drafter, frozen, data, spec, run, progress=step_progress)
+    with working(progress, "train"):
+        drafter = recipe.train_drafter(drafter, frozen, data, spec, run, progress=step_progress)
     train_seconds = drafter.trained_seconds
 
     summary = Summary(target=str(target), variant=plan.variant, layers=plan.layers, block_size=plan.block_size,

@@ -27,9 +27,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 from dflash_gguf.errors import ServerArgsError
+from dflash_gguf.progress import Progress, Stage, stage
 from dflash_gguf.runner import measure
 from dflash_gguf.runner.build import find_bin_dir
 from dflash_gguf.runner.client import Completion, LlamaClient
@@ -42,7 +43,6 @@ from .acceptance import limit_fields, timings_profile
 from .validate import ValidationSettings, run_server
 
 log = logging.getLogger(__name__)
-Progress = Callable[[str], None]
 
 DEFAULT_LEVELS = (1, 2, 4, 8)
 ALONE, DRAFTER = "target alone", "drafter"
@@ -106,11 +106,18 @@ class Pass:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def run_pass(client: LlamaClient, jobs: list[list[int]], prompt_ids: list[list[int]], n_predict: int) -> Pass:
-    """Each stream (a thread) sends its requests one after the other; all streams start together."""
+def run_pass(client: LlamaClient, jobs: list[list[int]], prompt_ids: list[list[int]], n_predict: int,
+             requests: Stage | None = None) -> Pass:
+    """Each stream (a thread) sends its requests one after the other; all streams start together.
+    `requests` counts the answers."""
+    def one(i: int) -> Completion:
+        completion = client.complete(prompt_ids[i], n_predict, temperature=0.0, seed=0, cache_prompt=False)
+        if requests is not None:
+            requests.advance()
+        return completion
+
     def stream(indices: list[int]) -> list[Completion]:
-        return [client.complete(prompt_ids[i], n_predict, temperature=0.0, seed=0, cache_prompt=False)
-                for i in indices]
+        return [one(i) for i in indices]
 
     pool = ThreadPoolExecutor(max_workers=len(jobs))
     try:
@@ -306,12 +313,14 @@ def concurrency_curve(target: str | Path, draft: str | Path, prompts: Sequence[s
             for server in (alone_server, spec_server):  # warm-up, not measured
                 server.client.complete(prompt_ids[0][:8], 4, cache_prompt=False)
             alone, spec = [], []
-            for r in range(settings.rounds):
-                order = [(alone_server, alone), (spec_server, spec)]
-                for server, into in (order if r % 2 == 0 else order[::-1]):
-                    into.append(run_pass(server.client, jobs, prompt_ids, settings.n_predict))
-                progress(f"concurrency {n} round {r + 1}: {alone[-1].aggregate:.1f} -> {spec[-1].aggregate:.1f} "
-                         f"tok/s aggregate ({spec[-1].aggregate / alone[-1].aggregate:.2f}x)")
+            per_pass = sum(map(len, jobs))
+            with stage(progress, f"concurrency {n}: requests", total=2 * settings.rounds * per_pass) as requests:
+                for r in range(settings.rounds):
+                    order = [(alone_server, alone), (spec_server, spec)]
+                    for server, into in (order if r % 2 == 0 else order[::-1]):
+                        into.append(run_pass(server.client, jobs, prompt_ids, settings.n_predict, requests))
+                    requests.say(f"concurrency {n} round {r + 1}: {alone[-1].aggregate:.1f} -> {spec[-1].aggregate:.1f} "
+                                 f"tok/s aggregate ({spec[-1].aggregate / alone[-1].aggregate:.2f}x)")
         row = _level(n, jobs, alone, spec, reference)
         rows.append(row)
         progress(f"concurrency {n}: {shown(row.speed)}, tau {row.tau:.2f}, "

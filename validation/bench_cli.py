@@ -10,6 +10,7 @@ from typing import Iterator
 
 import click
 
+from dflash_gguf.progress import printer
 from dflash_gguf.errors import OptionError
 from dflash_gguf.hub import resolve as hub
 from dflash_gguf.hub.resolve import HubRef
@@ -184,7 +185,7 @@ def bench_command(settings: BenchCommandSettings) -> None:
         _bench_suites(target, settings)
     prompts = read_prompts(settings.prompts_file) if settings.prompts_file else list(BUILTIN_PROMPTS)
     report = concurrency_curve(target, settings.draft, prompts, settings,
-                               progress=lambda msg: click.echo(msg, err=True))
+                               progress=printer())
     for message in report.warnings:
         click.echo(f"warning: {message}", err=True)
     if settings.charts_dir is not None:
@@ -204,7 +205,7 @@ def _charts(written: list[Path]) -> None:
 def _bench_suites(target: Path, settings: BenchCommandSettings) -> None:
     drawn = draw_suites(settings.suites, settings.limit, settings.seed or 0)  # every wheel read before a server starts
     report = run_suites(target, settings.draft, drawn, settings.validation(), settings.limit, settings.seed or 0,
-                        progress=lambda msg: click.echo(msg, err=True))
+                        progress=printer())
     for message in report.warnings:
         click.echo(f"warning: {message}", err=True)
     if settings.charts_dir is not None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from dflash_gguf.progress import printer
 from dflash_gguf.terminal import shown
 from dflash_gguf.hub import resolve as hub
 from dflash_gguf.options import (ServerArgsCommand, build_options, draft_option, json_option, n_predict_option,
@@ -54,7 +55,7 @@ def doctor_command(target, draft, checkpoint, prompts_file, n_predict, no_run, b
     prompts = read_prompts(prompts_file) if prompts_file else list(BUILTIN_PROMPTS)
     server_args = with_rpc(rpc, server_args)
     report = diagnose(target, draft, list(server_args), checkpoint=checkpoint, prompts=prompts, n_predict=n_predict,
-                      backend=backend, llama_bin=llama_bin, run=not no_run, progress=lambda msg: click.echo(msg, err=True))
+                      backend=backend, llama_bin=llama_bin, run=not no_run, progress=printer())
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:

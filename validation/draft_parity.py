@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
-from .reference import drafter_class, target_class
+from .reference import drafter_class, load_target
 from .server_steps import Step
 
 if TYPE_CHECKING:
@@ -197,9 +197,9 @@ def draft_parity(draft_dir: Path, target_dir: Path, prompt_ids: Sequence[Sequenc
     # extra: [reference] (PyTorch, transformers, the z-lab model)
     import torch
 
-    cls, target_cls = drafter_class(Path(draft_dir)), target_class(Path(target_dir))
+    cls = drafter_class(Path(draft_dir))
     models = {dtype: (cls.from_pretrained(str(draft_dir), dtype=dtype).eval().float(),
-                      target_cls.from_pretrained(str(target_dir), dtype=dtype).eval().float())
+                      load_target(Path(target_dir), dtype).float())
               for dtype in (torch.float32, torch.float16)}
     for model in models[torch.float16]:
         _round_matmul_inputs(model)

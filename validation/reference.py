@@ -25,6 +25,8 @@ from dflash_gguf.inputs import parse_json
 from dflash_gguf.paths import cache_dir
 from dflash_gguf.variants import ARCHITECTURES, VARIANTS, Variant
 
+from .reference_target import for_generation, tap_like_llama
+
 CACHE_FORMAT = 1  # bump when what a cached run holds changes
 
 
@@ -79,9 +81,15 @@ def _load(draft_dir: Path, target_dir: Path):
     import torch
 
     cls = drafter_class(draft_dir)
-    target = target_class(target_dir).from_pretrained(str(target_dir), torch_dtype=torch.float32).eval()
+    target = load_target(target_dir, torch.float32)
     draft = cls.from_pretrained(str(draft_dir), torch_dtype=torch.float32).eval()
     return target, draft
+
+
+def load_target(target_dir: Path, dtype):
+    """The HF target, in eval mode, handing back its hidden states as llama.cpp taps them."""
+    model = target_class(target_dir).from_pretrained(str(target_dir), dtype=dtype).eval()
+    return tap_like_llama(model)
 
 
 def target_class(target_dir: Path):
@@ -176,6 +184,7 @@ def speculative_runs(draft, target, prompts: list[list[int]], n_new: int,
     from .dspark_reference import DSparkDraftModel, dspark_generate
 
     use_cpu_clock()
+    target = for_generation(target)
     runs = []
     with torch.inference_mode():
         for ids in prompts:

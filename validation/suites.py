@@ -165,7 +165,8 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
           f"the English queries of at most {WRITINGBENCH_MAX_CHARS} characters (97 of the 1,000)"),
 )}
 NOT_SHIPPED = {"math500": "no wheel on PyPI ships MATH-500's problems (checked: inspect-evals, lm-eval, evalscope, "
-                          "opencompass, lighteval, math-verify, reasoning-gym, dflash, dflash-mlx and others)"}
+                          "opencompass, lighteval, math-verify, reasoning-gym, skythought, verifiers, lmms-eval, dflash, dflash-mlx "
+                          "and others)"}
 
 
 def parse_suites(value: str) -> tuple[str, ...]:

@@ -32,6 +32,7 @@ from dflash_gguf.extras import require
 from dflash_gguf.hub import resolve as hub
 from dflash_gguf.hub.resolve import HubRef
 from dflash_gguf.outputs import head
+from dflash_gguf.progress import stage
 from dflash_gguf.settings import Settings, refusal
 from dflash_gguf.runner.build import build_info, find_bin_dir
 from dflash_gguf.runner.client import Completion, LlamaClient
@@ -110,14 +111,21 @@ def run_server(launch: Launch, prompts: list[list[int]] | Sequence[Prompt], sett
         if prompts and not isinstance(prompts[0], list):
             prompts = tokenize_prompts(client, prompts)
         progress(f"{label}: server up at {client.url}; {len(prompts)} prompts, {launch.parallel} in flight")
-        ask(client, prompts[0][:8])  # warm-up, not measured
-        pool = ThreadPoolExecutor(max_workers=launch.parallel)
-        try:
-            completions = list(pool.map(lambda ids: ask(client, ids), prompts))
-        finally:
-            # on Ctrl-C or SIGTERM, do not wait for the requests in flight: stopping the server ends them
-            pool.shutdown(wait=False, cancel_futures=True)
-        sequential = completions if launch.parallel == 1 else [ask(client, ids) for ids in prompts]
+        sequential_too = launch.parallel != 1
+        with stage(progress, f"{label}: prompts answered", total=len(prompts) * (1 + sequential_too)) as answered:
+            def answer(ids: list[int]) -> Completion:
+                completion = ask(client, ids)
+                answered.advance()
+                return completion
+
+            ask(client, prompts[0][:8])  # warm-up, not measured
+            pool = ThreadPoolExecutor(max_workers=launch.parallel)
+            try:
+                completions = list(pool.map(answer, prompts))
+            finally:
+                # on Ctrl-C or SIGTERM, do not wait for the requests in flight: stopping the server ends them
+                pool.shutdown(wait=False, cancel_futures=True)
+            sequential = [answer(ids) for ids in prompts] if sequential_too else completions
         command = server.command()
         progress(f"{label}: done")
     return ServerRun(completions, sequential), prompts, command
@@ -149,14 +157,20 @@ def measure_speed(speed_launch: Launch, target: Path, prompt_ids: list[list[int]
     return rounds, rounds.speedup(tau)  # 1.0 when nothing was drafted: a plain step's token per step
 
 
-def _replayed(model: Path, contexts: list[ServerContext], bin_dir: Path, jobs: list) -> list[list]:
+def _replayed(model: Path, contexts: list[ServerContext], bin_dir: Path, jobs: list, progress: Progress) -> list[list]:
     """Each job list run on a Replay of `model` with its context (one load where the contexts agree)."""
     results: list[list] = [[] for _ in contexts]
-    for context in dict.fromkeys(contexts):
-        with Replay(model, context, bin_dir=bin_dir) as replay:
-            for n, c in enumerate(contexts):
-                if c == context:
-                    results[n] = [job(replay) for job in jobs[n]]
+    with stage(progress, "replay: prompts replayed", total=sum(map(len, jobs))) as replayed:
+        def run(job, replay):
+            row = job(replay)
+            replayed.advance()
+            return row
+
+        for context in dict.fromkeys(contexts):
+            with Replay(model, context, bin_dir=bin_dir) as replay:
+                for n, c in enumerate(contexts):
+                    if c == context:
+                        results[n] = [run(job, replay) for job in jobs[n]]
     return results
 
 
@@ -171,7 +185,7 @@ def _check_tokens(spec: ServerRun, alone: ServerRun, prompt_ids: list[list[int]]
                  for ids, c, task in zip(prompt_ids, spec.sequential, tasks["speculative"])]
     plain_jobs = [lambda r, ids=ids, c=c, task=task: r.plain(ids, c.tokens, task.prompt_batches)
                   for ids, c, task in zip(prompt_ids, alone.sequential, tasks["alone"])]
-    spec_rows, plain_rows = _replayed(model, contexts, bin_dir, [spec_jobs, plain_jobs])
+    spec_rows, plain_rows = _replayed(model, contexts, bin_dir, [spec_jobs, plain_jobs], progress)
     noise: dict[int, float] = {}
     for s, t, rows, plain in zip(spec.sequential, alone.sequential, spec_rows, plain_rows):
         agree = first_divergence(s.tokens, t.tokens)

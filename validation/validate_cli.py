@@ -11,6 +11,7 @@ from typing import Iterator, Sequence
 
 import click
 
+from dflash_gguf.progress import printer
 from dflash_gguf.hub.model_param import ModelParam
 from dflash_gguf.hub import resolve as hub
 from dflash_gguf.hub.resolve import HubRef
@@ -296,11 +297,11 @@ def validate_command(settings: ValidateSettings) -> None:
     prompts = read_prompts(settings.prompts_file) if settings.prompts_file else list(BUILTIN_PROMPTS)
     if settings.temperature == 0:
         report = validate(target, settings.draft, prompts, settings, settings.baseline,
-                          progress=lambda msg: click.echo(msg, err=True))
+                          progress=printer())
         _write(report.to_dict(), settings.as_json, settings.report_file, lambda _: _print_table(report))
         sys.exit(verdict(report, settings.strict))
     report = validate_distribution(target, settings.draft, prompts, settings, settings.sampling(), settings.baseline,
-                                   progress=lambda msg: click.echo(msg, err=True))
+                                   progress=printer())
     _write(report.to_dict(), settings.as_json, settings.report_file, lambda _: _print_distribution(report))
     sys.exit(sampled_verdict(report))
 
