@@ -67,6 +67,7 @@ class ValidationSettings(Settings):
     reference_draft: Path | HubRef | None = None  # z-lab HF checkpoints (or repo ids): run the PyTorch reference too
     reference_target: Path | HubRef | None = None
     rounds: int = 3                      # interleaved speed rounds (runner/speed.py); 0: speed not measured
+    speed_prompts: int | None = None     # the rounds send the first this many prompts (None: all)
     rpc: str | None = None               # --rpc: the target over rpc-servers (folded into the server arguments)
 
     def problems(self) -> Iterator[str]:
@@ -137,6 +138,7 @@ def measure_speed(speed_launch: Launch, target: Path, prompt_ids: list[list[int]
     prompts (one request at a time), judged against the rounds' own tau."""
     if settings.rounds == 0:
         return None, not_measured("not measured (rounds 0)")
+    prompt_ids = prompt_ids[:settings.speed_prompts or len(prompt_ids)]
     if speed_launch.rpc:
         return None, not_measured("the target is spread over --rpc servers, which serve one llama-server at a "
                                   "time, so the target alone and the speculative server cannot take turns")
@@ -328,6 +330,7 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], s
         tokens_per_second=rounds.tokens_per_second() if rounds else {"target": 0.0, "speculative": 0.0},
         speedup=speedup.to_dict()["speedup"],
         speed={**speedup.to_dict(), "rounds": settings.rounds,
+               "prompts": len(rounds.answers) // max(settings.rounds, 1) if rounds else 0,
                **limit_fields((c.timings for c in rounds.answers) if rounds else (), speedup.to_dict()["speedup"],
                               launch.parallel),
                "tokens_per_second_rounds": {"target": rounds.alone, "speculative": rounds.speculative}

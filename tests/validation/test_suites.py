@@ -23,7 +23,7 @@ from dflash_gguf.runner.wheels import Wheel, member_bytes
 from dflash_gguf.validation import charts
 from dflash_gguf.validation.acceptance import depth_profile
 from dflash_gguf.validation.server_steps import Step
-from dflash_gguf.validation.suites import SUITES, Suite, _humaneval, accepted_lengths, draw, parse_suites
+from dflash_gguf.validation.suites import SPEED_ROWS, SUITES, Suite, _humaneval, accepted_lengths, draw, parse_suites
 from tests.conftest import cli, dflash_gguf
 from tests.refusal import assert_refused
 
@@ -172,18 +172,20 @@ def test_charts_without_matplotlib_are_refused_naming_the_extra(trained_pair, tm
 @pytest.mark.integration
 def test_bench_suite_on_smollm2_is_lossless_and_names_its_wheels_and_rows(smollm2, tmp_path):
     proc = dflash_gguf("bench", "--target", smollm2["F16"], "--draft", smollm2["dflash"], "--suite",
-                       "humaneval,mt-bench", "--limit", "2", "-n", "16", "--json", "--charts", tmp_path / "charts",
-                       "--backend", "cpu", "--", "-t", "1")
+                       "humaneval,mt-bench", "--limit", str(SPEED_ROWS + 1), "-n", "16", "--json", "--charts",
+                       tmp_path / "charts", "--backend", "cpu", "--", "-t", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["lossless"] and [s["suite"] for s in report["suites"]] == ["humaneval", "mt-bench"]
-    assert report["settings"] == {"suites": ["humaneval", "mt-bench"], "limit": 2, "seed": 0, "n_predict": 16,
-                                  "rounds": 3, "exact": False}
+    limit = SPEED_ROWS + 1
+    assert report["settings"] == {"suites": ["humaneval", "mt-bench"], "limit": limit, "seed": 0, "n_predict": 16,
+                                  "rounds": 3, "speed_rows": SPEED_ROWS, "exact": False}
     for row in report["suites"]:
         wheel = SUITES[row["suite"]].wheel
         assert row["source"]["package"] == wheel.package and row["source"]["sha256"] == wheel.sha256
-        assert row["rows"] == draw(row["available"], 2, 0) and len(row["ids"]) == 2
-        assert row["verdict"] == "lossless" and row["proven_by_replay"] == row["produced"] == 2 * 16
+        assert row["rows"] == draw(row["available"], limit, 0) and len(row["ids"]) == limit
+        assert row["verdict"] == "lossless" and row["proven_by_replay"] == row["produced"] == limit * 16
+        assert row["speed"]["prompts"] == SPEED_ROWS  # the speed rounds send the first rows only
         hist = row["accepted_lengths"]
         assert sum(hist.values()) == row["verify_steps"] > 0
         # the histogram is read from the server's log, `accepted` from its responses' timings: they agree but
