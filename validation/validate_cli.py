@@ -216,6 +216,8 @@ class ValidateSettings(ValidationSettings):
 @click.option("--alpha", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
               help=f"With --temperature: significance level of the test (default {DEFAULT_ALPHA}).")
 @rounds_option(MIN_ROUNDS)
+@click.option("--speed-prompts", type=click.IntRange(1),
+              help="The speed rounds send only the first N prompts (default: all); the proof covers all.")
 @click.option("--strict", is_flag=True, help="Fail unless the output is also identical to the target alone.")
 @exact_option
 @click.option("--baseline", type=GGUF,
