@@ -29,7 +29,7 @@ greedy, N_PREDICT tokens, llama-server -t 1:
 A cell that could not be measured holds the reason (the first error line). The page is written when
 every family is measured; an interrupted run leaves what it measured in build/families/families.md.
 
-    .venv/bin/python -m benchmarks.families [ARCH ...]
+    .venv/bin/python -m benchmarks.families [ARCH ...] [--only tree|auto]
 """
 
 from __future__ import annotations
@@ -156,11 +156,9 @@ def row(arch: str, variant: str, folder: Path, stock: Path | str) -> dict:
         cells["tokens/s"] = f"{report['tokens_per_second']['speculative']:.0f}"
     exact, why = validate(folder, variant, work, "--backend", "cpu", "--exact")
     cells["identical under --exact"] = _yes(exact is not None and exact["exact"], why)
-    tree, why = validate(folder, variant, work, "--backend", "cpu", "--exact", "--", "--spec-tree-budget",
-                         str(TREE_BUDGET))
-    cells["draft tree"] = tree_cell(tree, why)
-    auto, why = validate(folder, variant, work, "--backend", "cpu", "--exact", "--", "--spec-draft-n-max", "auto")
-    cells["draft length auto"] = auto_cell(auto, why)
+    for column, (args, cell) in COLUMN_RUNS.items():
+        report, why = validate(folder, variant, work, "--backend", "cpu", "--exact", *args)
+        cells[column] = cell(report, why)
     return cells
 
 
@@ -186,6 +184,12 @@ def tree_cell(report: dict | None, why: str) -> str:
     ok = report["lossless"] and report["exact"] and report["proven_by_replay"] == report["produced"]
     return (f"{'yes' if ok else 'no'}, {report['replay']['tree_steps']} tree steps: {proven}, identical "
             f"{_yes(report['exact'])}, tau {report['mean_acceptance_length']:.2f}")
+
+
+# the columns made by one more `validate --exact` run each: what follows --exact, and how the report reads
+COLUMN_RUNS = {"draft tree": (["--", "--spec-tree-budget", str(TREE_BUDGET)], tree_cell),
+               "draft length auto": (["--", "--spec-draft-n-max", "auto"], auto_cell)}
+ONLY = {"tree": "draft tree", "auto": "draft length auto"}
 
 
 def parity_cell(report: dict | None, why: str) -> str:
@@ -240,14 +244,15 @@ def write_doc(rows: list[dict], seconds: float, command: str, doc: Path = DOC) -
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("archs", nargs="*", metavar="ARCH", help=f"families (default all: {', '.join(FAMILIES)})")
-    parser.add_argument("--only-auto", action="store_true",
-                        help="measure only the `draft length auto` column and print it as a table (the page is kept)")
+    parser.add_argument("--only", choices=sorted(ONLY),
+                        help="measure only the `draft tree` or the `draft length auto` column and print it as a "
+                             "table (the page is kept)")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.archs) - set(FAMILIES))
     if unknown:
         parser.error(f"unknown families: {', '.join(unknown)}")
-    if args.only_auto:
-        return only_auto(args.archs or list(FAMILIES))
+    if args.only:
+        return only_column(args.archs or list(FAMILIES), ONLY[args.only])
     started = time.time()
     archs = args.archs or list(FAMILIES)
     WORK.mkdir(parents=True, exist_ok=True)
@@ -267,17 +272,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def only_auto(archs: list[str]) -> int:
-    """The controller's column alone, for each family and variant, as markdown on stdout."""
+def only_column(archs: list[str], column: str) -> int:
+    """One column's runs alone, for each family and variant, as markdown on stdout."""
     started = time.time()
-    print("| family | variant | draft length auto |\n|---|---|---|")
+    args, cell = COLUMN_RUNS[column]
+    print(f"| family | variant | {column} |\n|---|---|---|")
     for arch in archs:
         folder, work = family_folder(arch, OUT), WORK / arch
         work.mkdir(parents=True, exist_ok=True)
         for variant in VARIANTS:
-            report, why = validate(folder, variant, work, "--backend", "cpu", "--exact", "--rounds", "1", "--",
-                                   "--spec-draft-n-max", "auto")
-            print(f"| {arch} | {LABELS[variant]} | {_cell(auto_cell(report, why))} |", flush=True)
+            report, why = validate(folder, variant, work, "--backend", "cpu", "--exact", "--rounds", "1", *args)
+            print(f"| {arch} | {LABELS[variant]} | {_cell(cell(report, why))} |", flush=True)
     print(f"\n{time.time() - started:.0f} s")
     return 0
 

@@ -9,13 +9,13 @@ tree's tau over the chain's, tokens/s and each setting over the target alone and
 (judged by runner/speed.py: withheld above tau or when the rounds spread wider than the effect),
 and whether every setting's tokens equal the target alone's.
 
-    python -m benchmarks.tree [--pair smollm2|trained] [--types F16] [--drafters dflash2,dflash]
+    python -m benchmarks.tree [--pair smollm2|trained|memory-bound] [--types F16] [--drafters dflash2,dflash]
                               [--sets chat,code] [--budgets 8,16,32] [--rounds 3] [--n-predict 64] [--prompts 8]
 
 `chat` is SmolLM2's held-out chat prompts; `code` and `rewrite` come from benchmarks/prompts/; a
 public suite's name (`writingbench`, `mt-bench`, ...: validation/suites.py) draws its rows; with
-`--pair trained` (the committed trained pair, `make fixtures`: build/fixtures/trained/) the set is its
-held-out prompts (`held-out`).
+`--pair trained` (the committed trained pair, `make fixtures`: build/fixtures/trained/) or `memory-bound`
+(its target widened by inert FFN units, benchmarks/regimes.py) the set is its held-out prompts (`held-out`).
 JSON on stdout, progress on stderr; docs/speed.md#draft-trees shows the table.
 """
 
@@ -87,7 +87,7 @@ def measure(target: Path, draft: Path, texts: list, budgets: list[int], rounds: 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pair", choices=("smollm2", "trained"), default="smollm2")
+    parser.add_argument("--pair", choices=("smollm2", "trained", "memory-bound"), default="smollm2")
     parser.add_argument("--types", default="F16")
     parser.add_argument("--drafters", default="dflash2,dflash")
     parser.add_argument("--sets", default="chat")

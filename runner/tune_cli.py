@@ -137,6 +137,9 @@ def tune_command(settings: TuneCommandSettings) -> None:
       draft length    --spec-draft-n-max, powers of two up to the drafter's trained
                       length (dflash.block_size - 1), then midpoints around the best
       p_min           --spec-draft-p-min 0.2 .. 0.8 at the best length
+      controller      --spec-draft-n-max auto (the length chosen per step)
+      draft tree      --spec-tree-budget 8, 16, 32 at the trained length (DFlash and
+                      DFlash 2 drafters; 16 with --quick)
     Each setting runs every prompt one at a time (greedy), timed by the server. Timings drift
     on a busy machine, so speeds are only compared side by side: a server of the target alone
     (at its fastest thread count) stays up while each setting's server runs, every prompt goes
@@ -150,14 +153,15 @@ def tune_command(settings: TuneCommandSettings) -> None:
     (--quick: -n 32, one round, a confirmation of 3).
 
     \b
-    What you fix after `--` is not swept (-t, --spec-draft-n-max, --spec-draft-p-min), and
+    What you fix after `--` is not swept (-t, --spec-draft-n-max, --spec-draft-p-min,
+    --spec-tree-budget), and
     every other argument there runs in every measurement (e.g. -- -ngl 99 -c 8192).
 
     \b
     The result is saved in the cache (~/.cache/dflash-gguf/tuned/) for this target file,
     drafter file and llama.cpp build. `serve` with the same three uses it (and says so): the
-    tuned threads, draft length and p_min, each unless you give your own; when drafting does
-    not pay, serve runs the target alone. `serve --no-tuned` ignores it.
+    tuned threads, draft length, p_min and tree budget, each unless you give your own; when
+    drafting does not pay, serve runs the target alone. `serve --no-tuned` ignores it.
 
     \b
     Examples:

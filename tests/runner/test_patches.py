@@ -13,7 +13,8 @@
 - 0006-amx-tile-config-rodata: a quantized model (Q8_0, Q4_0) answers on a CPU with AMX instead of
   dying with SIGILL at its first matrix multiply.
 - 0009-spec-tree-verify: `--spec-tree-budget N` verifies a best-first draft tree of the DFlash /
-  DFlash 2 block in one target batch: the target's own tokens, more of them per step; the chain
+  DFlash 2 block in one target batch: the target's own tokens, more of them per step (at least the
+  1.25x and 1.15x the chain that issue 47 asks, on SmolLM2's DFlash 2 and the trained pair's DFlash); the chain
   where the tree cannot serve (temperature > 0, recurrent targets); one line and exit 2 for a
   budget it cannot serve.
 - 0008 / 0013 / 0014 / 0015 (`--spec-draft-n-max auto`): the tokens of the static setting, the
@@ -21,7 +22,7 @@
   slot's steps is bounded, costs that start from the warm passes.
 
 `DFLASH_GGUF_TEST_LLAMA_BIN=<bin dir> pytest tests/runner/test_patches.py` runs the same tests against the
-programs of another build; against an unpatched build of the pinned tree all 16 fail (the two of 0006 only on a CPU with AMX).
+programs of another build; against an unpatched build of the pinned tree all 18 fail (the two of 0006 only on a CPU with AMX).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pathlib import Path
 import pytest
 from dflash_gguf.convert.converter import convert
 from training.fixtures.target_model import convert_target
+from dflash_gguf.runner.prompts import read_prompts
 from dflash_gguf.runner.server import LlamaServer, free_port
 
 from tests.llama_tools import parse_drafts, run_tool
@@ -543,6 +545,35 @@ def test_tree_verify_is_the_targets_own_and_accepts_more(llama_bin: Path, smollm
     tau = {name: _tau(runs[name]) for name in runs if name != "alone"}
     print(f"{drafter}: tokens per target step " + ", ".join(f"{k} {v:.3f}" for k, v in tau.items()))
     assert tau["tree8"] >= tau["chain7"] and tau["tree16"] >= tau["chain15"], tau
+
+
+@pytest.mark.parametrize("pair, drafter, chain, goal", [("smollm2", "dflash2", 7, 1.25), ("trained", "dflash", 15, 1.15)],
+                         ids=["smollm2-dflash2", "trained-dflash"])
+def test_tree_node_probabilities_reach_the_goals(llama_bin: Path, smollm2: dict[str, Path], trained_pair: dict[str, Path],
+                                                 pair: str, drafter: str, chain: int, goal: float):
+    """The tree's node probabilities decide where its 16 nodes go: on SmolLM2's 8 held-out chat prompts
+    (DFlash 2, against the 7-token chain) and the trained pair's 8 held-out prompts (DFlash, against the
+    15-token chain) it accepts at least the issue's 1.25x and 1.15x the chain's tokens per step, and every
+    token is the chain's. With 0009's first probabilities (DFlash 2's selector softmax at temperature 1,
+    DFlash's top 10 renormalised) it accepted 1.24x and 1.14x."""
+    from training.fixtures.smollm2 import EVAL_PROMPTS
+
+    files = smollm2 if pair == "smollm2" else trained_pair
+    target = files["F16"] if pair == "smollm2" else files["target"]
+    if pair == "smollm2":
+        prompts = [json.loads(line)["messages"] for line in EVAL_PROMPTS.read_text(encoding="utf-8").splitlines()[:8]]
+    else:
+        prompts = read_prompts(files["prompts"])[:8]
+    spec = ["-md", files[drafter], "--spec-type", "draft-dflash", "--spec-draft-n-max", str(chain)]
+    runs = {}
+    for name, args in (("chain", spec), ("tree", spec + ["--spec-tree-budget", "16"])):
+        with LlamaServer(target, [*TREE_COMMON, *args], bin_dir=llama_bin, env=TREE_ENV) as server:
+            texts = [server.client.apply_template(p) if pair == "smollm2" else p for p in prompts]
+            runs[name] = [server.client.complete(t, 64) for t in texts]
+    assert [a.tokens for a in runs["tree"]] == [a.tokens for a in runs["chain"]]
+    ratio = _tau(runs["tree"]) / _tau(runs["chain"])
+    print(f"{pair} {drafter}: tree 16 over chain {chain}: {ratio:.3f}")
+    assert ratio >= goal, ratio
 
 
 def test_tree_serves_greedy_requests_only(llama_bin: Path, smollm2: dict[str, Path], tmp_path: Path):

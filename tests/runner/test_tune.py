@@ -328,6 +328,9 @@ def test_quick_tune_on_the_trained_pair_is_saved_and_serve_runs_it(trained_pair:
     (controller,) = [c for c in result["candidates"] if c["setting"]["draft_max"] == "auto"]
     assert controller["stages"] == ["controller"] and controller["error"] is None
     assert any(c["setting"]["p_min"] == 0.5 for c in result["candidates"])
+    # the tree at the trained length, whatever chain length won: a tree verifies its budget at any depth
+    trees = [c for c in result["candidates"] if c["setting"]["tree_budget"]]
+    assert [c["setting"]["tree_budget"] for c in trees] == [16] and trees[0]["setting"]["draft_max"] == longest
     confirmed = result["best_drafting"]
     assert confirmed["stages"] == ["confirmation"]
     # 3 passes over 6 prompts, unless it fell so far behind the target alone that it was stopped early
