@@ -328,8 +328,12 @@ def test_draft_length_auto_is_identical_and_parks(llama_bin: Path, trained_pair:
         assert sum(n * c for n, c in enumerate(hist)) == answer.draft_n
         assert sum(accepted) == answer.draft_n_accepted
         assert offered[0] == sum(hist[1:]) and all(a <= o for a, o in zip(accepted, offered))
-        assert len(t["draft_full_offered_per_depth"]) == 7  # whole drafted blocks, scored afterwards
+        # whole drafted blocks, scored afterwards: as deep as the longest block the request drafted (a probe
+        # near its end drafts only what the slot has room for), fewer at each depth than at the one before
+        full = t.get("draft_full_offered_per_depth", [])
+        assert len(full) <= 7 and full == sorted(full, reverse=True), full
         steps += sum(hist)
+    assert len(runs["auto"][0].timings["draft_full_offered_per_depth"]) == 7  # the start-up calibration's blocks
     assert len(decisions) == steps, "one `spec auto:` line per generation step"
     assert [int(d[1]) for d in decisions[:6]] == [7, 7, 7, 7, 0, 0]  # start-up calibration
     after = decisions[6:]
