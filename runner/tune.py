@@ -592,8 +592,7 @@ class _Tuner:
                 stopped = stopped or "controller"
             if tree_open and not self.over_budget():
                 # at the trained length: a tree verifies its budget whatever its depth, and capped at a short
-                # chain's length it cannot go deep where the drafter is sure (memory-bound DFlash at n 3: tree 8
-                # 0.94x the target alone, at n 15 1.6x)
+                # chain's best length it cannot go deep where the drafter is sure (docs/speed.md#draft-trees)
                 self.stage(reference, "draft tree", [dataclasses.replace(spec(t_best, longest), tree_budget=b)
                                                      for b in (QUICK_TREE_BUDGETS if s.quick else TREE_BUDGETS)])
             elif tree_open:
