@@ -11,6 +11,10 @@ and whether every setting's tokens equal the target alone's.
 
     python -m benchmarks.tree [--pair smollm2|trained|memory-bound] [--types F16] [--drafters dflash2,dflash]
                               [--sets chat,code] [--budgets 8,16,32] [--rounds 3] [--n-predict 64] [--prompts 8]
+                              [--floors 0.1,0.2] [--chain '--spec-draft-n-max 4 --spec-draft-p-min 0.8']
+
+`--floors` adds, for each budget, a tree that stops at that path probability (--spec-tree-p-min, patch 0017);
+`--chain` gives the chain the flags tune found best instead of the drafter's whole length.
 
 `chat` is SmolLM2's held-out chat prompts; `code` and `rewrite` come from benchmarks/prompts/; a
 public suite's name (`writingbench`, `mt-bench`, ...: validation/suites.py) draws its rows; with
@@ -39,10 +43,12 @@ from benchmarks.prompt_sets import pair_files, prompt_set
 ALONE, CHAIN = "alone", "chain"
 
 
-def settings(draft: Path, budgets: list[int]) -> dict[str, int]:
-    """Each drafting server's tree budget by name (0: the chain)."""
+def settings(draft: Path, budgets: list[int], floors: list[float] = ()) -> dict[str, tuple[int, float]]:
+    """Each drafting server's (tree budget, path probability floor) by name (0: the chain; 0.0: no floor)."""
     longest = read_draft(draft).draft_length
-    return {CHAIN: 0, **{f"tree {b}": b for b in sorted({longest, *budgets})}}
+    trees = {f"tree {b}": (b, 0.0) for b in sorted({longest, *budgets})}
+    floored = {f"tree {b} floor {f:g}": (b, f) for b in sorted(budgets) for f in floors}
+    return {CHAIN: (0, 0.0), **trees, **floored}
 
 
 def tau(answers: list) -> float:
@@ -52,11 +58,12 @@ def tau(answers: list) -> float:
 
 
 def measure(target: Path, draft: Path, texts: list, budgets: list[int], rounds: int, n_predict: int,
-            bin_dir: Path) -> dict:
+            bin_dir: Path, floors: list[float] = (), chain_args: list[str] = ()) -> dict:
     with contextlib.ExitStack() as stack:
         launches = {ALONE: launch_recipe(target, None, server_args=["-c", "4096"])}
-        for name, budget in settings(draft, budgets).items():
-            tree = ["--spec-tree-budget", str(budget)] if budget else []
+        for name, (budget, floor) in settings(draft, budgets, floors).items():
+            tree = ["--spec-tree-budget", str(budget)] if budget else list(chain_args)
+            tree += ["--spec-tree-p-min", f"{floor:g}"] if floor else []
             launches[name] = launch_recipe(target, draft, server_args=["-c", "4096", *tree], check=False)
         servers = {name: stack.enter_context(launch.server(bin_dir=bin_dir)) for name, launch in launches.items()}
         ids = tokenize_prompts(servers[ALONE].client, texts)
@@ -95,7 +102,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--n-predict", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--floors", default="", help="path probability floors (--spec-tree-p-min): a tree of each "
+                        "budget at each floor as well")
+    parser.add_argument("--chain", default="", help="the chain's own flags, e.g. '--spec-draft-n-max 4 "
+                        "--spec-draft-p-min 0.8' (what tune found best); default: the drafter's whole length")
     args = parser.parse_args(argv)
+    floors = [float(f) for f in args.floors.split(",")] if args.floors else []
     files = pair_files(args.pair)
     budgets = [int(b) for b in args.budgets.split(",")]
     bin_dir = find_bin_dir(None, None)
@@ -105,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
             for name in args.sets.split(","):
                 progress(f"{qtype} {drafter} {name}")
                 row = measure(files[qtype], files[drafter], prompt_set(name, args.prompts), budgets, args.rounds,
-                              args.n_predict, bin_dir)
+                              args.n_predict, bin_dir, floors, args.chain.split())
                 rows.append({"pair": args.pair, "type": qtype, "drafter": drafter, "set": name, **row})
                 progress(f"{qtype} {drafter} {name}: tau {row['tau']}; over the chain "
                          + ", ".join(f"{n} {shown(v)}" for n, v in row["over_chain"].items()))

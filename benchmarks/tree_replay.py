@@ -17,6 +17,10 @@ now); DFlash 2 `selector T` (the softmax of the transition scores at temperature
 
     python -m benchmarks.tree_replay [--pair smollm2|trained] [--drafters dflash2,dflash] [--sets chat]
                                      [--budgets 8,16,32] [--prompts 8] [--n-predict 64]
+                                     [--floors 0.05,0.1,0.2 --p-mins 0,0.4,0.8]
+
+`--floors` replays the patch's rule at each budget stopped at each path probability floor (--spec-tree-p-min,
+patch 0017), beside the chain cut at each p_min: tau and the drafted tokens verified per step of each.
 
 JSON on stdout (per drafter and set: tau of the chain, of each rule and budget, the bound); progress on
 stderr. Reference extra needed (`pip install -e .[reference]`). docs/speed.md#draft-trees uses it.
@@ -44,6 +48,7 @@ from training.fixtures.smollm2 import COMMITTED, hf_target
 TOP = 16             # DFlash candidates kept per position (the tree takes 10, the bound all 16)
 TREE_TOP = 10
 SELECTOR_TEMPS = (1.0, 1.5, 2.0, 2.5)
+PATCH_RULE = {False: "vocabulary", True: "selector 2"}  # the rule patch 0009 builds its trees by (DFlash, DFlash 2)
 
 
 def hf_folders(pair: str) -> tuple[Path, Path]:
@@ -110,8 +115,9 @@ def children(step: dict, rule: str, depth: int, c_parent: int) -> list[tuple[int
     return [(int(step["tok"][depth][k]), float(p[k]), k) for k in range(len(p))]
 
 
-def tree(step: dict, rule: str, budget: int, max_depth: int) -> dict[tuple[int, int], int]:
-    """The best-first tree as {(parent node, token): node}, the way patch 0009 grows it."""
+def tree(step: dict, rule: str, budget: int, max_depth: int, floor: float = 0.0) -> dict[tuple[int, int], int]:
+    """The best-first tree as {(parent node, token): node}, the way patch 0009 grows it (and 0017 stops it
+    where the best path left is below `floor`)."""
     nodes = [(0, 0, 1.0)]  # depth, candidate index, score; node 0 is the root
     kids_of: dict = {}
     edges: dict = {}
@@ -125,7 +131,7 @@ def tree(step: dict, rule: str, budget: int, max_depth: int) -> dict[tuple[int, 
 
     heap = [(-kids(0)[0][1], 0, 0, 0)]
     pushed = 1
-    while heap and len(nodes) - 1 < budget:
+    while heap and len(nodes) - 1 < budget and -heap[0][0] >= floor:
         score, _, parent, rank = heapq.heappop(heap)
         token, _, c = kids(parent)[rank]
         nodes.append((nodes[parent][0] + 1, c, -score))
@@ -139,54 +145,77 @@ def tree(step: dict, rule: str, budget: int, max_depth: int) -> dict[tuple[int, 
     return edges
 
 
-def accepted_by_tree(rule: str, budget: int, max_depth: int):
-    def accept(step: dict, truth: list[int]) -> int:
-        edges, node, n = tree(step, rule, budget, max_depth), 0, 0
+def accepted_by_tree(rule: str, budget: int, max_depth: int, floor: float = 0.0):
+    def accept(step: dict, truth: list[int]) -> tuple[int, int]:
+        edges, node, n = tree(step, rule, budget, max_depth, floor), 0, 0
         for token in truth:
             node = edges.get((node, token))
             if node is None:
-                return n
+                break
             n += 1
-        return n
+        return n, len(edges)
     return accept
 
 
-def accepted_by_chain(max_depth: int):
-    def accept(step: dict, truth: list[int]) -> int:
-        c = 0
-        for depth, token in enumerate(truth[:max_depth]):
-            first, _, c = children(step, "selector 1" if "trans" in step else "renormalised", depth, c)[0]
-            if first != token:
-                return depth
-        return min(len(truth), max_depth)
+def accepted_by_chain(max_depth: int, p_min: float = 0.0):
+    """The chain of first choices, cut where the first choice's probability is below `p_min` as the server's
+    chain cuts it (DFlash: over the top-k sampler's ten; DFlash 2: the selector's softmax at temperature 1)."""
+    def accept(step: dict, truth: list[int]) -> tuple[int, int]:
+        c, width, n = 0, 0, None
+        for depth in range(max_depth):
+            first, p, c = children(step, "selector 1" if "trans" in step else "renormalised", depth, c)[0]
+            if p < p_min:
+                break
+            width += 1
+            if n is None and (depth >= len(truth) or first != truth[depth]):
+                n = depth
+        return min(width, len(truth)) if n is None else n, width
     return accept
 
 
 def accepted_by_bound(max_depth: int):
     """The target's tokens followed as deep as the candidates hold them: no tree from them accepts more."""
-    def accept(step: dict, truth: list[int]) -> int:
+    def accept(step: dict, truth: list[int]) -> tuple[int, int]:
         c = 0
         for depth, token in enumerate(truth[:max_depth]):
             if "trans" in step:
                 hit = [k for k, t in enumerate(step["tok"][depth]) if t == token]
                 if not hit:
-                    return depth
+                    return depth, 0
                 c = hit[0]
             elif token not in step["tok"][depth]:
-                return depth
-        return min(len(truth), max_depth)
+                return depth, 0
+        return min(len(truth), max_depth), 0
     return accept
 
 
-def replay_tau(per_prompt: list, outputs: list, accept, n_predict: int) -> float:
-    """Tokens per target step over the prompts, each step accepting what `accept` says and one more."""
-    steps = tokens = 0
+def replay(per_prompt: list, outputs: list, accept, n_predict: int) -> tuple[float, float]:
+    """(tokens per target step, drafted tokens verified per step) over the prompts, each step accepting what
+    `accept` says and one more."""
+    steps = tokens = verified = 0
     for lattice, out in zip(per_prompt, outputs):
         out, j = out[:n_predict], 1
         while j < len(out) and j - 1 < len(lattice):
-            n = min(accept(lattice[j - 1], out[j:]), len(out) - j)
-            steps, tokens, j = steps + 1, tokens + n + 1, j + n + 1
-    return tokens / steps
+            n, width = accept(lattice[j - 1], out[j:])
+            n = min(n, len(out) - j)
+            steps, tokens, verified, j = steps + 1, tokens + n + 1, verified + width, j + n + 1
+    return tokens / steps, verified / steps
+
+
+def replay_tau(per_prompt: list, outputs: list, accept, n_predict: int) -> float:
+    return replay(per_prompt, outputs, accept, n_predict)[0]
+
+
+def floors_row(per_prompt: list, outputs: list, rule: str, depth: int, budgets: list[int], floors: list[float],
+               p_mins: list[float], n_predict: int) -> dict:
+    """tau and nodes verified per step of the patch's rule at each budget and path probability floor
+    (--spec-tree-p-min), beside the chain at each p_min: what a floor saves against what it loses."""
+    def shown(result: tuple[float, float]) -> dict:
+        return {"tau": round(result[0], 3), "verified": round(result[1], 2)}
+    return {"chain": {f"{p:g}": shown(replay(per_prompt, outputs, accepted_by_chain(depth, p), n_predict))
+                      for p in p_mins},
+            "tree": {f"{b} {f:g}": shown(replay(per_prompt, outputs, accepted_by_tree(rule, b, depth, f), n_predict))
+                     for b in budgets for f in floors}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -197,6 +226,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budgets", default="8,16,32")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--n-predict", type=int, default=64)
+    parser.add_argument("--floors", default="", help="path probability floors (--spec-tree-p-min) to replay "
+                        "with the patch's rule at each budget, beside the chain at --p-mins: tau and nodes per step")
+    parser.add_argument("--p-mins", default="0,0.2,0.4,0.6,0.8")
     args = parser.parse_args(argv)
     files, (target_dir, drafters_dir) = pair_files(args.pair), hf_folders(args.pair)
     budgets = [int(b) for b in args.budgets.split(",")]
@@ -217,6 +249,10 @@ def main(argv: list[str] | None = None) -> None:
             row["over_chain"] = {rule: {b: round(t / chain, 3) for b, t in taus.items()}
                                  for rule, taus in row["trees"].items()}
             row["bound_over_chain"] = round(row["bound"] / chain, 3)
+            if args.floors:
+                row["floors"] = floors_row(per_prompt, outputs, PATCH_RULE["trans" in per_prompt[0][0]], depth, budgets,
+                                           [float(f) for f in args.floors.split(",")],
+                                           [float(p) for p in args.p_mins.split(",")], args.n_predict)
             rows.append(row)
             progress(f"{args.pair} {drafter} {name}: chain {row['chain']}, bound {row['bound_over_chain']}x; "
                      + "; ".join(f"{r} {v}" for r, v in row["over_chain"].items()))

@@ -28,13 +28,17 @@ few pairs is not measured further.
     6 draft tree              --spec-tree-budget 8, 16, 32 (ggml_patches/0009: a tree of drafts from
                               the drafter's one pass, verified in one batch) at the trained length;
                               DFlash and DFlash 2 drafters only (a DSpark drafter verifies the chain)
-    7 confirmation            the best setting again, in fresh passes (the search's best is the
+    7 tree floor              --spec-tree-p-min 0.05, 0.1, 0.2, 0.4 with a budget of 16 at the
+                              trained length (ggml_patches/0017: no node whose path probability is
+                              below the floor, so a step verifies fewer nodes where the drafter is
+                              unsure)
+    8 confirmation            the best setting again, in fresh passes (the search's best is the
                               luckiest of many noisy estimates), judged by runner/speed.py: the
                               reported speedup, and the verdict: drafting pays when it reaches
                               `min_speedup`
 
 What the user fixes after `--` (`-t`, `--spec-draft-n-max`, `--spec-draft-p-min`,
-`--spec-tree-budget`) is not swept.
+`--spec-tree-budget`, `--spec-tree-p-min`) is not swept.
 Two servers are up at a time (the reference and the setting measured), so the target's memory
 is needed twice unless its weights are mapped from one file (llama.cpp's default on CPU).
 """
@@ -70,6 +74,12 @@ QUICK_P_MINS = (0.5,)
 REFINE_STEPS = 3            # midpoint rounds around the best draft length
 TREE_BUDGETS = (8, 16, 32)  # nodes of a draft tree, as published tree verifiers sweep them
 QUICK_TREE_BUDGETS = (16,)
+TREE_P_MIN = ("--spec-tree-p-min",)
+# path probability floors (ggml_patches/0017), at a budget of 16: with a floor the budget binds only where the
+# drafter is sure of a path, which 16 nodes follow through the longest published block (15 drafted)
+TREE_P_MINS = (0.05, 0.1, 0.2, 0.4)
+QUICK_TREE_P_MINS = (0.1,)
+TREE_FLOOR_BUDGET = 16
 # a setting whose median ratio in its first pass, after this many request pairs, is below this is not
 # measured further: it cannot become the fastest, and a slow one (threads fighting over busy cores)
 # costs minutes
@@ -84,6 +94,7 @@ PROBE_REQUESTS = 2          # per thread count, to pick the first reference
 
 MAX_THREADS = 512      # llama.cpp's GGML_MAX_N_THREADS
 MAX_DRAFT = 1 << 16    # far above any drafter's block; llama.cpp clamps to the drafter's own length
+MAX_TREE_P_MIN = 0.999  # llama-server refuses a floor of 1 (no node could pass it)
 
 
 def _optional(read, source: object, name: str, data: dict, *args, **kwargs):
@@ -102,6 +113,7 @@ class Setting:
     draft_max: int | str | None = None  # AUTO: llama-server's draft-length controller
     p_min: float | None = None
     tree_budget: int | None = None      # --spec-tree-budget: a draft tree of this many nodes per step
+    tree_p_min: float | None = None     # --spec-tree-p-min: ... and no node whose path probability is below it
 
     def server_args(self) -> list[str]:
         """What this setting adds before the user's arguments (the draft length goes to the launch)."""
@@ -110,6 +122,8 @@ class Setting:
             args += ["--spec-draft-p-min", f"{self.p_min:g}"]
         if self.drafting and self.tree_budget:
             args += ["--spec-tree-budget", str(self.tree_budget)]
+            if self.tree_p_min is not None:
+                args += ["--spec-tree-p-min", f"{self.tree_p_min:g}"]
         return args
 
     def label(self) -> str:
@@ -124,6 +138,8 @@ class Setting:
             parts.append(f"p_min {self.p_min:g}")
         if self.tree_budget:
             parts.append(f"tree {self.tree_budget}")
+            if self.tree_p_min is not None:
+                parts.append(f"floor {self.tree_p_min:g}")
         return " ".join(parts)
 
     def to_dict(self) -> dict:
@@ -139,7 +155,8 @@ class Setting:
                    draft_max=AUTO if data.get("draft_max") == AUTO else
                    _optional(values.integer, source, f"{name}.draft_max", data, 1, MAX_DRAFT),
                    p_min=_optional(values.number, source, f"{name}.p_min", data, lo=0.0, hi=1.0),
-                   tree_budget=_optional(values.integer, source, f"{name}.tree_budget", data, 0, MAX_TREE_BUDGET))
+                   tree_budget=_optional(values.integer, source, f"{name}.tree_budget", data, 0, MAX_TREE_BUDGET),
+                   tree_p_min=_optional(values.number, source, f"{name}.tree_p_min", data, lo=0.0, hi=MAX_TREE_P_MIN))
 
 
 @dataclass
@@ -519,12 +536,14 @@ class _Tuner:
             except ValueError:
                 return None
 
-        threads, p_min = number(THREADS, int), number(P_MIN, float)
+        threads, p_min, tree_p_min = number(THREADS, int), number(P_MIN, float), number(TREE_P_MIN, float)
+        tree_budget = self.user.honoured.get("tree_budget", setting.tree_budget) if setting.drafting else None
         return dataclasses.replace(
             setting, threads=setting.threads if threads is None else threads,
             draft_max=self.user.honoured.get("draft_max", setting.draft_max) if setting.drafting else None,
             p_min=setting.p_min if p_min is None or not setting.drafting else p_min,
-            tree_budget=self.user.honoured.get("tree_budget", setting.tree_budget) if setting.drafting else None)
+            tree_budget=tree_budget,
+            tree_p_min=(setting.tree_p_min if tree_p_min is None else tree_p_min) if tree_budget else None)
 
     def over_budget(self) -> bool:
         limit = self.settings.max_seconds
@@ -537,6 +556,7 @@ class _Tuner:
         fixed_threads = self.user.value_of(THREADS) is not None
         threads: list[int | None] = [None] if fixed_threads else thread_grid(s.cpus or cpus())
         p_fixed = self.user.value_of(P_MIN) is not None
+        floor_fixed = self.user.value_of(TREE_P_MIN) is not None
         n_fixed = "draft_max" in self.user.honoured
         # a tree needs a DFlash or DFlash 2 drafter, and a length the server does not choose itself
         tree_open = "tree_budget" not in self.user.honoured and described.spec_type == "draft-dflash" \
@@ -595,6 +615,13 @@ class _Tuner:
                 # chain's best length it cannot go deep where the drafter is sure (docs/speed.md#draft-trees)
                 self.stage(reference, "draft tree", [dataclasses.replace(spec(t_best, longest), tree_budget=b)
                                                      for b in (QUICK_TREE_BUDGETS if s.quick else TREE_BUDGETS)])
+                if not floor_fixed and not self.over_budget():
+                    # a floor verifies fewer nodes where the drafter is unsure, as p_min shortens the chain
+                    self.stage(reference, "tree floor", [
+                        dataclasses.replace(spec(t_best, longest), tree_budget=TREE_FLOOR_BUDGET, tree_p_min=p)
+                        for p in (QUICK_TREE_P_MINS if s.quick else TREE_P_MINS)])
+                elif not floor_fixed:
+                    stopped = stopped or "tree floor"
             elif tree_open:
                 stopped = stopped or "draft tree"
             # fresh passes of the best: the search's best is the luckiest of many noisy estimates

@@ -140,6 +140,8 @@ def tune_command(settings: TuneCommandSettings) -> None:
       controller      --spec-draft-n-max auto (the length chosen per step)
       draft tree      --spec-tree-budget 8, 16, 32 at the trained length (DFlash and
                       DFlash 2 drafters; 16 with --quick)
+      tree floor      --spec-tree-p-min 0.05 .. 0.4 with a 16-node budget: no node whose
+                      path probability is below it (0.1 with --quick)
     Each setting runs every prompt one at a time (greedy), timed by the server. Timings drift
     on a busy machine, so speeds are only compared side by side: a server of the target alone
     (at its fastest thread count) stays up while each setting's server runs, every prompt goes
@@ -154,13 +156,13 @@ def tune_command(settings: TuneCommandSettings) -> None:
 
     \b
     What you fix after `--` is not swept (-t, --spec-draft-n-max, --spec-draft-p-min,
-    --spec-tree-budget), and
+    --spec-tree-budget, --spec-tree-p-min), and
     every other argument there runs in every measurement (e.g. -- -ngl 99 -c 8192).
 
     \b
     The result is saved in the cache (~/.cache/dflash-gguf/tuned/) for this target file,
     drafter file and llama.cpp build. `serve` with the same three uses it (and says so): the
-    tuned threads, draft length, p_min and tree budget, each unless you give your own; when
+    tuned threads, draft length, p_min, tree budget and floor, each unless you give your own; when
     drafting does not pay, serve runs the target alone. `serve --no-tuned` ignores it.
 
     \b

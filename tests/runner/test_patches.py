@@ -17,6 +17,8 @@
   1.25x and 1.15x the chain that issue 47 asks, on SmolLM2's DFlash 2 and the trained pair's DFlash); the chain
   where the tree cannot serve (temperature > 0, recurrent targets); one line and exit 2 for a
   budget it cannot serve.
+- 0017-spec-tree-p-min: `--spec-tree-p-min P` stops the tree where the best path left is below P: fewer
+  nodes verified, steps of different sizes, the same tokens; one line and exit 2 for a floor it cannot use.
 - 0008 / 0013 / 0014 / 0015 (`--spec-draft-n-max auto`): the tokens of the static setting, the
   choices and step costs in every response's timings, parking with probes whose share of a parked
   slot's steps is bounded, costs that start from the warm passes.
@@ -612,6 +614,60 @@ def test_tree_budget_refusals(llama_bin: Path, smollm2: dict[str, Path], args: t
                     "--host", "127.0.0.1", "--port", str(free_port()), "-t", "1", timeout=60)
     log = proc.stdout + proc.stderr
     lines = [line for line in log.splitlines() if "--spec-tree-budget" in line]
+    assert proc.returncode == 2, f"exit status {proc.returncode}:\n{log[-1500:]}"
+    assert len(lines) == 1 and " E " in lines[0] and says in lines[0], log[-1500:]
+
+
+# ---------------------------------------------------------------------------------------------
+# 0017-spec-tree-p-min
+# ---------------------------------------------------------------------------------------------
+
+def test_tree_floor_verifies_fewer_nodes(llama_bin: Path, smollm2: dict[str, Path], tmp_path: Path):
+    """`--spec-tree-p-min P` stops a draft tree where the best path left is below P: on SmolLM2 F16 with its
+    DFlash drafter a 16-node tree at floor 0.2 verifies fewer nodes than without, in steps of different sizes,
+    some with no node at all (a plain target step); the tokens stay the target alone's. Unpatched (0009
+    alone): unknown argument."""
+    from training.fixtures.smollm2 import EVAL_PROMPTS
+
+    chats = [json.loads(line)["messages"] for line in EVAL_PROMPTS.read_text(encoding="utf-8").splitlines()[:3]]
+    spec = ["-md", smollm2["dflash"], "--spec-type", "draft-dflash", "--spec-draft-n-max", "15",
+            "--spec-tree-budget", "16", "-lv", "5"]
+    runs, logs = {}, {}
+    for name, args in (("alone", []), ("tree", spec), ("floor", spec + ["--spec-tree-p-min", "0.2"])):
+        log_path = tmp_path / f"{name}.log"
+        with LlamaServer(smollm2["F16"], [*TREE_COMMON, *args], bin_dir=llama_bin, log_path=log_path,
+                         env=TREE_ENV) as server:
+            prompts = [server.client.apply_template(m) for m in chats]
+            runs[name] = [server.client.complete(p, 64, ignore_eos=True) for p in prompts]
+        logs[name] = log_path.read_text(errors="replace")
+    for name in ("tree", "floor"):
+        assert [a.tokens for a in runs[name]] == [a.tokens for a in runs["alone"]], name
+    assert "spec tree: p_min=0.2: no node whose path probability is below it" in logs["floor"]
+    assert "spec tree: p_min=" not in logs["tree"]
+
+    sizes = [len(tokens) for _, _, tokens, _, _ in _tree_steps(logs["floor"])]
+    assert sum(sizes) == sum(a.draft_n for a in runs["floor"])
+    empty = sum(a.timings["draft_n_chosen_hist"][0] for a in runs["floor"])
+    steps = {name: sum(sum(a.timings["draft_n_chosen_hist"]) for a in runs[name]) for name in ("tree", "floor")}
+    per_step = {name: sum(a.draft_n for a in runs[name]) / steps[name] for name in steps}
+    print(f"nodes per step: {per_step}; floor: {empty} steps without a node, tree sizes {sorted(set(sizes))}")
+    assert max(len(t) for _, _, t, _, _ in _tree_steps(logs["tree"])) == 16
+    assert per_step["floor"] < 0.75 * per_step["tree"], per_step
+    assert len(set(sizes)) >= 3 and empty > 0, (sorted(set(sizes)), empty)
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--spec-tree-budget", "8", "--spec-tree-p-min", "1"), "--spec-tree-p-min 1: a path probability floor"),
+    (("--spec-tree-budget", "8", "--spec-tree-p-min", "-0.1"), "--spec-tree-p-min -0.1: a path probability floor"),
+    (("--spec-tree-budget", "8", "--spec-tree-p-min", "nan"), "a path probability floor is at least 0"),
+    (("--spec-tree-p-min", "0.2",), "--spec-tree-p-min needs --spec-tree-budget N"),
+], ids=["one", "negative", "nan", "no-tree"])
+def test_tree_floor_refusals(llama_bin: Path, smollm2: dict[str, Path], args: tuple[str, ...], says: str):
+    """A floor the server cannot use: one error line naming the fix, exit status 2, nothing loaded."""
+    proc = run_tool(llama_bin, "llama-server", "-m", smollm2["F16"], "-md", smollm2["dflash"], "--spec-type",
+                    "draft-dflash", *args, "--host", "127.0.0.1", "--port", str(free_port()), "-t", "1", timeout=60)
+    log = proc.stdout + proc.stderr
+    lines = [line for line in log.splitlines() if "--spec-tree-p-min" in line]
     assert proc.returncode == 2, f"exit status {proc.returncode}:\n{log[-1500:]}"
     assert len(lines) == 1 and " E " in lines[0] and says in lines[0], log[-1500:]
 

@@ -123,6 +123,15 @@ def test_a_tree_is_a_drafting_flag_and_its_budget_is_read_back_in_range():
     assert Setting.from_dict(json.loads(json.dumps(tree.to_dict()))) == tree
     with pytest.raises(InputError, match="chosen.tree_budget"):
         Setting.from_dict({**tree.to_dict(), "tree_budget": 4096})
+    floor = Setting(True, threads=1, draft_max=7, tree_budget=16, tree_p_min=0.2)
+    assert floor.server_args() == ["-t", "1", "--spec-tree-budget", "16", "--spec-tree-p-min", "0.2"]
+    assert floor.label() == "drafter -t 1 n_max 7 tree 16 floor 0.2"
+    assert Setting.from_dict(json.loads(json.dumps(floor.to_dict()))) == floor
+    for bad in (1, -0.1, "0.2"):  # llama-server refuses a floor of 1; a record is untrusted
+        with pytest.raises(InputError, match="chosen.tree_p_min"):
+            Setting.from_dict({**floor.to_dict(), "tree_p_min": bad})
+    # a floor without a tree is no flag (llama-server would refuse it)
+    assert Setting(True, threads=1, tree_p_min=0.2).server_args() == ["-t", "1"]
 
 
 def test_the_controller_is_a_setting_of_its_own_and_is_served_within_three_percent_of_the_best():
@@ -247,6 +256,13 @@ def test_serve_takes_a_tuned_tree_unless_the_user_chose_the_controller_or_a_budg
     assert launch.tree_budget == 32 and "--spec-tree-budget" not in " ".join(applied.taken)
     applied, launch = _launch(target, draft, record, draft_max="auto")
     assert launch.tree_budget == 0 and launch.auto
+    # a tuned floor comes with its tree, unless the user gave their own
+    record = _record(Setting(True, 1, 7, tree_budget=8, tree_p_min=0.1), True)
+    applied, launch = _launch(target, draft, record)
+    assert "--spec-tree-budget 8 --spec-tree-p-min 0.1" in " ".join(applied.taken), applied.taken
+    assert launch.user_args[launch.user_args.index("--spec-tree-p-min") + 1] == "0.1"
+    applied, launch = _launch(target, draft, record, args=("--spec-tree-p-min", "0.3"))
+    assert "--spec-tree-p-min" not in applied.taken and launch.user_args[-2:] == ("--spec-tree-p-min", "0.3")
 
 
 def test_serve_takes_every_tuned_flag_the_user_left_open(tiny_pair):
@@ -330,7 +346,10 @@ def test_quick_tune_on_the_trained_pair_is_saved_and_serve_runs_it(trained_pair:
     assert any(c["setting"]["p_min"] == 0.5 for c in result["candidates"])
     # the tree at the trained length, whatever chain length won: a tree verifies its budget at any depth
     trees = [c for c in result["candidates"] if c["setting"]["tree_budget"]]
-    assert [c["setting"]["tree_budget"] for c in trees] == [16] and trees[0]["setting"]["draft_max"] == longest
+    assert [c["setting"]["tree_budget"] for c in trees] == [16, 16] and trees[0]["setting"]["draft_max"] == longest
+    # ... then its floor (--quick: one, 0.1), at the same budget and length
+    assert [(c["stages"], c["setting"]["tree_p_min"]) for c in trees] == [(["draft tree"], None), (["tree floor"], 0.1)]
+    assert trees[1]["setting"]["draft_max"] == longest and trees[1]["error"] is None
     confirmed = result["best_drafting"]
     assert confirmed["stages"] == ["confirmation"]
     # 3 passes over 6 prompts, unless it fell so far behind the target alone that it was stopped early
@@ -382,10 +401,13 @@ def test_a_drafter_that_cannot_pay_is_measured_so_and_serve_runs_the_target_alon
     # threads and draft length fixed after --, to keep it short: the drafter, p_min, a tree at that length
     result = _tune(target, draft, llama_bin, "--prompts", prompts, "-n", "16", "--", "-t", "1",
                    "--spec-draft-n-max", "2")
-    assert [c["stages"] for c in result["candidates"]] == [["threads, drafter"], ["p_min"], ["draft tree"]]
-    assert result["candidates"][-1]["setting"]["tree_budget"] == 16
+    assert [c["stages"] for c in result["candidates"]] == [["threads, drafter"], ["p_min"], ["draft tree"],
+                                                          ["tree floor"]]
+    assert [c["setting"]["tree_budget"] for c in result["candidates"][-2:]] == [16, 16]
+    assert result["candidates"][-1]["setting"]["tree_p_min"] == 0.1
     assert result["drafting_pays"] is False and result["speedup"] < 1.05, result["speedup"]
-    assert result["chosen"] == {"drafting": False, "threads": 1, "draft_max": None, "p_min": None, "tree_budget": None}
+    assert result["chosen"] == {"drafting": False, "threads": 1, "draft_max": None, "p_min": None, "tree_budget": None,
+                                "tree_p_min": None}
 
     answer, stderr, log = _serve(target, draft, llama_bin, tmp_path / "alone.log")
     assert "drafting does not pay here" in stderr and "WITHOUT the drafter" in stderr
@@ -421,4 +443,5 @@ def test_max_seconds_ends_the_search_but_the_verdict_is_still_measured(tiny_pair
     assert result["stopped_before"] == "p_min"
     assert [c["stages"] for c in result["candidates"]] == [["threads, drafter"]]
     assert result["best_drafting"]["stages"] == ["confirmation"] and result["best_drafting"]["pairs"] > 0
-    assert result["chosen"] == {"drafting": False, "threads": 1, "draft_max": None, "p_min": None, "tree_budget": None}
+    assert result["chosen"] == {"drafting": False, "threads": 1, "draft_max": None, "p_min": None, "tree_budget": None,
+                                "tree_p_min": None}
