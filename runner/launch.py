@@ -8,7 +8,8 @@
 
 What `validate` certifies is therefore the command `serve` runs, plus the user's own arguments.
 Arguments after `--` that name what the runner manages are honoured (the runner reads them and
-uses them in place of its own: `--port`, `--host`, `-np`, `--spec-draft-n-max`, `--rpc`, `--api-key`) or
+uses them in place of its own: `--port`, `--host`, `-np`, `--spec-draft-n-max`, `--spec-tree-budget`,
+`--spec-tree-p-min`, `--rpc`, `--api-key`) or
 refused before anything starts, with the option to use instead (`-m`, `-md`, `--spec-type`, ...).
 """
 
@@ -65,6 +66,7 @@ _HONOURED: dict[tuple[str, ...], str] = {
     ("-np", "--parallel"): "parallel",
     ("--spec-draft-n-max",): "draft_max",
     ("--spec-tree-budget",): "tree_budget",
+    ("--spec-tree-p-min",): "tree_p_min",
     ("--rpc",): "rpc",
 }
 _API_KEY = ("--api-key",)
@@ -130,6 +132,17 @@ def _number(flag: str, value: str | None, low: int, high: int | None = None) -> 
     return number
 
 
+def _floor(flag: str, value: str | None) -> float:
+    """A path probability floor: llama-server takes 0 (none) up to, not including, 1."""
+    try:
+        number = float(value) if value is not None else None
+    except ValueError:
+        number = None
+    if number is None or not 0.0 <= number < 1.0:
+        raise ServerArgsError(f"{flag} {value!r} after --: expected a probability, at least 0 and below 1")
+    return number
+
+
 # ggml-rpc.cpp's server loop accepts one connection and serves it until it closes; a llama-server
 # holds its connection for its lifetime, so two llama-servers cannot share an rpc-server
 ONE_CLIENT_PER_RPC_SERVER = (
@@ -189,6 +202,8 @@ def parse_server_args(args: Sequence[str]) -> ServerArgs:
                 honoured[takes] = AUTO
             elif takes == "tree_budget":
                 honoured[takes] = _number(flag, value, 0, MAX_TREE_BUDGET)
+            elif takes == "tree_p_min":
+                honoured[takes] = _floor(flag, value)
             elif takes is not None:
                 honoured[takes] = _number(flag, value, 1)
             else:  # an API key is honoured by sending it, and stays on llama-server's command line
@@ -277,6 +292,7 @@ class Launch:
     parallel: int = DEFAULT_PARALLEL
     draft_max: int | str | None = None  # AUTO: llama-server chooses each step's length up to the drafter's
     tree_budget: int = 0            # --spec-tree-budget: nodes of a draft tree verified per step (0: the chain)
+    tree_p_min: float = 0.0         # --spec-tree-p-min: ... none whose path probability is below it (0: the budget)
     host: str = DEFAULT_HOST
     port: int | None = None
     api_key: str | None = None
@@ -309,6 +325,7 @@ class Launch:
         if self.draft is None:
             return []
         tree = ["--spec-tree-budget", str(self.tree_budget)] if self.tree_budget else []
+        tree += ["--spec-tree-p-min", f"{self.tree_p_min:g}"] if self.tree_budget and self.tree_p_min else []
         return [*speculative_args(self.draft, AUTO if self.auto else self.draft_length), *tree]
 
     def recipe(self) -> list[str]:
@@ -378,10 +395,14 @@ def launch_recipe(target: str | Path, draft: str | Path | None, *, parallel: int
                               "and does not verify trees yet; give one of them")
     if tree_budget and desc is None:
         raise ServerArgsError("--spec-tree-budget after --: a draft tree needs a drafter (--draft)")
+    tree_p_min = given.honoured.get("tree_p_min", 0.0)
+    if tree_p_min and not tree_budget:
+        raise ServerArgsError("--spec-tree-p-min after -- without --spec-tree-budget N: the floor stops a draft tree "
+                              "(the chain's is --spec-draft-p-min); give a budget too")
     return Launch(
         target=Path(target), draft=desc,
         parallel=_once("parallel", parallel, given) or DEFAULT_PARALLEL,
-        draft_max=draft_max, tree_budget=tree_budget,
+        draft_max=draft_max, tree_budget=tree_budget, tree_p_min=tree_p_min,
         host=_once("host", host, given) or DEFAULT_HOST,
         port=_once("port", port, given),
         rpc=rpc_servers,

@@ -28,7 +28,7 @@ few pairs is not measured further.
     6 draft tree              --spec-tree-budget 8, 16, 32 (ggml_patches/0009: a tree of drafts from
                               the drafter's one pass, verified in one batch) at the trained length;
                               DFlash and DFlash 2 drafters only (a DSpark drafter verifies the chain)
-    7 tree floor              --spec-tree-p-min 0.05, 0.1, 0.2, 0.4 with a budget of 16 at the
+    7 tree floor              --spec-tree-p-min 0.1, 0.2, 0.4, 0.6 with a budget of 16 at the
                               trained length (ggml_patches/0017: no node whose path probability is
                               below the floor, so a step verifies fewer nodes where the drafter is
                               unsure)
@@ -74,11 +74,10 @@ QUICK_P_MINS = (0.5,)
 REFINE_STEPS = 3            # midpoint rounds around the best draft length
 TREE_BUDGETS = (8, 16, 32)  # nodes of a draft tree, as published tree verifiers sweep them
 QUICK_TREE_BUDGETS = (16,)
-TREE_P_MIN = ("--spec-tree-p-min",)
 # path probability floors (ggml_patches/0017), at a budget of 16: with a floor the budget binds only where the
 # drafter is sure of a path, which 16 nodes follow through the longest published block (15 drafted)
-TREE_P_MINS = (0.05, 0.1, 0.2, 0.4)
-QUICK_TREE_P_MINS = (0.1,)
+TREE_P_MINS = (0.1, 0.2, 0.4, 0.6)
+QUICK_TREE_P_MINS = (0.4,)
 TREE_FLOOR_BUDGET = 16
 # a setting whose median ratio in its first pass, after this many request pairs, is below this is not
 # measured further: it cannot become the fastest, and a slow one (threads fighting over busy cores)
@@ -536,8 +535,9 @@ class _Tuner:
             except ValueError:
                 return None
 
-        threads, p_min, tree_p_min = number(THREADS, int), number(P_MIN, float), number(TREE_P_MIN, float)
+        threads, p_min = number(THREADS, int), number(P_MIN, float)
         tree_budget = self.user.honoured.get("tree_budget", setting.tree_budget) if setting.drafting else None
+        tree_p_min = self.user.honoured.get("tree_p_min")
         return dataclasses.replace(
             setting, threads=setting.threads if threads is None else threads,
             draft_max=self.user.honoured.get("draft_max", setting.draft_max) if setting.drafting else None,
@@ -556,7 +556,7 @@ class _Tuner:
         fixed_threads = self.user.value_of(THREADS) is not None
         threads: list[int | None] = [None] if fixed_threads else thread_grid(s.cpus or cpus())
         p_fixed = self.user.value_of(P_MIN) is not None
-        floor_fixed = self.user.value_of(TREE_P_MIN) is not None
+        floor_fixed = "tree_p_min" in self.user.honoured
         n_fixed = "draft_max" in self.user.honoured
         # a tree needs a DFlash or DFlash 2 drafter, and a length the server does not choose itself
         tree_open = "tree_budget" not in self.user.honoured and described.spec_type == "draft-dflash" \

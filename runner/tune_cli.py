@@ -140,8 +140,8 @@ def tune_command(settings: TuneCommandSettings) -> None:
       controller      --spec-draft-n-max auto (the length chosen per step)
       draft tree      --spec-tree-budget 8, 16, 32 at the trained length (DFlash and
                       DFlash 2 drafters; 16 with --quick)
-      tree floor      --spec-tree-p-min 0.05 .. 0.4 with a 16-node budget: no node whose
-                      path probability is below it (0.1 with --quick)
+      tree floor      --spec-tree-p-min 0.1 .. 0.6 with a 16-node budget: no node whose
+                      path probability is below it (0.4 with --quick)
     Each setting runs every prompt one at a time (greedy), timed by the server. Timings drift
     on a busy machine, so speeds are only compared side by side: a server of the target alone
     (at its fastest thread count) stays up while each setting's server runs, every prompt goes

@@ -34,7 +34,7 @@ from dflash_gguf.outputs import write_text
 from dflash_gguf.paths import tuned_dir
 from .launch import parse_server_args
 from .speed_verdict import speed_verdict
-from .tune import P_MIN, THREADS, TREE_P_MIN, Setting
+from .tune import P_MIN, THREADS, Setting
 
 FORMAT = "dflash-gguf tuned setting"
 VERSION = 1
@@ -149,7 +149,7 @@ def apply(record: dict, draft_max: int | None, server_args: Sequence[str]) -> Tu
     user_auto = AUTO in (draft_max, given.honoured.get("draft_max"))  # the controller does not verify trees
     if chosen.drafting and chosen.tree_budget and "tree_budget" not in given.honoured and not user_auto:
         taken += ["--spec-tree-budget", str(chosen.tree_budget)]
-        if chosen.tree_p_min is not None and given.value_of(TREE_P_MIN) is None:
+        if chosen.tree_p_min is not None and "tree_p_min" not in given.honoured:
             taken += ["--spec-tree-p-min", f"{chosen.tree_p_min:g}"]
     user_draft_max = draft_max is not None or "draft_max" in given.honoured
     tuned_draft_max = chosen.draft_max if chosen.drafting and not user_draft_max else None

@@ -340,7 +340,7 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], s
         settings={"n_predict": settings.n_predict, "parallel": launch.parallel, "exact": settings.exact,
                   "rounds": settings.rounds,
                   "temperature": settings.temperature, "draft_max": launch.draft_setting,
-                  "tree_budget": launch.tree_budget, "baseline": str(baseline)},
+                  "tree_budget": launch.tree_budget, "tree_p_min": launch.tree_p_min, "baseline": str(baseline)},
         launch={**launch.summary(), "speculative_command": spec_command, "target_command": alone_command},
         llama=build_info(bin_dir, settings.backend),
         reference=reference,

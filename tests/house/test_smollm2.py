@@ -144,9 +144,11 @@ def test_a_draft_tree_is_proven_token_by_token(drafter, smollm2, held_out, tmp_p
     """`validate -- --spec-tree-budget 16` (patch 0009): every emitted token is proven the target's own by
     replaying the tree verify batches (each node seeing its ancestors only, the accepted path kept, patch
     0010's move of it made too), and, under --exact, the text is plain decoding's with more tokens
-    accepted per step than the chain's."""
+    accepted per step than the chain's; with a floor (`--spec-tree-p-min 0.2`, patch 0017: smaller trees,
+    steps with none) too, verifying fewer drafted tokens."""
     runs = {}
-    for name, tree in (("tree", ["--spec-tree-budget", "16"]), ("chain", [])):
+    for name, tree in (("tree", ["--spec-tree-budget", "16"]), ("chain", []),
+                       ("floor", ["--spec-tree-budget", "16", "--spec-tree-p-min", "0.2"])):
         report = tmp_path / f"{name}.json"
         proc = dflash_gguf("validate", "--target", smollm2["F16"], "--draft", smollm2[drafter], "--prompts", held_out,
                            "-n", N, "--threads", THREADS, "--exact", "--rounds", "1", "--report", report, "--", *tree)
@@ -162,6 +164,13 @@ def test_a_draft_tree_is_proven_token_by_token(drafter, smollm2, held_out, tmp_p
     assert runs["chain"]["replay"]["tree"] is None and runs["chain"]["replay"]["tree_steps"] == 0
     assert data["mean_acceptance_length"] > runs["chain"]["mean_acceptance_length"], \
         (data["mean_acceptance_length"], runs["chain"]["mean_acceptance_length"])
+    floor = runs["floor"]
+    assert floor["settings"]["tree_p_min"] == 0.2 and data["settings"]["tree_p_min"] == 0
+    assert "--spec-tree-p-min" in floor["launch"]["speculative_command"]
+    assert "--spec-tree-p-min" not in floor["launch"]["target_command"]
+    assert floor["proven_by_replay"] == floor["positions_checked"] == floor["produced"] == N_PROMPTS * N
+    assert not floor["divergences"] and floor["exact"] and floor["replay"]["exact"], floor["divergences"]
+    assert floor["replay"]["tree_steps"] > 0 and floor["drafted"] < data["drafted"], (floor["drafted"], data["drafted"])
 
 
 def test_release_of_the_smollm2_drafter_loads_and_drafts(smollm2, tmp_path):

@@ -362,6 +362,12 @@ def test_a_tree_budget_after_the_dashes_goes_to_the_drafting_server_only(target_
     assert launch.args()[launch.args().index("--spec-tree-budget") + 1] == "16"
     assert "--spec-tree-budget" not in launch.alone().args()  # llama-server refuses a tree without a drafter
     assert "--spec-tree-budget" not in launch_recipe(target_gguf, converted["dflash2-b8"]).args()
+    # its floor too (patch 0017): with the tree, never on the target alone's command line
+    launch = launch_recipe(target_gguf, converted["dflash2-b8"],
+                           server_args=["--spec-tree-p-min=0.1", "--spec-tree-budget", "16", "-c", "512"])
+    assert launch.tree_p_min == 0.1 and launch.user_args == ("-c", "512")
+    assert launch.args()[launch.args().index("--spec-tree-p-min") + 1] == "0.1"
+    assert "--spec-tree-p-min" not in launch.alone().args()
 
 
 @pytest.mark.parametrize("args, draft, needle", [
@@ -370,6 +376,10 @@ def test_a_tree_budget_after_the_dashes_goes_to_the_drafting_server_only(target_
     (["--spec-tree-budget", "300"], True, "0..255"),
     (["--spec-tree-budget", "8", "--spec-draft-n-max", "auto"], True, "with --draft-max auto"),
     (["--spec-tree-budget", "8"], False, "a draft tree needs a drafter"),
+    (["--spec-tree-budget", "8", "--spec-tree-p-min", "1"], True,
+     "--spec-tree-p-min '1' after --: expected a probability, at least 0 and below 1"),
+    (["--spec-tree-budget", "8", "--spec-tree-p-min", "nan"], True, "expected a probability"),
+    (["--spec-tree-p-min", "0.2"], True, "--spec-tree-p-min after -- without --spec-tree-budget N"),
 ])
 def test_a_tree_budget_llama_server_would_refuse_is_refused_first(target_gguf: Path, converted: dict[str, Path],
                                                                  args: list[str], draft: bool, needle: str):

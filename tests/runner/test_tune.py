@@ -260,9 +260,10 @@ def test_serve_takes_a_tuned_tree_unless_the_user_chose_the_controller_or_a_budg
     record = _record(Setting(True, 1, 7, tree_budget=8, tree_p_min=0.1), True)
     applied, launch = _launch(target, draft, record)
     assert "--spec-tree-budget 8 --spec-tree-p-min 0.1" in " ".join(applied.taken), applied.taken
-    assert launch.user_args[launch.user_args.index("--spec-tree-p-min") + 1] == "0.1"
+    assert launch.tree_p_min == 0.1 and launch.args()[launch.args().index("--spec-tree-p-min") + 1] == "0.1"
     applied, launch = _launch(target, draft, record, args=("--spec-tree-p-min", "0.3"))
-    assert "--spec-tree-p-min" not in applied.taken and launch.user_args[-2:] == ("--spec-tree-p-min", "0.3")
+    assert "--spec-tree-p-min" not in applied.taken and launch.tree_p_min == 0.3
+    assert "--spec-tree-p-min" not in launch.alone().args()  # llama-server refuses a floor without a tree
 
 
 def test_serve_takes_every_tuned_flag_the_user_left_open(tiny_pair):
@@ -347,8 +348,8 @@ def test_quick_tune_on_the_trained_pair_is_saved_and_serve_runs_it(trained_pair:
     # the tree at the trained length, whatever chain length won: a tree verifies its budget at any depth
     trees = [c for c in result["candidates"] if c["setting"]["tree_budget"]]
     assert [c["setting"]["tree_budget"] for c in trees] == [16, 16] and trees[0]["setting"]["draft_max"] == longest
-    # ... then its floor (--quick: one, 0.1), at the same budget and length
-    assert [(c["stages"], c["setting"]["tree_p_min"]) for c in trees] == [(["draft tree"], None), (["tree floor"], 0.1)]
+    # ... then its floor (--quick: one, 0.4), at the same budget and length
+    assert [(c["stages"], c["setting"]["tree_p_min"]) for c in trees] == [(["draft tree"], None), (["tree floor"], 0.4)]
     assert trees[1]["setting"]["draft_max"] == longest and trees[1]["error"] is None
     confirmed = result["best_drafting"]
     assert confirmed["stages"] == ["confirmation"]
@@ -404,7 +405,7 @@ def test_a_drafter_that_cannot_pay_is_measured_so_and_serve_runs_the_target_alon
     assert [c["stages"] for c in result["candidates"]] == [["threads, drafter"], ["p_min"], ["draft tree"],
                                                           ["tree floor"]]
     assert [c["setting"]["tree_budget"] for c in result["candidates"][-2:]] == [16, 16]
-    assert result["candidates"][-1]["setting"]["tree_p_min"] == 0.1
+    assert result["candidates"][-1]["setting"]["tree_p_min"] == 0.4
     assert result["drafting_pays"] is False and result["speedup"] < 1.05, result["speedup"]
     assert result["chosen"] == {"drafting": False, "threads": 1, "draft_max": None, "p_min": None, "tree_budget": None,
                                 "tree_p_min": None}
