@@ -130,6 +130,11 @@ def validate_distribution(target: str | Path, draft: str | Path, prompts: Sequen
     produced = sum(r.produced for r in results)
     drafted = sum(r.draft_n for r in results)
     accepted = sum(r.draft_n_accepted for r in results)
+    warnings = list(launch.warnings)
+    if launch.tree_budget and not any(c.timings.get("draft_tree_budget") for answers in spec for c in answers):
+        # patch 0009: the walk down a tree takes the target's greedy tokens, which would bias a sampler
+        warnings.append(f"--spec-tree-budget {launch.tree_budget}: llama-server verified these sampled requests with "
+                        "the chain (the tree serves greedy requests only), so this run tested the chain's sampling")
     return DistributionReport(
         distribution=test,
         prompts=results,
@@ -142,7 +147,7 @@ def validate_distribution(target: str | Path, draft: str | Path, prompts: Sequen
                   "tree_p_min": launch.tree_p_min, "baseline": str(baseline)},
         launch={**launch.summary(), "speculative_command": spec_command, "target_command": alone_command},
         llama=build_info(bin_dir, settings.backend),
-        warnings=list(launch.warnings),
+        warnings=warnings,
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
 

@@ -147,8 +147,10 @@ def test_a_draft_tree_is_proven_token_by_token(drafter, smollm2, held_out, tmp_p
     accepted per step than the chain's; with a floor (`--spec-tree-p-min 0.2`, patch 0017: smaller trees,
     steps with none) too, verifying fewer drafted tokens."""
     runs = {}
-    for name, tree in (("tree", ["--spec-tree-budget", "16"]), ("chain", []),
-                       ("floor", ["--spec-tree-budget", "16", "--spec-tree-p-min", "0.2"])):
+    configs = {"tree": ["--spec-tree-budget", "16"], "chain": []}
+    if drafter == "dflash":  # the floor's path is the drafter's own (one drafter keeps make test's time)
+        configs["floor"] = ["--spec-tree-budget", "16", "--spec-tree-p-min", "0.2"]
+    for name, tree in configs.items():
         report = tmp_path / f"{name}.json"
         proc = dflash_gguf("validate", "--target", smollm2["F16"], "--draft", smollm2[drafter], "--prompts", held_out,
                            "-n", N, "--threads", THREADS, "--exact", "--rounds", "1", "--report", report, "--", *tree)
@@ -164,6 +166,8 @@ def test_a_draft_tree_is_proven_token_by_token(drafter, smollm2, held_out, tmp_p
     assert runs["chain"]["replay"]["tree"] is None and runs["chain"]["replay"]["tree_steps"] == 0
     assert data["mean_acceptance_length"] > runs["chain"]["mean_acceptance_length"], \
         (data["mean_acceptance_length"], runs["chain"]["mean_acceptance_length"])
+    if "floor" not in runs:
+        return
     floor = runs["floor"]
     assert floor["settings"]["tree_p_min"] == 0.2 and data["settings"]["tree_p_min"] == 0
     assert "--spec-tree-p-min" in floor["launch"]["speculative_command"]

@@ -48,6 +48,18 @@ def test_same_distribution_passes(trained_pair, first_prompts, tmp_path):
     assert is_report(tmp_path / "r.json")  # a later --report may replace it
 
 
+def test_a_tree_at_temperature_is_tested_as_the_chain_that_serves_it(trained_pair, first_prompts, tmp_path):
+    """Issue 47's sampling rule: with `--spec-tree-budget` the server verifies sampled requests with the chain
+    (no multi-draft rejection sampling), so the distribution test passes and says it tested the chain."""
+    proc, report = _validate(trained_pair, first_prompts, tmp_path / "r.json", "--samples", "100", "--",
+                             "--spec-tree-budget", "8")
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert report["distribution"]["verdict"] == "same" and report["drafted"] > 0
+    assert report["settings"]["tree_budget"] == 8 and "--spec-tree-budget" in report["launch"]["speculative_command"]
+    (warning,) = [w for w in report["warnings"] if "--spec-tree-budget" in w]
+    assert "verified these sampled requests with the chain" in warning and warning in proc.stdout + proc.stderr
+
+
 def test_shifted_distribution_is_caught_at_the_default_sample_size(trained_pair, first_prompts, tmp_path):
     """The baseline's logits are scaled by 1.3 (output_norm.weight x 1.3): temperature 0.6 / 1.3."""
     shifted = scaled_copy(trained_pair["target"], tmp_path / "shifted.gguf", "output_norm.weight", 1.3)
