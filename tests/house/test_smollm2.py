@@ -148,7 +148,7 @@ def test_a_draft_tree_is_proven_token_by_token(drafter, smollm2, held_out, tmp_p
     steps with none) too, verifying fewer drafted tokens."""
     runs = {}
     configs = {"tree": ["--spec-tree-budget", "16"], "chain": []}
-    if drafter == "dflash":  # the floor's path is the drafter's own (one drafter keeps make test's time)
+    if drafter == "dflash":  # the floor stops the same heap for both drafters: one keeps make test's time
         configs["floor"] = ["--spec-tree-budget", "16", "--spec-tree-p-min", "0.2"]
     for name, tree in configs.items():
         report = tmp_path / f"{name}.json"
