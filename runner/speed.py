@@ -206,6 +206,6 @@ def interleaved_rounds(alone: LlamaClient, speculative: LlamaClient, prompts: Se
             out.answers += mine
             out.load = max(filter(None, (out.load, load_average())), default=None)
             a, b = out.alone[-1], out.speculative[-1]
-            requests.say(f"speed round {r + 1}/{rounds}: target alone {a:.1f} tok/s, speculative {b:.1f} tok/s"
-                         + (f" ({b / a:.3f}x)" if a else ""))
+            # tokens/s only: a round's ratio is judged with the others (judge), never printed alone
+            requests.say(f"speed round {r + 1}/{rounds}: target alone {a:.1f} tok/s, speculative {b:.1f} tok/s")
     return out

@@ -105,7 +105,8 @@ def run_limit(timings: Iterable[dict], slots: int = 1) -> dict | None:
 
 
 def _costs(t: dict):
-    """ms by size from one response's cost curves, the nearest measured size outside them."""
+    """ms by size from one response's cost curves: the server's own prices (patch 0019: as far as the
+    widest step its slots can make); past their end (a build without 0019), the last one."""
     curves = [list(t["draft_verify_cost_ms"]), list(t.get("draft_pass_cost_ms") or [0.0])]
     return tuple((lambda c: lambda size: float(c[min(max(size, 1), len(c)) - 1]))(c) for c in curves)
 

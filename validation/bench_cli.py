@@ -138,6 +138,11 @@ class BenchCommandSettings(BenchSettings):
                    "accepted-length histogram per suite. Needs the [charts] extra (matplotlib).")
 @n_predict_option()
 @rounds_option()
+@click.option("--min-round-seconds", type=click.FloatRange(0, 3600), default=2.0, show_default=True,
+              help="A round's pass goes over the prompts as many times as make it last at least this long "
+                   "(estimated from the one-slot reference's timings): rounds of a fraction of a second, as "
+                   "a small target's are (48 tokens in ~30 ms), time the machine's noise, not the servers. "
+                   "0: one pass over the prompts.")
 @exact_option
 @build_options
 @json_option

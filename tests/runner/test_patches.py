@@ -22,9 +22,13 @@
 - 0008 / 0013 / 0014 / 0015 (`--spec-draft-n-max auto`): the tokens of the static setting, the
   choices and step costs in every response's timings, parking with probes whose share of a parked
   slot's steps is bounded, costs that start from the warm passes.
+- 0018-spec-auto-kept-features-are-memory: what a parked slot keeps for its drafter is dropped,
+  saved and restored with the slot's memory (a prompt cache entry) and fed only before a draft.
+- 0019-spec-auto-costs-beyond-measured: a step wider than any measured one is priced by the measured
+  cost of a token; the timings' cost curves reach the widest step the slots can make.
 
 `DFLASH_GGUF_TEST_LLAMA_BIN=<bin dir> pytest tests/runner/test_patches.py` runs the same tests against the
-programs of another build; against an unpatched build of the pinned tree all 18 fail (the two of 0006 only on a CPU with AMX).
+programs of another build; against an unpatched build of the pinned tree all 20 fail (the two of 0006 only on a CPU with AMX).
 """
 
 from __future__ import annotations
@@ -428,6 +432,76 @@ def test_draft_length_auto_costs_start_from_the_warm_passes(llama_bin: Path, tra
             assert estimate == pytest.approx(min(ms for ms, _ in seen[:i + 1]), abs=0.0015), (key, seen[:4])
         for (ms, estimate), (_, before) in zip(seen[4:], seen[3:]):
             assert estimate == pytest.approx(before + 0.1 * (min(ms, 3 * before) - before), abs=0.003), (key, ms)
+
+
+# the drafter features a parked slot keeps on the host (0018), at -lv 5
+KEPT_LINE = re.compile(r"dflash kept: seq_id=0 (fed|saved|restored|dropped)=(\d+)")
+# a request's end, and a step that runs a draft pass (it drafts, or it probes)
+SLOT_EVENT = re.compile(r"stop processing|spec auto: slot=0 (?:n=[1-9]\d* parked=0|n=0 parked=1 E=[\d.]+ cost_ms=[\d.]+ why=probe)")
+
+
+def test_draft_length_auto_keeps_parked_features_as_memory(llama_bin: Path, trained_pair: dict[str, Path],
+                                                           tmp_path: Path):
+    """Patch 0018: what a parked slot keeps for its drafter is removed, saved and restored with the
+    slot's memory, and fed only before a draft. Request A ends parked with rows kept: B's prompt cache
+    save keeps them in A's entry and B's prompt clears them, unfed; C, A's prompt and answer plus more
+    text, restores them from the entry and feeds them, with its own prompt, before its first draft.
+    The drafter never misses a position (no "Drafts may degrade"), tokens are the target alone's.
+    Unpatched: release fed the rows at A's end, the prompt was fed at once, no `dflash kept:` line."""
+    from training.fixtures.trained_gguf import held_out_prompts
+
+    prompts = held_out_prompts()[:3]
+    common = ["--parallel", "1", "-c", "2048", "-t", "1"]
+    auto = ["-md", trained_pair["dflash2"], "--spec-type", "draft-dflash", "--spec-draft-n-max", "auto", "-lv", "5"]
+    answers: dict[str, list] = {}
+    for name, args in (("auto", common + auto), ("alone", common)):
+        with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / f"{name}.log") as server:
+            ids = [server.client.tokenize(p, add_special=True) for p in prompts]
+            a = server.client.complete(ids[0], 64, ignore_eos=True)
+            b = server.client.complete(ids[1], 64, ignore_eos=True)
+            c = server.client.complete(ids[0] + a.tokens + ids[2][1:], 64, ignore_eos=True)
+            answers[name] = [a, b, c]
+    assert [x.tokens for x in answers["auto"]] == [x.tokens for x in answers["alone"]]
+
+    log = (tmp_path / "auto.log").read_text(errors="replace")
+    assert "may degrade" not in log
+    # the log as one stream of events: request ends, probes / drafting steps, and what happened to the kept rows
+    events = [(m.group(1), int(m.group(2))) if m.re is KEPT_LINE else ("end" if "stop" in m.group(0) else "draft", 0)
+              for m in sorted([*KEPT_LINE.finditer(log), *SLOT_EVENT.finditer(log)], key=lambda m: m.start())]
+    assert any(kind == "fed" for kind, _ in events), events
+    ends = [i for i, (kind, _) in enumerate(events) if kind == "end"]
+    assert len(ends) == 3, events
+    between = events[ends[0] + 1:ends[1]]  # from A's end to B's end
+    saved = [n for kind, n in between if kind == "saved"]
+    assert saved and saved[0] > 0, f"A ended with nothing kept: {between}"
+    first_b = between.index(("draft", 0)) if ("draft", 0) in between else len(between)
+    assert ("dropped", saved[0]) in between[:first_b], f"A's kept rows not dropped unfed before B drafts: {between}"
+    assert all(kind != "fed" for kind, _ in between[:between.index(("dropped", saved[0]))]), between
+    after = events[ends[1] + 1:ends[2]]  # C
+    assert ("restored", saved[0]) in after, f"C did not restore A's kept rows: {after}"
+    fed = [n for kind, n in after[after.index(("restored", saved[0])):] if kind == "fed"]
+    c_new = answers["auto"][2].n_prompt - (len(answers["auto"][0].tokens) + answers["auto"][0].n_prompt)
+    assert fed and fed[0] >= saved[0] + c_new, (fed, saved[0], c_new)
+
+
+def test_draft_length_auto_prices_steps_wider_than_measured(llama_bin: Path, trained_pair: dict[str, Path],
+                                                            tmp_path: Path):
+    """Patch 0019: a step wider than any measured one costs the largest measured step plus the average
+    cost of an added token between the smallest and the largest measured sizes, and the timings' verify
+    curve reaches the widest step the slots can make (-np 2 x a full DFlash 2 block: 16 tokens). One
+    request on two slots measures steps of 1..8 tokens only. Unpatched: the curve ends at the widest
+    measured step, and the controller priced a wider one as that one (drafting beside other slots
+    looked free)."""
+    args = ["--parallel", "2", "-c", "2048", "-t", "1", "-md", trained_pair["dflash2"], "--spec-type", "draft-dflash",
+            "--spec-draft-n-max", "auto"]
+    with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / "auto.log") as server:
+        timings = server.client.complete("Once upon a time", 48, ignore_eos=True).timings
+    verify, draft = timings["draft_verify_cost_ms"], timings["draft_pass_cost_ms"]
+    assert len(verify) == 2 * 8 and len(draft) == 2, (verify, draft)
+    slope = (verify[7] - verify[0]) / 7  # sizes 1 and 8 are measured: the calibration's plain steps and full blocks
+    assert slope > 0
+    for size in range(9, 17):
+        assert verify[size - 1] == pytest.approx(verify[7] + slope * (size - 8), rel=1e-3, abs=1e-3), (size, verify)
 
 
 @pytest.mark.parametrize("extra", [(), ("-md", "DRAFTER", "--spec-type", "ngram-simple")],

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from dflash_gguf.runner.client import Completion
-from dflash_gguf.validation.bench import (ALONE, DRAFTER, BenchReport, Level, Pass, _level, check_levels, deal,
+from dflash_gguf.validation.bench import (ALONE, DRAFTER, BenchReport, Level, Pass, _level, check_levels, deal, repeats,
                                             stops_paying, verdict_line)
 from dflash_gguf.errors import ServerArgsError
 from tests.conftest import dflash_gguf
@@ -32,6 +32,13 @@ def test_prompts_are_dealt_so_every_pass_covers_each_prompt_and_streams_carry_eq
     assert check_levels([4, 1, 4, 2]) == (1, 2, 4)
 
 
+def test_a_round_goes_over_the_prompts_until_it_lasts_long_enough_to_time():
+    # 4 requests of ~30 ms (a small target): 0.12 s a pass, so 17 passes make a round of 2 s
+    assert repeats([0.03, 0.03], 4, 2.0) == 17
+    assert repeats([1.5, 2.5], 4, 2.0) == 1  # a slow target: one pass is long enough
+    assert repeats([0.03], 4, 0) == 1 and repeats([], 4, 2.0) == 1 and repeats([0.0], 4, 2.0) == 1
+
+
 def test_a_stream_whose_answer_differs_from_the_target_alone_is_not_identical():
     reference = [[1, 2, 3], [4, 5, 6]]
     jobs = deal(2, 2)
@@ -47,6 +54,10 @@ def test_a_stream_whose_answer_differs_from_the_target_alone_is_not_identical():
     assert row.aggregate_tokens_per_second == {ALONE: 6.0, DRAFTER: 12.0} and row.speedup == 2.0
     assert _level(2, jobs, alone[:1], spec[:1], reference).speed["speedup_unreliable"] == (
         "1 round measured, at least 3 are needed")
+    # a round above tau (the drafter at 3x with tau 2): a measuring error, none of the ratios in the JSON
+    faster = [Pass(p.answers, 1 / 3) for p in spec]
+    above = _level(2, jobs, alone, faster, reference)
+    assert above.speedup is None and above.speedup_runs == [] and "above tau" in above.speed["speedup_unreliable"]
     # the JSON's keys, as before the report was typed (validation/concurrency.py Level, BenchReport)
     assert list(row.to_dict()) == [
         "concurrency", "requests_per_stream", "rounds", "aggregate_tokens_per_second", "per_request_tokens_per_second",
@@ -87,12 +98,12 @@ def test_bench_at_one_and_two_streams_is_identical_on_every_stream_under_exact(t
     prompts.write_text("".join(trained_pair["prompts"].read_text().splitlines(keepends=True)[:3]))
     proc = dflash_gguf("bench", "--target", trained_pair["target"], "--draft", trained_pair["dflash"],
                        "--concurrency", "1,2", "--prompts", prompts, "-n", "24", "--rounds", "2", "--json",
-                       "--exact", "--backend", "cpu", "--", "-t", "1")
+                       "--min-round-seconds", "1", "--exact", "--backend", "cpu", "--", "-t", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["identical"] and [r["concurrency"] for r in report["levels"]] == [1, 2]
-    assert report["settings"] == {"levels": [1, 2], "n_predict": 24, "rounds": 2, "prompts": 3, "draft_max": 15,
-                                  "exact": True}
+    assert report["settings"] == {"levels": [1, 2], "n_predict": 24, "rounds": 2, "min_round_seconds": 1.0,
+                                  "prompts": 3, "draft_max": 15, "exact": True}
     assert "--no-repack" in report["launch"]["recipe"]
     # two rounds support no speedup: each level says why, and the verdict judges none
     assert all(r["speedup"] is None and
@@ -105,6 +116,8 @@ def test_bench_at_one_and_two_streams_is_identical_on_every_stream_under_exact(t
         assert row["rounds"] == 2 and len(row["speedup_runs"]) == 2 and row["speed"]["speedup_measured"] > 0
         assert len(row["streams"]) == n and all(s["identical"] for s in row["streams"])
         assert all(s["requests"] == 2 * row["requests_per_stream"] for s in row["streams"])
+        # 24 tokens take well under 0.3 s here: a round of 1 s goes over the prompts several times
+        assert row["requests_per_stream"] >= 2 * len(deal(3, n)[0]) and row["requests_per_stream"] % len(deal(3, n)[0]) == 0
         assert row["target_alone_identical"]
         assert all(v > 0 for v in row["aggregate_tokens_per_second"].values())
         # every slot the server ran answered and drafted; the trained drafter is accepted often
@@ -113,7 +126,7 @@ def test_bench_at_one_and_two_streams_is_identical_on_every_stream_under_exact(t
     assert {s["slot"] for s in report["levels"][1]["slots"]} == {0, 1}  # two streams, two slots busy
     table = dflash_gguf("bench", "--target", trained_pair["target"], "--draft", trained_pair["dflash"],
                         "--concurrency", "1", "--prompts", prompts, "-n", "8", "--rounds", "1", "--exact",
-                        "--", "-t", "1")
+                        "--min-round-seconds", "0", "--", "-t", "1")
     assert table.returncode == 0 and "streams" in table.stdout, table.stderr[-2000:]
     # one round supports no figure: the table shows none and says why
     assert "--  " in table.stdout and "-- at 1 stream(s): not measured reliably here: 1 round measured" in table.stdout
