@@ -393,13 +393,21 @@ def test_draft_length_auto_probes_cost_a_bounded_share(llama_bin: Path, trained_
 
     args = ["--parallel", "1", "-c", "1024", "-t", "1", "-md", trained_pair["dflash2"], "--spec-type", "draft-dflash",
             "--spec-draft-n-max", "auto", "-lv", "5"]
+    def waits_so_far() -> tuple[list, list]:
+        log = (tmp_path / "auto.log").read_text(errors="replace")
+        lines = [(d, c) for d, c in zip(AUTO_LINE.findall(log), AUTO_COSTS.findall(log))]
+        probes = [i for i, (d, _) in enumerate(lines) if d[5] == "probe"]
+        # waits between two probes with only parked steps between them (a draft resets the schedule to 8)
+        return lines, [(a, b - a) for a, b in zip(probes, probes[1:]) if all(lines[i][0][2] == "1" for i in range(a, b))]
+
     with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / "auto.log") as server:
-        server.client.complete(held_out_prompts()[0], 480, ignore_eos=True)
-    log = (tmp_path / "auto.log").read_text(errors="replace")
-    lines = [(d, c) for d, c in zip(AUTO_LINE.findall(log), AUTO_COSTS.findall(log))]
-    probes = [i for i, (d, _) in enumerate(lines) if d[5] == "probe"]
-    # waits between two probes with only parked steps between them (a draft resets the schedule to 8)
-    waits = [(a, b - a) for a, b in zip(probes, probes[1:]) if all(lines[i][0][2] == "1" for i in range(a, b))]
+        # the schedule carries over between requests; on a loaded machine a cost measured high or low can make a
+        # draft pay for a while (which restarts the schedule at 8): a few requests give a stretch that stays parked
+        for prompt in held_out_prompts()[:3]:
+            server.client.complete(prompt, 480, ignore_eos=True)
+            lines, waits = waits_so_far()
+            if waits and max(w for _, w in waits) > 64:
+                break
     assert waits and max(w for _, w in waits) > 64, f"waits between probes {waits}: capped at 0008's 64"
     for a, wait in waits:
         draft_ms, verify1_ms = float(lines[a][1][0]), float(lines[a][1][1])
