@@ -1,6 +1,8 @@
 """Why a speculative run is as fast as it is: how many drafts each step sent for verification, how
 often none (a plain target step: "parked"), and how often each depth of a draft was accepted, read
-from the steps llama-server logged (validation/server_steps.py).
+from the steps llama-server logged (validation/server_steps.py); from the responses' timings, the
+run's limit (the speedup its acceptance allows at the controller's measured costs) and where its
+time went, part by part, down to what it lost below that limit (patch 0020).
 
 Depth i of a step is its i-th drafted token; it is offered when the step sent at least i drafts and
 accepted when the target took at least i. `conditional` is the chance that depth i is accepted given
@@ -84,7 +86,9 @@ def run_limit(timings: Iterable[dict], slots: int = 1) -> dict | None:
     (`draft_full_*_per_depth`, patch 0008), E(n) = 1 + sum_k prod_{i<=k} a_i tokens per step at
     draft(slots) [n > 0] + verify(slots * (n + 1)) ms (patch 0013: `draft_pass_cost_ms`,
     `draft_verify_cost_ms`), against one token per verify(slots) ms; requests weighted by the
-    tokens they produced. None without those fields (a static length, or a build without 0013)."""
+    tokens they produced; `ms_per_token`: the time a request waits per token at the limit (the whole
+    step, which every slot in it waits through). None without those fields (a static length, or a
+    build without 0013)."""
     timings = [t for t in timings if t.get("draft_verify_cost_ms")]
     if not timings:
         return None
@@ -101,7 +105,7 @@ def run_limit(timings: Iterable[dict], slots: int = 1) -> dict | None:
     if not tokens or spent <= 0:
         return None
     return {"limit": round(tokens * plain / spent, 3), "best_lengths": {str(n): c for n, c in sorted(lengths.items())},
-            "verify_ms": round(plain, 3), "slots": slots}
+            "verify_ms": round(plain, 3), "slots": slots, "ms_per_token": round(spent / tokens, 6)}
 
 
 def _costs(t: dict):
@@ -136,13 +140,85 @@ def _step_ms(n: int, slots: int, verify, draft) -> float:
     return max((draft(slots) if n else 0.0) + verify(slots * (n + 1)), 1e-6)
 
 
+# patch 0020's parts of a response's generation time, and what report lines call them
+TIME_PARTS = {"target": "the target's steps", "draft": "draft passes", "feed": "drafter feed",
+              "sample": "sampling"}
+REST = "the rest (host, controller, other slots' prompts)"
+
+
+def time_split(timings: Iterable[dict], slots: int = 1) -> dict | None:
+    """Where the generation's time went, as each request waited through it (patch 0020's `spec_time_ms`:
+    a step shared by several slots counts whole for each), summed over the responses (`rest`:
+    predicted_ms less the parts: host round trips, batch building, the controller, and with several
+    slots their prompts' steps, which the generating slots wait through) and, where the
+    responses carry the controller's costs (0013), what was lost below the limit, per generated token:
+    the measured time less the limit's (run_limit) is split exactly into `draft_lengths` (the lengths
+    chosen, at the controller's prices, over the best length per request; with several slots every
+    step priced as if all chose the request's length), `draft_passes` (measured draft passes over the
+    price of the steps that drafted: probes, other slots' drafts, passes dearer than priced),
+    `target` (the target's steps over their price), `feed`, `sample` and `rest`. None without 0020."""
+    timings = [t for t in timings if t.get("spec_time_ms")]
+    # the tokens of predicted_ms' window: a request's first token comes with its prompt
+    tokens = sum(max(int(t.get("predicted_n") or 0) - 1, 0) for t in timings)
+    if not timings or not tokens:
+        return None
+    parts = {k: sum(float(t["spec_time_ms"].get(k, 0.0)) for t in timings) for k in TIME_PARTS}
+    generation = sum(float(t.get("predicted_ms") or 0.0) for t in timings)
+    parts["rest"] = max(generation - sum(parts.values()), 0.0)
+    out: dict = {"generation_ms": round(generation, 3), "tokens": tokens,
+                 "parts_ms": {k: round(v, 3) for k, v in parts.items()}}
+    limit = run_limit(timings, slots)
+    if limit is not None:
+        verify, draft = _costs(max(timings, key=lambda t: len(t["draft_verify_cost_ms"])))
+        priced_verify = priced_draft = 0.0
+        for t in timings:
+            for n, steps in enumerate(t.get("draft_n_chosen_hist") or []):
+                priced_verify += steps * verify(slots * (n + 1))
+                priced_draft += steps * (draft(slots) if n else 0.0)
+        limit_ms = limit["ms_per_token"] * tokens
+        lost = {"draft_lengths": priced_verify + priced_draft - limit_ms,
+                "draft_passes": parts["draft"] - priced_draft,
+                "target": parts["target"] - priced_verify,
+                "feed": parts["feed"], "sample": parts["sample"], "rest": parts["rest"]}
+        out["below_limit"] = {"measured_ms_per_token": round(sum(parts.values()) / tokens, 4),
+                              "limit_ms_per_token": round(limit["ms_per_token"], 4),
+                              "lost_ms_per_token": {k: round(v / tokens, 4) for k, v in lost.items()}}
+    return out
+
+
 def limit_fields(timings: Iterable[dict], speedup: float | None, slots: int = 1) -> dict:
-    """`limit` (run_limit) and `measured_over_limit` for a report's speed section; {} without costs."""
+    """`limit` (run_limit) and `measured_over_limit` for a report's speed section, and `time`
+    (time_split) where the responses carry it; {} with neither."""
+    timings = list(timings)
+    out: dict = {}
+    if (time := time_split(timings, slots)) is not None:
+        out["time"] = time
     limit = run_limit(timings, slots)
     if limit is None:
-        return {}
+        return out
     ratio = round(speedup / limit["limit"], 3) if speedup is not None and limit["limit"] > 0 else None
-    return {"limit": limit, "measured_over_limit": ratio}
+    return {"limit": limit, "measured_over_limit": ratio, **out}
+
+
+def time_lines(speed: dict) -> list[str]:
+    """Where a run's generation time went, and what it lost below its limit (time_split), as validate
+    and bench print them under the limit line."""
+    time = speed.get("time")
+    if not time:
+        return []
+    parts, total = time["parts_ms"], time["generation_ms"] or 1.0
+    names = {**TIME_PARTS, "rest": REST}
+    lines = ["time by part: " + ", ".join(f"{names[k]} {v / total:.1%}" for k, v in parts.items())
+             + f" of {total / 1000:.2f} s generating"]
+    if below := time.get("below_limit"):
+        lost = below["lost_ms_per_token"]
+        labels = {"draft_lengths": "draft lengths chosen", "draft_passes": "draft passes beyond them (probes, other slots')",
+                  "target": "the target's steps beyond their price", "feed": "drafter feed",
+                  "sample": "sampling", "rest": "the rest"}
+        lines.append(f"below the limit: {below['measured_ms_per_token']:.3f} ms per token against "
+                     f"{below['limit_ms_per_token']:.3f} at the limit; "
+                     + ", ".join(f"{labels[k]} {v:+.3f}" for k, v in lost.items()))
+    return lines
 
 
 def limit_line(speed: dict) -> str | None:

@@ -17,7 +17,7 @@ from dflash_gguf.hub.resolve import HubRef
 from dflash_gguf.options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, n_predict_option,
                        prompts_option, rounds_option, seed_option, target_option)
 from . import charts as chart
-from .acceptance import drafting_lines, limit_line
+from .acceptance import drafting_lines, limit_line, time_lines
 from .bench import ALONE, DEFAULT_LEVELS, DRAFTER, BenchReport, BenchSettings, concurrency_curve, verdict_line
 from .suites import DEFAULT_LIMIT, SUITES, draw_suites, markdown, parse_suites, run_suites
 from .validate import ValidationSettings
@@ -58,7 +58,7 @@ def print_curve(report: BenchReport) -> None:
             f"NO: {sum(not s['identical'] for s in r.streams)} of {len(r.streams)} streams differ"
         click.echo(f"{r.concurrency:>7}  {agg[ALONE]:>10.1f} {agg[DRAFTER]:>10.1f}  {per[ALONE] or 0:>9.1f} "
                    f"{per[DRAFTER] or 0:>9.1f}  {_speedup(r.speedup):>7}  {r.tau:>5.2f}  {slots:<24} {same}")
-        for line in [*drafting_lines(r.drafting), limit_line(r.speed)]:
+        for line in [*drafting_lines(r.drafting), limit_line(r.speed), *time_lines(r.speed)]:
             if line:
                 click.echo(f"{'':>9}{line}")
         if not r.target_alone_identical:

@@ -22,7 +22,7 @@ from dflash_gguf.outputs import Input, Output, Replace, check_outputs, write_tex
 from dflash_gguf.runner.prompts import BUILTIN_PROMPTS, read_prompts
 from dflash_gguf.runner.speed import MIN_ROUNDS, shown
 from dflash_gguf.settings import option, refusal, settings_command
-from .acceptance import drafting_lines, limit_line
+from .acceptance import drafting_lines, limit_line, time_lines
 from .distribution import DEFAULT_ALPHA
 from .validate import ValidationReport, ValidationSettings, is_report, validate, verdict
 from .validate_sampled import DistributionReport, Sampling, validate_distribution
@@ -127,8 +127,9 @@ def _print_table(report: ValidationReport) -> None:
     click.echo(f"tokens/s target alone   {tps['target']:.1f} (median round)")
     click.echo(f"tokens/s speculative    {tps['speculative']:.1f} (median round)")
     click.echo(f"speedup                 {shown(report.speed)}")
-    if line := limit_line(report.speed):
-        click.echo(f"                        {line}")
+    for line in [limit_line(report.speed), *time_lines(report.speed)]:
+        if line:
+            click.echo(f"                        {line}")
     click.echo(f"llama.cpp               {report.llama['backend']} build {report.llama['build']}")
     launch = report.launch
     click.echo(f"llama-server            serve's launch: {' '.join(launch['recipe'])}")
