@@ -555,10 +555,11 @@ def test_draft_length_auto_probes_a_new_request_and_together(llama_bin: Path, tr
                                                              tmp_path: Path):
     """Patch 0021: a parked slot probes at a new request's first step where that draft pass costs at most
     1 % of the plain steps the request may take (draft <= 0.01 x verify1 x tokens left: a 1500-token
-    request, not a 16-token one), and a parked slot half way to its probe joins a draft pass another
-    slot makes in the same step (`why=probe_join`, logged right after that slot's drafting line).
+    request, not a 16-token one); with two slots, a parked slot joins a draft pass the other slot makes
+    in the same step, probing (`why=probe_join`) or drafting beside it where alone it would park
+    (`why=ride`, logged right after that slot's drafting line), and a ride keeps its probe schedule.
     Unpatched: a new request waits out the probe schedule of the one before (its first step is a plain
-    step), and every slot probes on its own schedule."""
+    step), and a parked slot that drafted beside another's pass restarted its probes at every 8 steps."""
     from training.fixtures.trained_gguf import held_out_prompts
 
     prompts = held_out_prompts()
