@@ -130,6 +130,15 @@ def rounds_option(default: int | None = 3):
              "reported as not measured reliably.")
 
 
+fresh_servers_option = click.option(
+    "--fresh-servers", is_flag=True,
+    help="Start a new pair of servers (the target alone's and the drafter's) for each round, the one started "
+         "first alternating, instead of one pair for the whole run: two llama-server processes of one command "
+         "can differ by several per cent for as long as they run (docs/speed.md#fresh-servers), an offset "
+         "every round of one pair shares; with new pairs it lands in the rounds' range. Costs two server "
+         "starts per round.")
+
+
 def out_option(*, required: bool = False, folder: bool = False, dest: str = "out"):
     """-o/--out: the command's output, a file (convert) or a folder it builds (`folder`: release, train)."""
     return click.option("-o", "--out", dest, required=required, type=OutputFile(folder),

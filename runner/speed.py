@@ -8,6 +8,12 @@ prompt and by round (A B, B A, ...). A round's ratio is B's tokens/s over A's, e
 own generation timings summed over the round; the speedup is the median of the rounds, printed with
 their range and count.
 
+Two llama-server processes started by one command can differ by several per cent for as long as they
+run (this project's 2-core VM: five pairs of target-alone servers, the medians of their rounds 0.915-1.006,
+docs/speed.md#fresh-servers), which interleaving within one pair does not average out: every round
+carries the same offset. `ServerPairs(fresh=True)` starts a new pair for each round instead, the one
+started first alternating, so that offset lands in the rounds' spread, where the judgement sees it.
+
 What the run cannot support is withheld, never printed as a number (`Speedup.unreliable` says why):
 - a ratio above tau: every verify step costs at least one target token, so drafting can give at most
   tau times the target alone's speed; a round beyond it is a measuring error;
@@ -22,12 +28,14 @@ from __future__ import annotations
 
 import os
 import statistics
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from dflash_gguf.progress import Progress, stage
 
 from .client import Completion, LlamaClient
+from .server import LlamaServer
 
 MIN_ROUNDS = 3
 # a range this narrow is a figure, even when its median lies within it of 1x
@@ -165,6 +173,7 @@ class Rounds:
     speculative: list[float]
     answers: list[Completion]      # the speculative server's, every round (acceptance counts)
     load: float | None
+    server_pairs: int = 1          # pairs of servers the rounds ran on (ServerPairs.started)
 
     @property
     def ratios(self) -> list[float]:
@@ -179,11 +188,46 @@ class Rounds:
                 "speculative": round(statistics.median(self.speculative), 2) if self.speculative else 0.0}
 
 
-def interleaved_rounds(alone: LlamaClient, speculative: LlamaClient, prompts: Sequence[Sequence[int]],
+class ServerPairs:
+    """The target alone's server and the speculative one that each round of a measurement runs on
+    (a context manager; `pair(r)` gives round r's two, started and warmed up): the same two for every
+    round, or with `fresh` a new pair per round, the previous one stopped first, the one started first
+    alternating by round (module docstring). `make` builds an unstarted server of each side;
+    `warm_up(server)` sends what is not measured."""
+
+    def __init__(self, make: tuple[Callable[[], LlamaServer], Callable[[], LlamaServer]], fresh: bool,
+                 warm_up: Callable[[LlamaServer], object]):
+        self.make, self.fresh, self.warm_up = make, fresh, warm_up
+        self.started = 0  # pairs started, for the report
+        self._stack = ExitStack()
+        self._pair: tuple[LlamaServer, LlamaServer] | None = None
+
+    def __enter__(self) -> "ServerPairs":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stack.close()
+
+    def pair(self, r: int) -> tuple[LlamaServer, LlamaServer]:
+        if self._pair is None or self.fresh:
+            self._stack.close()
+            order = (0, 1) if r % 2 == 0 else (1, 0)
+            servers: dict[int, LlamaServer] = {}
+            for side in order:
+                servers[side] = self._stack.enter_context(self.make[side]())
+            for side in order:
+                self.warm_up(servers[side])
+            self._pair = (servers[0], servers[1])
+            self.started += 1
+        return self._pair
+
+
+def interleaved_rounds(pairs: Callable[[int], tuple[LlamaClient, LlamaClient]], prompts: Sequence[Sequence[int]],
                        ask: Callable[[LlamaClient, Sequence[int]], Completion], rounds: int,
                        progress: Progress | None = None) -> Rounds:
     """`rounds` passes over `prompts`, each prompt sent to both servers one after the other, the first
-    alternating by prompt and round. `ask` sends one request (the same for both)."""
+    alternating by prompt and round. `pairs(r)`: round r's clients, the target alone's and the
+    speculative server's (ServerPairs). `ask` sends one request (the same for both)."""
     out = Rounds([], [], [], load_average())
     with stage(progress, "speed: requests", total=2 * rounds * len(prompts)) as requests:
         def answer(client: LlamaClient, ids: Sequence[int]) -> Completion:
@@ -192,6 +236,7 @@ def interleaved_rounds(alone: LlamaClient, speculative: LlamaClient, prompts: Se
             return completion
 
         for r in range(rounds):
+            alone, speculative = pairs(r)
             mine: list[Completion] = []
             theirs: list[Completion] = []
             for i, ids in enumerate(prompts):

@@ -40,7 +40,7 @@ from dflash_gguf.runner.client import Completion, LlamaClient
 from dflash_gguf.runner.launch import ONE_CLIENT_PER_RPC_SERVER, Launch, launch_recipe, parse_server_args
 from dflash_gguf.runner.build import build_info
 from dflash_gguf.runner.measure import measuring_launch
-from dflash_gguf.runner.speed import judge, load_average, shown
+from dflash_gguf.runner.speed import ServerPairs, judge, load_average, shown
 from dflash_gguf.settings import Settings, refusal
 from .acceptance import limit_fields, timings_profile
 from .validate import ValidationSettings, run_server
@@ -58,6 +58,7 @@ class BenchSettings(Settings):
     levels: tuple[int, ...] = DEFAULT_LEVELS
     n_predict: int = 64
     rounds: int = 3
+    fresh_servers: bool = False  # a new pair of servers for each round (runner/speed.ServerPairs)
     min_round_seconds: float = 2.0
     backend: str | None = None
     llama_bin: Path | None = None
@@ -185,6 +186,7 @@ class Level:
     concurrency: int
     requests_per_stream: int
     rounds: int
+    server_pairs: int  # pairs of servers the rounds ran on (--fresh-servers: one per round)
     aggregate_tokens_per_second: dict[str, float]  # ALONE / DRAFTER: median over the rounds
     per_request_tokens_per_second: dict[str, float | None]  # ALONE / DRAFTER: the server's own timing, median
     speedup: float | None  # median of the rounds' drafter / alone aggregate; None: not measured reliably
@@ -228,7 +230,8 @@ class BenchReport:
                 "finished_at": self.finished_at}
 
 
-def _level(n: int, jobs: list[list[int]], alone: list[Pass], spec: list[Pass], reference: list[list[int]]) -> Level:
+def _level(n: int, jobs: list[list[int]], alone: list[Pass], spec: list[Pass], reference: list[list[int]],
+           server_pairs: int = 1) -> Level:
     speedups = [s.aggregate / a.aggregate for a, s in zip(alone, spec) if a.aggregate > 0]
     produced = sum(p.tokens for p in spec)
     requests = sum(len(s) for p in spec for s in p.answers)
@@ -243,6 +246,7 @@ def _level(n: int, jobs: list[list[int]], alone: list[Pass], spec: list[Pass], r
         concurrency=n,
         requests_per_stream=len(jobs[0]),
         rounds=len(speedups),
+        server_pairs=server_pairs,
         aggregate_tokens_per_second={ALONE: round(statistics.median(p.aggregate for p in alone), 2),
                                      DRAFTER: round(statistics.median(p.aggregate for p in spec), 2)},
         per_request_tokens_per_second={ALONE: _per_request(alone), DRAFTER: _per_request(spec)},
@@ -294,9 +298,9 @@ def _verdict(levels: Sequence[Level]) -> str:
 
 
 def _servers(launch: Launch, n: int, prompts: Sequence[str], n_predict: int, bin_dir: Path):
-    """The target alone's server and the drafter's, both with N slots and room in each for the prompts."""
+    """Makers of the target alone's server and the drafter's, both with N slots and room in each for the prompts."""
     base = measuring_launch(dataclasses.replace(launch, parallel=n), prompts, n_predict)
-    return base.alone().server(bin_dir=bin_dir), base.server(bin_dir=bin_dir)
+    return lambda: base.alone().server(bin_dir=bin_dir), lambda: base.server(bin_dir=bin_dir)
 
 
 def concurrency_curve(target: str | Path, draft: str | Path, prompts: Sequence[str], settings: BenchSettings,
@@ -321,24 +325,25 @@ def concurrency_curve(target: str | Path, draft: str | Path, prompts: Sequence[s
         jobs = deal(len(prompt_ids), n)
         times = repeats(request_seconds, sum(map(len, jobs)), settings.min_round_seconds)
         jobs = [indices * times for indices in jobs]
-        alone_server, spec_server = _servers(launch, n, prompts, settings.n_predict, bin_dir)
         progress(f"concurrency {n}: two servers (-np {n}), {n} streams x {len(jobs[0])} requests"
                  + (f" (the prompts {times} times over: a round of at least {settings.min_round_seconds:g} s)"
-                    if times > 1 else "") + f", {settings.rounds} round(s)")
-        with alone_server, spec_server:
-            for server in (alone_server, spec_server):  # warm-up, not measured
-                server.client.complete(prompt_ids[0][:8], 4, cache_prompt=False)
+                    if times > 1 else "") + f", {settings.rounds} round(s)"
+                 + (", a new pair of servers each round" if settings.fresh_servers else ""))
+        warm_up = lambda server: server.client.complete(prompt_ids[0][:8], 4, cache_prompt=False)  # noqa: E731
+        with ServerPairs(_servers(launch, n, prompts, settings.n_predict, bin_dir), settings.fresh_servers,
+                         warm_up) as servers:
             alone, spec = [], []
             per_pass = sum(map(len, jobs))
             with stage(progress, f"concurrency {n}: requests", total=2 * settings.rounds * per_pass) as requests:
                 for r in range(settings.rounds):
+                    alone_server, spec_server = servers.pair(r)
                     order = [(alone_server, alone), (spec_server, spec)]
                     for server, into in (order if r % 2 == 0 else order[::-1]):
                         into.append(run_pass(server.client, jobs, prompt_ids, settings.n_predict, requests))
                     # tokens/s only: a round's ratio is judged with the others (runner/speed.py), never printed alone
                     requests.say(f"concurrency {n} round {r + 1}: target alone {alone[-1].aggregate:.1f}, "
                                  f"drafter {spec[-1].aggregate:.1f} tok/s aggregate")
-        row = _level(n, jobs, alone, spec, reference)
+        row = _level(n, jobs, alone, spec, reference, servers.started)
         rows.append(row)
         same = sum(s["identical"] for s in row.streams)
         progress(f"concurrency {n}: {shown(row.speed)}, tau {row.tau:.2f}, "
@@ -347,6 +352,7 @@ def concurrency_curve(target: str | Path, draft: str | Path, prompts: Sequence[s
     return BenchReport(
         target=str(target), draft=str(draft), levels=rows,
         settings={"levels": list(levels), "n_predict": settings.n_predict, "rounds": settings.rounds,
+                  "fresh_servers": settings.fresh_servers,
                   "min_round_seconds": settings.min_round_seconds,
                   "prompts": len(prompt_ids), "draft_max": launch.draft_setting, "exact": settings.exact},
         launch=launch.summary(), llama=build_info(bin_dir, settings.backend), warnings=list(launch.warnings),

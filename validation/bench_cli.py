@@ -15,7 +15,7 @@ from dflash_gguf.errors import OptionError
 from dflash_gguf.hub import resolve as hub
 from dflash_gguf.hub.resolve import HubRef
 from dflash_gguf.options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, n_predict_option,
-                       prompts_option, rounds_option, seed_option, target_option)
+                       prompts_option, rounds_option, fresh_servers_option, seed_option, target_option)
 from . import charts as chart
 from .acceptance import drafting_lines, limit_line, time_lines
 from .bench import ALONE, DEFAULT_LEVELS, DRAFTER, BenchReport, BenchSettings, concurrency_curve, verdict_line
@@ -113,8 +113,9 @@ class BenchCommandSettings(BenchSettings):
 
     def validation(self) -> ValidationSettings:
         """How each suite's prompts are validated (--suite)."""
-        return ValidationSettings(n_predict=self.n_predict, rounds=self.rounds, exact=self.exact,
-                                  backend=self.backend, llama_bin=self.llama_bin, server_args=list(self.server_args))
+        return ValidationSettings(n_predict=self.n_predict, rounds=self.rounds, fresh_servers=self.fresh_servers,
+                                  exact=self.exact, backend=self.backend, llama_bin=self.llama_bin,
+                                  server_args=list(self.server_args))
 
 
 @click.command("bench", cls=ServerArgsCommand)
@@ -138,6 +139,7 @@ class BenchCommandSettings(BenchSettings):
                    "accepted-length histogram per suite. Needs the [charts] extra (matplotlib).")
 @n_predict_option()
 @rounds_option()
+@fresh_servers_option
 @click.option("--min-round-seconds", type=click.FloatRange(0, 3600), default=2.0, show_default=True,
               help="A round's pass goes over the prompts as many times as make it last at least this long "
                    "(estimated from the one-slot reference's timings): rounds of a fraction of a second, as "

@@ -40,7 +40,7 @@ from dflash_gguf.runner.launch import Launch, launch_recipe, with_rpc
 from dflash_gguf.runner.measure import (Progress, ServerRun, acceptance_rate, first_divergence, mean_acceptance_length,
                               measuring_launch)
 from dflash_gguf.runner.prompts import Prompt, size_bound, tokenize_prompts
-from dflash_gguf.runner.speed import Rounds, Speedup, interleaved_rounds, not_measured
+from dflash_gguf.runner.speed import Rounds, ServerPairs, Speedup, interleaved_rounds, not_measured
 from .acceptance import depth_profile, limit_fields
 from .draft_parity import draft_parity
 from .lossless import MISMATCH, NUMERICAL, judge, noise_by_width
@@ -67,6 +67,7 @@ class ValidationSettings(Settings):
     reference_draft: Path | HubRef | None = None  # z-lab HF checkpoints (or repo ids): run the PyTorch reference too
     reference_target: Path | HubRef | None = None
     rounds: int = 3                      # interleaved speed rounds (runner/speed.py); 0: speed not measured
+    fresh_servers: bool = False          # a new pair of servers for each round (runner/speed.ServerPairs)
     speed_prompts: int | None = None     # the rounds send the first this many prompts (None: all)
     rpc: str | None = None               # --rpc: the target over rpc-servers (folded into the server arguments)
 
@@ -143,17 +144,17 @@ def measure_speed(speed_launch: Launch, target: Path, prompt_ids: list[list[int]
         return None, not_measured("the target is spread over --rpc servers, which serve one llama-server at a "
                                   "time, so the target alone and the speculative server cannot take turns")
     progress(f"speed: the target alone and the speculative server up together, {settings.rounds} interleaved "
-             f"round(s) over {len(prompt_ids)} prompt(s)")
+             f"round(s) over {len(prompt_ids)} prompt(s)" + (", a new pair of servers each round" if settings.fresh_servers else ""))
 
     def ask(client: LlamaClient, ids) -> Completion:
         return client.complete(ids, settings.n_predict, temperature=settings.temperature, seed=0,
                                cache_prompt=False)
 
-    with speed_launch.alone(target).server(bin_dir=bin_dir) as alone, \
-            speed_launch.server(bin_dir=bin_dir) as spec:
-        for server in (alone, spec):
-            ask(server.client, prompt_ids[0][:8])  # warm-up, not measured
-        rounds = interleaved_rounds(alone.client, spec.client, prompt_ids, ask, settings.rounds, progress)
+    make = (lambda: speed_launch.alone(target).server(bin_dir=bin_dir), lambda: speed_launch.server(bin_dir=bin_dir))
+    with ServerPairs(make, settings.fresh_servers, lambda server: ask(server.client, prompt_ids[0][:8])) as servers:
+        rounds = interleaved_rounds(lambda r: tuple(s.client for s in servers.pair(r)), prompt_ids, ask,
+                                    settings.rounds, progress)
+        rounds.server_pairs = servers.started
     totals = ServerRun(rounds.answers, rounds.answers).totals()
     tau = mean_acceptance_length(totals["produced"], totals["accepted"], len(rounds.answers))
     return rounds, rounds.speedup(tau)  # 1.0 when nothing was drafted: a plain step's token per step
@@ -329,7 +330,7 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], s
         positions_checked=sum(r.positions_checked for r in results),
         tokens_per_second=rounds.tokens_per_second() if rounds else {"target": 0.0, "speculative": 0.0},
         speedup=speedup.to_dict()["speedup"],
-        speed={**speedup.to_dict(), "rounds": settings.rounds,
+        speed={**speedup.to_dict(), "rounds": settings.rounds, "server_pairs": rounds.server_pairs if rounds else 0,
                "prompts": len(rounds.answers) // max(settings.rounds, 1) if rounds else 0,
                **limit_fields((c.timings for c in rounds.answers) if rounds else (), speedup.to_dict()["speedup"],
                               launch.parallel),
@@ -338,7 +339,7 @@ def validate(target: str | Path, draft: str | Path, prompts: Sequence[Prompt], s
         divergences=divergences,
         replay=replay_info,
         settings={"n_predict": settings.n_predict, "parallel": launch.parallel, "exact": settings.exact,
-                  "rounds": settings.rounds,
+                  "rounds": settings.rounds, "fresh_servers": settings.fresh_servers,
                   "temperature": settings.temperature, "draft_max": launch.draft_setting,
                   "tree_budget": launch.tree_budget, "tree_p_min": launch.tree_p_min, "baseline": str(baseline)},
         launch={**launch.summary(), "speculative_command": spec_command, "target_command": alone_command},

@@ -16,7 +16,7 @@ from dflash_gguf.hub.model_param import ModelParam
 from dflash_gguf.hub import resolve as hub
 from dflash_gguf.hub.resolve import HubRef
 from dflash_gguf.options import (GGUF, OUTPUT_FILE, ServerArgsCommand, build_options, draft_option, exact_option, json_option,
-                       n_predict_option, parallel_option, prompts_option, rounds_option, rpc_option, seed_option, target_option,
+                       n_predict_option, parallel_option, prompts_option, rounds_option, fresh_servers_option, rpc_option, seed_option, target_option,
                        temperature_option, threads_option)
 from dflash_gguf.outputs import Input, Output, Replace, check_outputs, write_text
 from dflash_gguf.runner.prompts import BUILTIN_PROMPTS, read_prompts
@@ -217,6 +217,7 @@ class ValidateSettings(ValidationSettings):
 @click.option("--alpha", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
               help=f"With --temperature: significance level of the test (default {DEFAULT_ALPHA}).")
 @rounds_option(MIN_ROUNDS)
+@fresh_servers_option
 @click.option("--speed-prompts", type=click.IntRange(1),
               help="The speed rounds send only the first N prompts (default: all); the proof covers all.")
 @click.option("--strict", is_flag=True, help="Fail unless the output is also identical to the target alone.")

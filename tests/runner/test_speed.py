@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from dflash_gguf.runner.client import Completion
@@ -52,7 +54,44 @@ def test_rounds_alternate_which_server_goes_first_by_prompt_and_round():
         sent.append((server, tuple(ids)))
         return _answer(10, 100.0 if server == "alone" else 50.0)
 
-    rounds = interleaved_rounds("alone", "spec", [[1], [2]], ask, rounds=2)
+    rounds = interleaved_rounds(lambda r: ("alone", "spec"), [[1], [2]], ask, rounds=2)
     assert sent == [("alone", (1,)), ("spec", (1,)), ("spec", (2,)), ("alone", (2,)),
                     ("spec", (1,)), ("alone", (1,)), ("alone", (2,)), ("spec", (2,))]
     assert rounds.ratios == [2.0, 2.0] and rounds.tokens_per_second() == {"target": 100.0, "speculative": 200.0}
+
+
+@pytest.mark.integration
+def test_fresh_server_pairs_are_new_processes_started_in_turn(target_gguf, llama_bin):
+    """ServerPairs(fresh=True): each round's two servers are new llama-server processes, the last
+    round's stopped before they start, the side started first alternating by round; without
+    `fresh` every round gets the same two."""
+    from dflash_gguf.runner.server import LlamaServer
+    from dflash_gguf.runner.speed import ServerPairs
+
+    started, warmed = [], []
+
+    def maker(side):
+        def make():
+            started.append(side)
+            return LlamaServer(target_gguf, ["-t", "1", "-c", "256"], bin_dir=llama_bin)
+        return make
+
+    def warm_up(server):
+        warmed.append(server.pid)
+        server.client.complete([1, 2, 3], 2, cache_prompt=False)
+
+    def alive(pid):
+        return Path(f"/proc/{pid}").exists()
+
+    with ServerPairs((maker("alone"), maker("spec")), True, warm_up) as pairs:
+        pids = []
+        for r in range(3):
+            pids.append([server.pid for server in pairs.pair(r)])
+            assert all(alive(pid) for pid in pids[-1])
+            assert not any(alive(pid) for pair in pids[:-1] for pid in pair)  # stopped before these started
+        assert pairs.started == 3
+    assert not any(alive(pid) for pid in pids[-1])
+    assert started == ["alone", "spec", "spec", "alone", "alone", "spec"]
+    assert sorted(warmed) == sorted(pid for pair in pids for pid in pair) and len(set(warmed)) == 6
+    with ServerPairs((maker("alone"), maker("spec")), False, warm_up) as pairs:
+        assert pairs.pair(0) is pairs.pair(1) and pairs.started == 1

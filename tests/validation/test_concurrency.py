@@ -60,7 +60,8 @@ def test_a_stream_whose_answer_differs_from_the_target_alone_is_not_identical():
     assert above.speedup is None and above.speedup_runs == [] and "above tau" in above.speed["speedup_unreliable"]
     # the JSON's keys, as before the report was typed (validation/concurrency.py Level, BenchReport)
     assert list(row.to_dict()) == [
-        "concurrency", "requests_per_stream", "rounds", "aggregate_tokens_per_second", "per_request_tokens_per_second",
+        "concurrency", "requests_per_stream", "rounds", "server_pairs", "aggregate_tokens_per_second",
+        "per_request_tokens_per_second",
         "speedup", "speedup_runs", "speed", "tau", "acceptance_rate", "slots", "drafting", "identical", "streams", "target_alone_identical",
         "target_alone_streams"]
     report = BenchReport("t.gguf", "d.gguf", [row], {}, {}, {}, [], "2026-12-03T00:00:00Z")
@@ -71,7 +72,7 @@ def test_a_stream_whose_answer_differs_from_the_target_alone_is_not_identical():
 
 def test_where_drafting_stops_paying_is_read_from_the_curve():
     def rows(*speedups):
-        return [Level(2 ** i, 1, 1, {}, {}, s, [s], {"speedup": s}, 1.0, 0.0, [], {}, True, [], True, [])
+        return [Level(2 ** i, 1, 1, 1, {}, {}, s, [s], {"speedup": s}, 1.0, 0.0, [], {}, True, [], True, [])
                 for i, s in enumerate(speedups)]
 
     assert stops_paying(rows(1.8, 1.2, 0.9, 0.7)) == 4
@@ -98,12 +99,12 @@ def test_bench_at_one_and_two_streams_is_identical_on_every_stream_under_exact(t
     prompts.write_text("".join(trained_pair["prompts"].read_text().splitlines(keepends=True)[:3]))
     proc = dflash_gguf("bench", "--target", trained_pair["target"], "--draft", trained_pair["dflash"],
                        "--concurrency", "1,2", "--prompts", prompts, "-n", "24", "--rounds", "2", "--json",
-                       "--min-round-seconds", "1", "--exact", "--backend", "cpu", "--", "-t", "1")
+                       "--min-round-seconds", "1", "--exact", "--backend", "cpu", "--fresh-servers", "--", "-t", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["identical"] and [r["concurrency"] for r in report["levels"]] == [1, 2]
-    assert report["settings"] == {"levels": [1, 2], "n_predict": 24, "rounds": 2, "min_round_seconds": 1.0,
-                                  "prompts": 3, "draft_max": 15, "exact": True}
+    assert report["settings"] == {"levels": [1, 2], "n_predict": 24, "rounds": 2, "fresh_servers": True,
+                                  "min_round_seconds": 1.0, "prompts": 3, "draft_max": 15, "exact": True}
     assert "--no-repack" in report["launch"]["recipe"]
     # two rounds support no speedup: each level says why, and the verdict judges none
     assert all(r["speedup"] is None and
@@ -114,6 +115,7 @@ def test_bench_at_one_and_two_streams_is_identical_on_every_stream_under_exact(t
     for row in report["levels"]:
         n = row["concurrency"]
         assert row["rounds"] == 2 and len(row["speedup_runs"]) == 2 and row["speed"]["speedup_measured"] > 0
+        assert row["server_pairs"] == 2  # --fresh-servers: a new pair for each round
         assert len(row["streams"]) == n and all(s["identical"] for s in row["streams"])
         assert all(s["requests"] == 2 * row["requests_per_stream"] for s in row["streams"])
         # 24 tokens take well under 0.3 s here: a round of 1 s goes over the prompts several times
