@@ -12,7 +12,7 @@ Prompt sets and pairs: benchmarks/prompt_sets.py (`chat`, `code`, `mixed`, `writ
 
     python -m benchmarks.controller [--pair smollm2|trained|memory-bound] [--types F16] [--drafters dflash2] [--sets chat,code,mixed]
                                     [--rounds 3] [--n-predict 64] [--prompts 4]
-                                    [--static 1,3,block|none]
+                                    [--static 1,3,block|none] [--fresh]
 
 JSON on stdout, progress on stderr; docs/speed.md#the-draft-length-controller shows the table.
 """
@@ -20,7 +20,6 @@ JSON on stdout, progress on stderr; docs/speed.md#the-draft-length-controller sh
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
@@ -31,7 +30,7 @@ from dflash_gguf.runner.build import find_bin_dir
 from dflash_gguf.runner.launch import launch_recipe, read_draft
 from dflash_gguf.runner.measure import mean_acceptance_length
 from dflash_gguf.runner.prompts import tokenize_prompts
-from dflash_gguf.runner.speed import judge, shown
+from dflash_gguf.runner.speed import RoundServers, judge, shown
 from dflash_gguf.validation.acceptance import limit_fields, timings_profile
 from benchmarks.side_by_side import measure_side_by_side, progress
 from benchmarks.prompt_sets import pair_files, prompt_set
@@ -49,20 +48,21 @@ def settings(draft: Path, statics: str = "1,3,block") -> dict[str, int | str]:
 
 
 def measure(target: Path, draft: Path, texts: list, rounds: int, n_predict: int, bin_dir: Path,
-            statics: str = "1,3,block", other_builds: dict[str, Path] | None = None) -> dict:
+            statics: str = "1,3,block", other_builds: dict[str, Path] | None = None, fresh: bool = False) -> dict:
     """`other_builds`: label -> another build's bin folder whose auto runs beside this build's
-    (as "auto (label)"), to measure a change of the controller side by side."""
-    with contextlib.ExitStack() as stack:
-        launches = {ALONE: launch_recipe(target, None, server_args=["-c", "4096"])}
-        for name, n_max in settings(draft, statics).items():
-            launches[name] = launch_recipe(target, draft, draft_max=n_max, server_args=["-c", "4096"], check=False)
-        bins = {name: bin_dir for name in launches}
-        for label, other in (other_builds or {}).items():
-            launches[f"{AUTO} ({label})"], bins[f"{AUTO} ({label})"] = launches[AUTO], other
-        servers = {name: stack.enter_context(launch.server(bin_dir=bins[name])) for name, launch in launches.items()}
-        ids = tokenize_prompts(servers[ALONE].client, texts)
-        for server in servers.values():
-            server.client.complete(ids[0][:8], 4, cache_prompt=False)
+    (as "auto (label)"), to measure a change of the controller side by side; `fresh`: new servers for
+    each round (runner/speed.py RoundServers)."""
+    launches = {ALONE: launch_recipe(target, None, server_args=["-c", "4096"])}
+    for name, n_max in settings(draft, statics).items():
+        launches[name] = launch_recipe(target, draft, draft_max=n_max, server_args=["-c", "4096"], check=False)
+    bins = {name: bin_dir for name in launches}
+    for label, other in (other_builds or {}).items():
+        launches[f"{AUTO} ({label})"], bins[f"{AUTO} ({label})"] = launches[AUTO], other
+    with launches[ALONE].server(bin_dir=bin_dir) as server:
+        ids = tokenize_prompts(server.client, texts)
+    makers = {name: (lambda launch=launch, b=bins[name]: launch.server(bin_dir=b)) for name, launch in launches.items()}
+    warm_up = lambda server: server.client.complete(ids[0][:8], 4, cache_prompt=False)  # noqa: E731
+    with RoundServers(makers, fresh, warm_up) as servers:
         out = measure_side_by_side(servers, ids, n_predict, rounds)
     ms, answers, names = out.ms, out.answers, list(out.ms)
     speed = {n: round(1000.0 / statistics.median(v), 2) for n, v in ms.items()}
@@ -97,7 +97,7 @@ def measure(target: Path, draft: Path, texts: list, rounds: int, n_predict: int,
             "auto_limit": limit_fields((c.timings for c in answers[AUTO]), auto["speedup"]),
             "identical": {n: [c.tokens for c in answers[n]] == [c.tokens for c in answers[ALONE]]
                           for n in names if n != ALONE},
-            "rounds": rounds, "prompts": len(ids), "n_predict": n_predict}
+            "rounds": rounds, "fresh": fresh, "prompts": len(ids), "n_predict": n_predict}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n-predict", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--static", default="1,3,block", help="static lengths beside auto: e.g. 1,3,block, or none")
+    parser.add_argument("--fresh", action="store_true", help="new servers for every round (runner/speed.py RoundServers)")
     parser.add_argument("--other-build", action="append", default=[], metavar="LABEL=BIN_DIR",
                         help="another build's auto beside this build's, e.g. before=~/.cache/dflash-gguf/llama/<key>/bin")
     args = parser.parse_args(argv)
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
             for name in args.sets.split(","):
                 progress(f"{qtype} {drafter} {name}")
                 row = measure(files[qtype], files[drafter], prompt_set(name, args.prompts), args.rounds,
-                              args.n_predict, bin_dir, args.static, others)
+                              args.n_predict, bin_dir, args.static, others, args.fresh)
                 rows.append({"pair": args.pair, "type": qtype, "drafter": drafter, "set": name, **row})
                 beside = f"; {row['auto_over_best_static']}x the best static ({row['best_static']})" if row["best_static"] else ""
                 progress(f"{qtype} {drafter} {name}: auto against the target alone {shown(row['auto_over_alone'])}{beside}")

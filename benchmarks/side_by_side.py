@@ -7,6 +7,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from dflash_gguf.runner.speed import RoundServers
+
 
 def progress(msg: str) -> None:
     """On stderr: stdout carries the benchmark's JSON."""
@@ -24,16 +26,19 @@ class SideBySide:
     answers: dict[str, list] = field(default_factory=dict)
 
 
-def measure_side_by_side(servers: dict, ids: list[list[int]], n_predict: int, rounds: int) -> SideBySide:
-    """`servers`: name -> started LlamaServer; `ids`: the prompts as token ids (greedy, no prompt cache)."""
-    names = list(servers)
+def measure_side_by_side(servers: dict | RoundServers, ids: list[list[int]], n_predict: int, rounds: int) -> SideBySide:
+    """`servers`: name -> started LlamaServer, or the RoundServers giving each round's; `ids`: the
+    prompts as token ids (greedy, no prompt cache)."""
+    of_round = servers.servers if isinstance(servers, RoundServers) else lambda r: servers
+    names = list(servers.makers if isinstance(servers, RoundServers) else servers)
     out = SideBySide({n: [] for n in names}, {n: [] for n in names}, {n: 0 for n in names}, {n: [] for n in names})
     for r in range(rounds):
+        current = of_round(r)
         order = names[r % len(names):] + names[:r % len(names)]
         per_round = {name: [0.0, 0] for name in names}
         for prompt in ids:
             for name in order:
-                c = servers[name].client.complete(prompt, n_predict, temperature=0.0, seed=0, cache_prompt=False)
+                c = current[name].client.complete(prompt, n_predict, temperature=0.0, seed=0, cache_prompt=False)
                 per_round[name][0] += float(c.timings.get("predicted_ms", 0.0))
                 per_round[name][1] += c.n_predicted
                 out.answers[name].append(c)  # every round's: a server that adapts (auto) changes across rounds

@@ -8,7 +8,7 @@ target alone round by round (median and range; judged by runner/speed.py). Fast 
 of seconds, not one pass over a few prompts: the trained pair answers 48 tokens in ~30 ms.
 
     python -m benchmarks.streams [--pair trained] [--drafter dflash2] [--set held-out] [--streams 8]
-                                 [--seconds 6] [--rounds 8] [--n-predict 48] [--other-build NAME=BIN_DIR]
+                                 [--seconds 6] [--rounds 8] [--n-predict 48] [--fresh] [--other-build NAME=BIN_DIR]
 
 JSON on stdout, progress on stderr; docs/speed.md#several-streams shows the tables.
 """
@@ -21,13 +21,12 @@ import statistics
 import threading
 import time
 from collections import Counter
-from contextlib import ExitStack
 from pathlib import Path
 
 from dflash_gguf.runner.build import find_bin_dir
 from dflash_gguf.runner.measure import mean_acceptance_length
 from dflash_gguf.runner.server import LlamaServer
-from dflash_gguf.runner.speed import judge, shown
+from dflash_gguf.runner.speed import RoundServers, judge, shown
 from benchmarks.prompt_sets import pair_files, prompt_set
 from benchmarks.side_by_side import progress
 
@@ -70,6 +69,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=6.0, help="length of one server's share of a round")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("-n", "--n-predict", type=int, default=48)
+    parser.add_argument("--fresh", action="store_true",
+                        help="new server processes for every round (runner/speed.py RoundServers: a process's own "
+                             "speed then lands in the rounds' spread)")
     parser.add_argument("--other-build", action="append", default=[], metavar="NAME=BIN_DIR",
                         help="also auto on another build's llama-server (repeatable)")
     args = parser.parse_args()
@@ -82,17 +84,20 @@ def main() -> None:
         bins[f"auto, {name}"] = Path(bin_dir)
     common = ["-t", "1", "--parallel", str(args.streams), "-c", str(1024 * args.streams)]
     auto = ["-md", str(files[args.drafter]), "--spec-type", "draft-dflash", "--spec-draft-n-max", "auto"]
-    with ExitStack() as stack:
-        servers = {"alone": stack.enter_context(LlamaServer(files[args.type], common, bin_dir=bins["auto"]))}
-        for name, bin_dir in bins.items():
-            servers[name] = stack.enter_context(LlamaServer(files[args.type], common + auto, bin_dir=bin_dir))
-        for server in servers.values():  # warm-up: weights touched, the controller calibrated
-            for prompt in prompts[:args.streams]:
-                server.client.complete(prompt, 16, cache_prompt=False)
-        rates: dict[str, list[float]] = {name: [] for name in servers}
-        seen: dict[str, Counter] = {name: Counter() for name in servers}
+    makers = {"alone": lambda: LlamaServer(files[args.type], common, bin_dir=bins["auto"])}
+    for name, bin_dir in bins.items():
+        makers[name] = lambda bin_dir=bin_dir: LlamaServer(files[args.type], common + auto, bin_dir=bin_dir)
+    rates: dict[str, list[float]] = {name: [] for name in makers}
+    seen: dict[str, Counter] = {name: Counter() for name in makers}
+
+    def warm_up(server: LlamaServer) -> None:  # weights touched, the controller calibrated
+        for prompt in prompts[:args.streams]:
+            server.client.complete(prompt, 16, cache_prompt=False)
+
+    with RoundServers(makers, args.fresh, warm_up) as round_servers:
         for r in range(args.rounds):
-            for name in (list(servers) if r % 2 == 0 else list(servers)[::-1]):
+            servers = round_servers.servers(r)
+            for name in list(makers)[r % len(makers):] + list(makers)[:r % len(makers)]:
                 rates[name].append(load(servers[name], prompts, args.streams, args.seconds, args.n_predict, seen[name]))
             progress(f"round {r + 1}: " + ", ".join(f"{n} {v[-1]:.0f}" for n, v in rates.items()) + " tok/s")
     rows = []
@@ -104,12 +109,13 @@ def main() -> None:
             tau = mean_acceptance_length(c["produced"], c["accepted"], c["requests"])
             speed = judge(ratios, tau).to_dict()  # a ratio above tau is a measuring error: withheld, not shown
             row.update(tau=round(tau, 3), parked=round(c["parked"] / c["steps"], 4) if c["steps"] else None,
-                       median=speed["speedup"], range=speed["speedup_range"], judged=shown(speed),
+                       median=speed["speedup"], range=speed["speedup_range"], interval=speed["speedup_interval"],
+                       judged=shown(speed),
                        median_of_rounds_below_tau=round(statistics.median(ratios), 3) if max(ratios) <= tau else None)
         rows.append(row)
         progress(f"{name}: {row['tokens_per_s']} tok/s" + (f", tau {row['tau']}, {row['judged']}" if name != "alone" else ""))
     print(json.dumps({"pair": args.pair, "type": args.type, "drafter": args.drafter, "set": args.set,
-                      "streams": args.streams, "seconds": args.seconds, "rounds": args.rounds,
+                      "streams": args.streams, "seconds": args.seconds, "rounds": args.rounds, "fresh": args.fresh,
                       "n_predict": args.n_predict, "servers": rows}, indent=1))
 
 

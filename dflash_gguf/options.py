@@ -127,7 +127,8 @@ def rounds_option(default: int | None = 3):
              "to the drafter's, one after the other, which goes first alternating (a ratio of two things "
              "measured side by side). The speedup is the median of the rounds with their range; one above "
              "tau, or whose range is wider than its distance from 1x, or from fewer than 3 rounds, is "
-             "reported as not measured reliably.")
+             "reported as not measured reliably. From 9 rounds on, the median's 95 % interval (narrower "
+             "than the range) is what must not be wider than the effect.")
 
 
 fresh_servers_option = click.option(

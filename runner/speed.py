@@ -8,17 +8,21 @@ prompt and by round (A B, B A, ...). A round's ratio is B's tokens/s over A's, e
 own generation timings summed over the round; the speedup is the median of the rounds, printed with
 their range and count.
 
-Two llama-server processes started by one command can differ by several per cent for as long as they
-run (this project's 2-core VM: five pairs of target-alone servers, the medians of their rounds 0.915-1.006,
-docs/speed.md#fresh-servers), which interleaving within one pair does not average out: every round
-carries the same offset. `ServerPairs(fresh=True)` starts a new pair for each round instead, the one
+Two llama-server processes started by one command may differ for as long as they run (this project's
+2-core VM: eight pairs of target-alone servers at 4 streams, the medians of their rounds 0.927-1.090,
+about what four rounds of one pair spread; docs/speed.md#fresh-servers), which interleaving within one
+pair does not average out: every round would carry the same offset. `RoundServers(fresh=True)` starts a new pair for each round instead, the one
 started first alternating, so that offset lands in the rounds' spread, where the judgement sees it.
 
 What the run cannot support is withheld, never printed as a number (`Speedup.unreliable` says why):
 - a ratio above tau: every verify step costs at least one target token, so drafting can give at most
   tau times the target alone's speed; a round beyond it is a measuring error;
 - a range wider than the effect: the rounds spread over more than the median's distance from 1x (and
-  over more than RANGE_FLOOR), so the run cannot say on which side of 1x, or how far, it lies;
+  over more than RANGE_FLOOR), so the run cannot say on which side of 1x, or how far, it lies. With
+  enough rounds the spread judged is the median's 95 % interval (`median_interval`: the k-th smallest
+  and k-th largest round, which bracket the true median with at least 95 % whatever the rounds'
+  distribution), not the range: more rounds widen the range but narrow where the median can lie;
+  below 9 rounds no narrower pair of rounds reaches 95 % and the interval is the range;
 - fewer than MIN_ROUNDS rounds.
 When the machine is oversubscribed (1-minute load average above the CPUs this process may use), the
 reason says so, with both figures.
@@ -26,6 +30,7 @@ reason says so, with both figures.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from contextlib import ExitStack
@@ -64,6 +69,21 @@ def oversubscribed(load: float | None, cores: int) -> str | None:
     return f"the machine is oversubscribed (load average {load:.2f} on {cores} core{'s' * (cores != 1)})"
 
 
+CONFIDENCE = 0.95
+
+
+def median_interval(ratios: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The narrowest [k-th smallest, k-th largest] of `ratios` that holds their distribution's median
+    with at least `confidence` (by the sign test: 1 - 2 P(Binomial(n, 1/2) <= k - 1)); the whole range
+    when no narrower pair does."""
+    xs, n = sorted(ratios), len(ratios)
+    below = lambda k: sum(math.comb(n, i) for i in range(k)) / 2 ** n  # noqa: E731  P(B <= k - 1)
+    k = 1
+    while k + 1 <= (n + 1) // 2 and 1 - 2 * below(k + 1) >= confidence:
+        k += 1
+    return xs[k - 1], xs[n - k]
+
+
 @dataclass(frozen=True)
 class Speedup:
     """A measured ratio with its spread, and why it cannot be printed (None: it can)."""
@@ -89,6 +109,11 @@ class Speedup:
         return (min(self.ratios), max(self.ratios)) if self.ratios else None
 
     @property
+    def interval(self) -> tuple[float, float] | None:
+        """Where the median of such rounds lies, 95 % (median_interval; the range below 9 rounds)."""
+        return median_interval(self.ratios) if self.ratios else None
+
+    @property
     def beyond_tau(self) -> bool:
         return self.tau is not None and any(r > self.tau for r in self.ratios)
 
@@ -100,6 +125,7 @@ class Speedup:
         return {"speedup": rounded(self.value), "speedup_unreliable": self.unreliable,
                 "speedup_measured": rounded(statistics.median(ratios)) if ratios else None,
                 "speedup_range": [round(min(ratios), 3), round(max(ratios), 3)] if ratios else None,
+                "speedup_interval": [round(x, 3) for x in median_interval(ratios)] if ratios else None,
                 "speedup_runs": [round(x, 3) for x in ratios], "speedup_unit": self.unit,
                 "tau_bound": rounded(self.tau), "load_average": rounded(self.load), "cores": self.cores}
 
@@ -114,8 +140,10 @@ def shown(speed: dict) -> str:
         return f"not measured reliably here: {speed.get('speedup_unreliable') or 'nothing was measured'}"
     lo, hi = speed["speedup_range"]
     runs = len(speed["speedup_runs"])
+    within = speed.get("speedup_interval") or [lo, hi]
+    interval = f"; 95 % interval of the median {within[0]:.3f}-{within[1]:.3f}" if within != [lo, hi] else ""
     return (f"{speed['speedup']:.3f}x (median of {plural(speed['speedup_unit'], runs)}, interleaved; "
-            f"range {lo:.3f}-{hi:.3f})")
+            f"range {lo:.3f}-{hi:.3f}{interval})")
 
 
 def plural(unit: str, n: int) -> str:
@@ -143,14 +171,18 @@ def judge(ratios: Sequence[float], tau: float | None, unit: str = "round", load:
 def _why(ratios: tuple[float, ...], tau: float | None, unit: str, min_rounds: int) -> str | None:
     if len(ratios) < min_rounds:
         return f"{plural(unit, len(ratios))} measured, at least {min_rounds} are needed"
-    median, lo, hi = statistics.median(ratios), min(ratios), max(ratios)
-    if tau is not None and hi > tau:
+    median = statistics.median(ratios)
+    if tau is not None and max(ratios) > tau:
         above = sum(r > tau for r in ratios)
         return (f"{above} of the {plural(unit, len(ratios))} came out above tau {tau:.2f}, the most drafting can "
                 "give (every verify step costs at least one target token): a measuring error")
+    lo, hi = median_interval(ratios)
     if hi - lo > max(abs(median - 1.0), RANGE_FLOOR):
-        return (f"the {plural(unit, len(ratios))} range from {lo:.2f}x to {hi:.2f}x, wider than the effect "
-                f"(median {median:.2f}x)")
+        if (lo, hi) == (min(ratios), max(ratios)):
+            return (f"the {plural(unit, len(ratios))} range from {lo:.2f}x to {hi:.2f}x, wider than the effect "
+                    f"(median {median:.2f}x)")
+        return (f"the median of the {plural(unit, len(ratios))} lies between {lo:.2f}x and {hi:.2f}x (95 %), "
+                f"wider than the effect (median {median:.2f}x)")
     return None
 
 
@@ -173,7 +205,7 @@ class Rounds:
     speculative: list[float]
     answers: list[Completion]      # the speculative server's, every round (acceptance counts)
     load: float | None
-    server_pairs: int = 1          # pairs of servers the rounds ran on (ServerPairs.started)
+    server_pairs: int = 1          # pairs of servers the rounds ran on (RoundServers.started)
 
     @property
     def ratios(self) -> list[float]:
@@ -188,38 +220,39 @@ class Rounds:
                 "speculative": round(statistics.median(self.speculative), 2) if self.speculative else 0.0}
 
 
-class ServerPairs:
-    """The target alone's server and the speculative one that each round of a measurement runs on
-    (a context manager; `pair(r)` gives round r's two, started and warmed up): the same two for every
-    round, or with `fresh` a new pair per round, the previous one stopped first, the one started first
-    alternating by round (module docstring). `make` builds an unstarted server of each side;
+class RoundServers:
+    """The servers each round of a measurement runs on (a context manager; `servers(r)` gives round
+    r's, started and warmed up, by name in `makers`' order): the same ones for every round, or with
+    `fresh` new ones for each new r, the previous ones stopped first, the order they start in rotating
+    by round (module docstring). `makers`: name -> a function giving that server, not started;
     `warm_up(server)` sends what is not measured."""
 
-    def __init__(self, make: tuple[Callable[[], LlamaServer], Callable[[], LlamaServer]], fresh: bool,
+    def __init__(self, makers: dict[str, Callable[[], LlamaServer]], fresh: bool,
                  warm_up: Callable[[LlamaServer], object]):
-        self.make, self.fresh, self.warm_up = make, fresh, warm_up
-        self.started = 0  # pairs started, for the report
+        self.makers, self.fresh, self.warm_up = makers, fresh, warm_up
+        self.started = 0  # sets of servers started, for the report
         self._stack = ExitStack()
-        self._pair: tuple[LlamaServer, LlamaServer] | None = None
+        self._servers: dict[str, LlamaServer] | None = None
+        self._round: int | None = None
 
-    def __enter__(self) -> "ServerPairs":
+    def __enter__(self) -> "RoundServers":
         return self
 
     def __exit__(self, *exc_info) -> None:
         self._stack.close()
 
-    def pair(self, r: int) -> tuple[LlamaServer, LlamaServer]:
-        if self._pair is None or self.fresh:
+    def servers(self, r: int) -> dict[str, LlamaServer]:
+        if self._servers is None or (self.fresh and r != self._round):
             self._stack.close()
-            order = (0, 1) if r % 2 == 0 else (1, 0)
-            servers: dict[int, LlamaServer] = {}
-            for side in order:
-                servers[side] = self._stack.enter_context(self.make[side]())
-            for side in order:
-                self.warm_up(servers[side])
-            self._pair = (servers[0], servers[1])
+            names = list(self.makers)
+            order = names[r % len(names):] + names[:r % len(names)]
+            started = {name: self._stack.enter_context(self.makers[name]()) for name in order}
+            for name in order:
+                self.warm_up(started[name])
+            self._servers = {name: started[name] for name in names}
             self.started += 1
-        return self._pair
+        self._round = r
+        return self._servers
 
 
 def interleaved_rounds(pairs: Callable[[int], tuple[LlamaClient, LlamaClient]], prompts: Sequence[Sequence[int]],
@@ -227,7 +260,7 @@ def interleaved_rounds(pairs: Callable[[int], tuple[LlamaClient, LlamaClient]], 
                        progress: Progress | None = None) -> Rounds:
     """`rounds` passes over `prompts`, each prompt sent to both servers one after the other, the first
     alternating by prompt and round. `pairs(r)`: round r's clients, the target alone's and the
-    speculative server's (ServerPairs). `ask` sends one request (the same for both)."""
+    speculative server's (RoundServers). `ask` sends one request (the same for both)."""
     out = Rounds([], [], [], load_average())
     with stage(progress, "speed: requests", total=2 * rounds * len(prompts)) as requests:
         def answer(client: LlamaClient, ids: Sequence[int]) -> Completion:

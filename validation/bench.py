@@ -40,7 +40,7 @@ from dflash_gguf.runner.client import Completion, LlamaClient
 from dflash_gguf.runner.launch import ONE_CLIENT_PER_RPC_SERVER, Launch, launch_recipe, parse_server_args
 from dflash_gguf.runner.build import build_info
 from dflash_gguf.runner.measure import measuring_launch
-from dflash_gguf.runner.speed import ServerPairs, judge, load_average, shown
+from dflash_gguf.runner.speed import RoundServers, judge, load_average, shown
 from dflash_gguf.settings import Settings, refusal
 from .acceptance import limit_fields, timings_profile
 from .validate import ValidationSettings, run_server
@@ -58,7 +58,7 @@ class BenchSettings(Settings):
     levels: tuple[int, ...] = DEFAULT_LEVELS
     n_predict: int = 64
     rounds: int = 3
-    fresh_servers: bool = False  # a new pair of servers for each round (runner/speed.ServerPairs)
+    fresh_servers: bool = False  # a new pair of servers for each round (runner/speed.RoundServers)
     min_round_seconds: float = 2.0
     backend: str | None = None
     llama_bin: Path | None = None
@@ -300,7 +300,7 @@ def _verdict(levels: Sequence[Level]) -> str:
 def _servers(launch: Launch, n: int, prompts: Sequence[str], n_predict: int, bin_dir: Path):
     """Makers of the target alone's server and the drafter's, both with N slots and room in each for the prompts."""
     base = measuring_launch(dataclasses.replace(launch, parallel=n), prompts, n_predict)
-    return lambda: base.alone().server(bin_dir=bin_dir), lambda: base.server(bin_dir=bin_dir)
+    return {ALONE: lambda: base.alone().server(bin_dir=bin_dir), DRAFTER: lambda: base.server(bin_dir=bin_dir)}
 
 
 def concurrency_curve(target: str | Path, draft: str | Path, prompts: Sequence[str], settings: BenchSettings,
@@ -330,13 +330,13 @@ def concurrency_curve(target: str | Path, draft: str | Path, prompts: Sequence[s
                     if times > 1 else "") + f", {settings.rounds} round(s)"
                  + (", a new pair of servers each round" if settings.fresh_servers else ""))
         warm_up = lambda server: server.client.complete(prompt_ids[0][:8], 4, cache_prompt=False)  # noqa: E731
-        with ServerPairs(_servers(launch, n, prompts, settings.n_predict, bin_dir), settings.fresh_servers,
+        with RoundServers(_servers(launch, n, prompts, settings.n_predict, bin_dir), settings.fresh_servers,
                          warm_up) as servers:
             alone, spec = [], []
             per_pass = sum(map(len, jobs))
             with stage(progress, f"concurrency {n}: requests", total=2 * settings.rounds * per_pass) as requests:
                 for r in range(settings.rounds):
-                    alone_server, spec_server = servers.pair(r)
+                    alone_server, spec_server = servers.servers(r).values()
                     order = [(alone_server, alone), (spec_server, spec)]
                     for server, into in (order if r % 2 == 0 else order[::-1]):
                         into.append(run_pass(server.client, jobs, prompt_ids, settings.n_predict, requests))

@@ -40,7 +40,7 @@ from dflash_gguf.runner.launch import Launch, launch_recipe, with_rpc
 from dflash_gguf.runner.measure import (Progress, ServerRun, acceptance_rate, first_divergence, mean_acceptance_length,
                               measuring_launch)
 from dflash_gguf.runner.prompts import Prompt, size_bound, tokenize_prompts
-from dflash_gguf.runner.speed import Rounds, ServerPairs, Speedup, interleaved_rounds, not_measured
+from dflash_gguf.runner.speed import Rounds, RoundServers, Speedup, interleaved_rounds, not_measured
 from .acceptance import depth_profile, limit_fields
 from .draft_parity import draft_parity
 from .lossless import MISMATCH, NUMERICAL, judge, noise_by_width
@@ -67,7 +67,7 @@ class ValidationSettings(Settings):
     reference_draft: Path | HubRef | None = None  # z-lab HF checkpoints (or repo ids): run the PyTorch reference too
     reference_target: Path | HubRef | None = None
     rounds: int = 3                      # interleaved speed rounds (runner/speed.py); 0: speed not measured
-    fresh_servers: bool = False          # a new pair of servers for each round (runner/speed.ServerPairs)
+    fresh_servers: bool = False          # a new pair of servers for each round (runner/speed.RoundServers)
     speed_prompts: int | None = None     # the rounds send the first this many prompts (None: all)
     rpc: str | None = None               # --rpc: the target over rpc-servers (folded into the server arguments)
 
@@ -150,9 +150,10 @@ def measure_speed(speed_launch: Launch, target: Path, prompt_ids: list[list[int]
         return client.complete(ids, settings.n_predict, temperature=settings.temperature, seed=0,
                                cache_prompt=False)
 
-    make = (lambda: speed_launch.alone(target).server(bin_dir=bin_dir), lambda: speed_launch.server(bin_dir=bin_dir))
-    with ServerPairs(make, settings.fresh_servers, lambda server: ask(server.client, prompt_ids[0][:8])) as servers:
-        rounds = interleaved_rounds(lambda r: tuple(s.client for s in servers.pair(r)), prompt_ids, ask,
+    makers = {"alone": lambda: speed_launch.alone(target).server(bin_dir=bin_dir),
+              "speculative": lambda: speed_launch.server(bin_dir=bin_dir)}
+    with RoundServers(makers, settings.fresh_servers, lambda server: ask(server.client, prompt_ids[0][:8])) as servers:
+        rounds = interleaved_rounds(lambda r: tuple(s.client for s in servers.servers(r).values()), prompt_ids, ask,
                                     settings.rounds, progress)
         rounds.server_pairs = servers.started
     totals = ServerRun(rounds.answers, rounds.answers).totals()

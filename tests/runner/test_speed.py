@@ -62,11 +62,11 @@ def test_rounds_alternate_which_server_goes_first_by_prompt_and_round():
 
 @pytest.mark.integration
 def test_fresh_server_pairs_are_new_processes_started_in_turn(target_gguf, llama_bin):
-    """ServerPairs(fresh=True): each round's two servers are new llama-server processes, the last
-    round's stopped before they start, the side started first alternating by round; without
-    `fresh` every round gets the same two."""
+    """RoundServers(fresh=True): each round's servers are new llama-server processes, the last
+    round's stopped before they start, the one started first rotating by round; without `fresh`
+    every round gets the same ones."""
     from dflash_gguf.runner.server import LlamaServer
-    from dflash_gguf.runner.speed import ServerPairs
+    from dflash_gguf.runner.speed import RoundServers
 
     started, warmed = [], []
 
@@ -83,15 +83,41 @@ def test_fresh_server_pairs_are_new_processes_started_in_turn(target_gguf, llama
     def alive(pid):
         return Path(f"/proc/{pid}").exists()
 
-    with ServerPairs((maker("alone"), maker("spec")), True, warm_up) as pairs:
+    with RoundServers({"alone": maker("alone"), "spec": maker("spec")}, True, warm_up) as pairs:
         pids = []
         for r in range(3):
-            pids.append([server.pid for server in pairs.pair(r)])
+            assert list(pairs.servers(r)) == ["alone", "spec"]
+            pids.append([server.pid for server in pairs.servers(r).values()])
             assert all(alive(pid) for pid in pids[-1])
             assert not any(alive(pid) for pair in pids[:-1] for pid in pair)  # stopped before these started
         assert pairs.started == 3
     assert not any(alive(pid) for pid in pids[-1])
     assert started == ["alone", "spec", "spec", "alone", "alone", "spec"]
     assert sorted(warmed) == sorted(pid for pair in pids for pid in pair) and len(set(warmed)) == 6
-    with ServerPairs((maker("alone"), maker("spec")), False, warm_up) as pairs:
-        assert pairs.pair(0) is pairs.pair(1) and pairs.started == 1
+    with RoundServers({"alone": maker("alone"), "spec": maker("spec")}, False, warm_up) as pairs:
+        assert pairs.servers(0) is pairs.servers(1) and pairs.started == 1
+
+
+def test_the_medians_interval_is_the_sign_tests_and_the_range_below_nine_rounds():
+    from dflash_gguf.runner.speed import median_interval
+
+    for n in (3, 5, 8):
+        assert median_interval(range(n, 0, -1)) == (1, n)  # no narrower pair of rounds holds 95 %
+    assert median_interval(range(1, 10)) == (2, 8)  # 1 - 2 * 10 / 512 = 0.961
+    assert median_interval(range(1, 17)) == (4, 13)  # 1 - 2 * 697 / 65536 = 0.979; k = 5 gives 0.923
+    assert median_interval(range(1, 31)) == (10, 21)
+
+
+def test_more_rounds_judge_the_median_by_its_interval_not_the_range():
+    """Twelve rounds near 0.98x with one stray each side: the range (0.90-1.06) is wider than the
+    effect, but where the median lies (0.965-0.990, 95 %) is not, so the figure stands; three such
+    rounds (0.90, 0.98, 1.06) cannot say it."""
+    ratios = [0.90, 0.97, 0.98, 0.99, 1.06, 0.965, 0.985, 0.975, 0.99, 0.97, 0.98, 0.965]
+    s = judge(ratios, tau=1.5)
+    assert s.value == pytest.approx(0.9775) and s.interval == (0.965, 0.99)
+    assert shown(s.to_dict()) == ("0.978x (median of 12 rounds, interleaved; range 0.900-1.060; "
+                                  "95 % interval of the median 0.965-0.990)")
+    assert judge([0.90, 0.98, 1.06], tau=1.5).unreliable.startswith("the 3 rounds range from 0.90x to 1.06x")
+    wide = judge([0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 0.85, 1.15], tau=2.0)
+    assert wide.unreliable == ("the median of the 9 rounds lies between 0.85x and 1.15x (95 %), wider than the "
+                               "effect (median 1.00x)")
