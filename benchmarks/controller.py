@@ -61,7 +61,8 @@ def measure(target: Path, draft: Path, texts: list, rounds: int, n_predict: int,
     with launches[ALONE].server(bin_dir=bin_dir) as server:
         ids = tokenize_prompts(server.client, texts)
     makers = {name: (lambda launch=launch, b=bins[name]: launch.server(bin_dir=b)) for name, launch in launches.items()}
-    warm_up = lambda server: server.client.complete(ids[0][:8], 4, cache_prompt=False)  # noqa: E731
+    # not measured: a whole request, so that a new server has calibrated auto and learned some acceptance
+    warm_up = lambda server: server.client.complete(ids[0], n_predict, cache_prompt=False)  # noqa: E731
     with RoundServers(makers, fresh, warm_up) as servers:
         out = measure_side_by_side(servers, ids, n_predict, rounds)
     ms, answers, names = out.ms, out.answers, list(out.ms)

@@ -90,9 +90,9 @@ def main() -> None:
     rates: dict[str, list[float]] = {name: [] for name in makers}
     seen: dict[str, Counter] = {name: Counter() for name in makers}
 
-    def warm_up(server: LlamaServer) -> None:  # weights touched, the controller calibrated
+    def warm_up(server: LlamaServer) -> None:  # weights touched, the controller calibrated, acceptance learned
         for prompt in prompts[:args.streams]:
-            server.client.complete(prompt, 16, cache_prompt=False)
+            server.client.complete(prompt, args.n_predict, cache_prompt=False)
 
     with RoundServers(makers, args.fresh, warm_up) as round_servers:
         for r in range(args.rounds):

@@ -329,7 +329,9 @@ def concurrency_curve(target: str | Path, draft: str | Path, prompts: Sequence[s
                  + (f" (the prompts {times} times over: a round of at least {settings.min_round_seconds:g} s)"
                     if times > 1 else "") + f", {settings.rounds} round(s)"
                  + (", a new pair of servers each round" if settings.fresh_servers else ""))
-        warm_up = lambda server: server.client.complete(prompt_ids[0][:8], 4, cache_prompt=False)  # noqa: E731
+        # not measured: every stream's first request, together, so that each new server has touched its
+        # weights and calibrated --spec-draft-n-max auto and taught it some acceptance on every slot
+        warm_up = lambda server: run_pass(server.client, [s[:1] for s in jobs], prompt_ids, settings.n_predict)  # noqa: E731
         with RoundServers(_servers(launch, n, prompts, settings.n_predict, bin_dir), settings.fresh_servers,
                          warm_up) as servers:
             alone, spec = [], []
