@@ -78,7 +78,7 @@ def test_draft_parity_on_deepseek4(variant, family, llama_bin, tmp_path):
     prompts.write_text("".join((folder / "prompts.jsonl").read_text().splitlines(keepends=True)[:2]))
     out = tmp_path / "report.json"
     proc = dflash_gguf("validate", "--target", folder / "target-F16.gguf", "--draft", folder / f"{variant}.gguf",
-                       "--prompts", prompts, "-n", str(N), "--threads", "1", "--rounds", "1",
+                       "--prompts", prompts, "-n", str(N), "--threads", "1", "--rounds", "0",
                        "--llama-bin", llama_bin, "--reference-draft", folder / f"{variant}-hf",
                        "--reference-target", folder / "hf", "--report", out,
                        env={**os.environ, "DFLASH_GGUF_CACHE": str(tmp_path / "cache")})  # no kept reference run
@@ -87,3 +87,5 @@ def test_draft_parity_on_deepseek4(variant, family, llama_bin, tmp_path):
     parity = report["reference"]["draft_parity"]
     assert parity["steps"] > 0 and parity["systematic"] == 0 and parity["first_position_equal"] >= 0.95, parity
     assert report["reference"]["mean_acceptance_length"] == pytest.approx(report["mean_acceptance_length"], abs=0.05)
+    # --rounds 0: the proof only, no speed servers started
+    assert report["speed"]["speedup_unreliable"] == "not measured (rounds 0)" and report["speed"]["server_pairs"] == 0
