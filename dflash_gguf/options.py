@@ -119,18 +119,26 @@ def n_predict_option(default: int | None = 64):
                         show_default=default is not None, help="New tokens per prompt.")
 
 
-def rounds_option(default: int | None = 3, skippable: bool = False):
-    """--rounds: interleaved rounds of a speed measurement (runner/speed.py); `skippable`: 0 measures no
-    speed (validate: the proof only)."""
+def rounds_option(default: int | None = 3):
+    """--rounds: interleaved rounds of a speed measurement (runner/speed.py); 0 where a command can do
+    without speed (validate: the proof only), refused by those that measure nothing else (`rounds_needed`)."""
     return click.option(
-        "--rounds", type=click.IntRange(0 if skippable else 1, 50), default=default, show_default=default is not None,
+        "--rounds", type=click.IntRange(0, 50), default=default, show_default=default is not None,
         help="Paired rounds per setting measured: in each, every request goes to the target alone's server and "
              "to the drafter's, one after the other, which goes first alternating (a ratio of two things "
              "measured side by side). The speedup is the median of the rounds with their range; one above "
              "tau, or whose range is wider than its distance from 1x, or from fewer than 3 rounds, is "
              "reported as not measured reliably. From 9 rounds on, the median's 95 % interval (narrower "
-             "than the range) is what must not be wider than the effect."
-             + (" 0: no speed measured, the proof only." if skippable else ""))
+             "than the range) is what must not be wider than the effect. 0: no speed measured (validate: "
+             "the proof only; bench and tune, which measure speed, refuse it).")
+
+
+def rounds_needed(command: str, rounds: int | None) -> list[str]:
+    """The problem line of `--rounds 0` for a command whose result is a speed measurement."""
+    if rounds != 0:
+        return []
+    return [f"--rounds 0: {command} measures speed; give 1 or more (at least 3 for a figure that can stand), "
+            "or leave it out"]
 
 
 fresh_servers_option = click.option(

@@ -13,7 +13,7 @@ from dflash_gguf.progress import printer
 from dflash_gguf.hub import resolve as hub
 from dflash_gguf.hub.resolve import HubRef
 from dflash_gguf.options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, n_predict_option,
-                       prompts_option, rounds_option, rpc_option, target_option)
+                       prompts_option, rounds_needed, rounds_option, rpc_option, target_option)
 from dflash_gguf.settings import Settings, option, refusal, settings_command
 from . import tuned_settings as tuned
 from .launch import with_rpc
@@ -90,6 +90,7 @@ class TuneCommandSettings(Settings):
     server_args: tuple[str, ...] = ()
 
     def problems(self) -> Iterator[str]:
+        yield from rounds_needed("tune", self.rounds)
         folded = refusal(with_rpc, self.rpc, self.server_args)
         yield from folded
         # --rpc and the one after -- disagreeing: tune's own rules still read those after --

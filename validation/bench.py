@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from dflash_gguf.errors import ServerArgsError
+from dflash_gguf.options import rounds_needed
 from dflash_gguf.progress import Progress, Stage, stage
 from dflash_gguf.runner import measure
 from dflash_gguf.runner.build import find_bin_dir
@@ -66,6 +67,7 @@ class BenchSettings(Settings):
     exact: bool = False  # serve's --exact: batch-invariant kernels, so "identical" is a bit-exact check
 
     def problems(self) -> Iterator[str]:
+        yield from rounds_needed("bench", self.rounds)
         yield from refusal(check_levels, self.levels)
         malformed = refusal(parse_server_args, self.server_args)
         if malformed:

@@ -216,7 +216,7 @@ class ValidateSettings(ValidationSettings):
 @seed_option
 @click.option("--alpha", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
               help=f"With --temperature: significance level of the test (default {DEFAULT_ALPHA}).")
-@rounds_option(MIN_ROUNDS, skippable=True)
+@rounds_option(MIN_ROUNDS)
 @fresh_servers_option
 @click.option("--speed-prompts", type=click.IntRange(1),
               help="The speed rounds send only the first N prompts (default: all); the proof covers all.")

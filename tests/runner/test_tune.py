@@ -432,6 +432,16 @@ def test_tune_refuses_what_the_runner_manages_before_anything_starts(tiny_pair, 
     assert not tuned_home.exists()
 
 
+def test_tune_and_bench_refuse_rounds_0_which_only_validate_takes(tiny_pair, tmp_path: Path, tuned_home: Path):
+    """--rounds 0 is validate's proof without speed; tune and bench measure nothing else."""
+    target, draft = tiny_pair
+    for command in ("tune", "bench"):
+        proc = dflash_gguf(command, "-t", target, "-d", draft, "--rounds", "0", cwd=tmp_path)
+        assert assert_refused(proc) == (f"error: --rounds 0: {command} measures speed; give 1 or more (at least 3 "
+                                        "for a figure that can stand), or leave it out") and proc.stdout == ""
+    assert not tuned_home.exists()
+
+
 @pytest.mark.integration
 def test_max_seconds_ends_the_search_but_the_verdict_is_still_measured(tiny_pair, llama_bin: Path, tmp_path: Path,
                                                                        tuned_home: Path):
