@@ -4,7 +4,9 @@ For each concurrency N two servers run, both launched by the recipe `serve` uses
 with `-np N`: the target alone and the target with its drafter. N client streams send their
 requests at once, each stream one request at a time (greedy, the prompts dealt out so that every
 round covers each prompt at least once), first to one server, then the same to the other (which
-goes first alternates by round). One such pair of passes is a round; a pass goes over the prompts as
+goes first alternates by round; with `fresh_servers` each round has a new pair of servers,
+runner/speed.py RoundServers; every server is warmed up by one request per stream, together, before
+its first round is timed). One such pair of passes is a round; a pass goes over the prompts as
 many times as make it last at least `min_round_seconds` (estimated from the reference's one-slot
 timings, as if the requests ran one after another: a round of a fraction of a second times the
 machine's noise, not the servers). Per round:
