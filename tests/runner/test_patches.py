@@ -30,9 +30,11 @@
   (the target's steps, draft passes, the drafter's feed, sampling).
 - 0021-spec-auto-probes-together: a long request is probed at its first step, a parked slot joins or
   rides another slot's draft pass, and a ride keeps its probe schedule.
+- 0022-spec-auto-probe-credit: a parked slot probes only as often as its budget has earned, from none at
+  start-up: about once per cap steps, not every 8, 16, 32, ... steps after the start or a draft.
 
 `DFLASH_GGUF_TEST_LLAMA_BIN=<bin dir> pytest tests/runner/test_patches.py` runs the same tests against the
-programs of another build; against an unpatched build of the pinned tree all 22 fail (the two of 0006 only on a CPU with AMX).
+programs of another build; against an unpatched build of the pinned tree all 23 fail (the two of 0006 only on a CPU with AMX).
 """
 
 from __future__ import annotations
@@ -313,7 +315,8 @@ def test_draft_length_auto_is_identical_and_parks(llama_bin: Path, trained_pair:
     The trained pair's DFlash 2 drafter has an 8-token block (n 0..7). On CPU its draft pass costs
     about 5 target tokens (measured 4-5 ms against 0.8-1.2 ms per plain step on 2 cores) while its
     drafts are accepted about 4 deep, so after the start-up calibration (4 full drafts, 2 plain
-    steps) the controller parks; every 8, 16, 32, 64 parked steps it drafts one block to score it.
+    steps) the controller parks, drafting a block now and then only to score it (a probe, as often as
+    0014 and 0022 allow).
     Unpatched: "auto" is not a number and llama-server exits at argument parsing."""
     from training.fixtures.trained_gguf import held_out_prompts
 
@@ -351,8 +354,8 @@ def test_draft_length_auto_is_identical_and_parks(llama_bin: Path, trained_pair:
     after = decisions[6:]
     parked = [d for d in after if d[2] == "1"]
     assert len(parked) > len(after) / 2, f"parked {len(parked)} of {len(after)} steps"
-    probes = [i for i, d in enumerate(after) if d[5] == "probe"]
-    assert probes and all(int(after[i][1]) == 0 for i in probes)
+    probes = [i for i, d in enumerate(after) if d[5].startswith("probe")]
+    assert all(int(after[i][1]) == 0 for i in probes)  # a probe scores its block, it verifies none of it
 
 
 AUTO_COSTS = re.compile(r"spec auto: .* draft_ms=([\d.]+) verify1_ms=([\d.]+) verify(\d+)_ms=([\d.]+)")
@@ -409,7 +412,7 @@ def test_draft_length_auto_probes_cost_a_bounded_share(llama_bin: Path, trained_
     with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / "auto.log") as server:
         # the schedule carries over between requests; on a loaded machine a cost measured high or low can make a
         # draft pay for a while (which restarts the schedule at 8): a few requests give a stretch that stays parked
-        for prompt in held_out_prompts()[:3]:
+        for prompt in held_out_prompts()[:5]:
             server.client.complete(prompt, 480, ignore_eos=True)
             lines, waits = waits_so_far()
             if waits and max(w for _, w in waits) > 64:
@@ -472,7 +475,8 @@ def test_draft_length_auto_keeps_parked_features_as_memory(llama_bin: Path, trai
             ids = [server.client.tokenize(p, add_special=True) for p in prompts]
             a = server.client.complete(ids[0], 64, ignore_eos=True)
             b = server.client.complete(ids[1], 64, ignore_eos=True)
-            c = server.client.complete(ids[0] + a.tokens + ids[2][1:], 64, ignore_eos=True)
+            # long enough to be probed at its first step (0021), as a parked slot probes only as its budget allows (0022)
+            c = server.client.complete(ids[0] + a.tokens + ids[2][1:], 800, ignore_eos=True)
             return [a, b, c]
 
     def events_of(log: str) -> list[tuple[str, int]]:
@@ -608,6 +612,35 @@ def test_draft_length_auto_probes_a_new_request_and_together(llama_bin: Path, tr
         passes = [k for k, d in enumerate(mine) if int(d[1]) > 0 or d[5].startswith("probe")]
         if lines[i][5] == "ride" and passes and mine[passes[0]][5] == "probe":
             assert passes[0] >= 15, (lines[i], passes[0])
+
+
+AUTO_CREDIT = re.compile(r"spec auto: slot=0 .* why=(\w+) draft_ms=(-?[\d.]+) verify1_ms=(-?[\d.]+) .* credit=([\d.]+)")
+
+
+def test_draft_length_auto_probes_from_an_earned_budget(llama_bin: Path, trained_pair: dict[str, Path], tmp_path: Path):
+    """Patch 0022: a parked slot's probes are paid from a budget it earns, 1 / cap of a probe per step
+    (cap = ceil(draft / (0.01 x verify1)) from 8 to 1024, 0014's wait), starting at none: a slot parked
+    from the start-up on probes about once per cap steps, not at 8, 24, 56, 120, 248 steps as 0014's
+    doubling from 8 did; each decision line ends with the credit, between 0 and 2 probes. Unpatched: no
+    `credit=` on the line, and 5 probes where the budget earned about one."""
+    from training.fixtures.trained_gguf import held_out_prompts
+
+    args = ["--parallel", "1", "-c", "1024", "-t", "1", "-md", trained_pair["dflash2"], "--spec-type", "draft-dflash",
+            "--spec-draft-n-max", "auto", "-lv", "5"]
+    with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / "auto.log") as server:
+        server.client.complete(held_out_prompts()[0], 480, ignore_eos=True)
+    log = (tmp_path / "auto.log").read_text(errors="replace")
+    lines = AUTO_CREDIT.findall(log)
+    decided = [d for d in AUTO_LINE.findall(log) if d[5] != "limit"]  # `limit`: no room for a draft, no choice
+    assert len(lines) == len(decided) > 400, "one decision line per step, each with its credit"
+    after = [(why, float(d), float(v), float(c)) for why, d, v, c in lines[6:]]  # after the start-up calibration
+    assert all(0.0 <= c <= 2.0 for *_, c in after), sorted({c for *_, c in after})[-3:]
+    caps = [min(1024, max(8, math.ceil(d / (0.01 * v)))) for _, d, v, _ in after]
+    earned = sum(1.0 / cap for cap in caps)
+    probes = [i for i, (why, *_) in enumerate(after) if why in ("probe", "probe_start")]
+    assert len(probes) <= earned + 1, f"{len(probes)} probes at steps {probes}, {earned:.2f} earned (caps {min(caps)}-{max(caps)})"
+    if probes:  # the first one waits for most of a probe's worth: the cap, less what its costs moved
+        assert probes[0] + 1 >= min(caps[:probes[0] + 1]) / 2, (probes, caps[:probes[0] + 1])
 
 
 @pytest.mark.parametrize("extra", [(), ("-md", "DRAFTER", "--spec-type", "ngram-simple")],
