@@ -12,7 +12,10 @@ Prompt sets and pairs: benchmarks/prompt_sets.py (`chat`, `code`, `mixed`, `writ
 
     python -m benchmarks.controller [--pair smollm2|trained|memory-bound] [--types F16] [--drafters dflash2] [--sets chat,code,mixed]
                                     [--rounds 3] [--n-predict 64] [--prompts 4]
-                                    [--static 1,3,block|none] [--fresh]
+                                    [--static 1,3,block|none] [--fresh] [--alone-again]
+
+`--alone-again` adds a second target-alone server to the same rounds: its ratio to the first (median and
+95 % interval) is what two servers with no difference measure here, beside auto's.
 
 JSON on stdout, progress on stderr; docs/speed.md#the-draft-length-controller shows the table.
 """
@@ -30,12 +33,13 @@ from dflash_gguf.runner.build import find_bin_dir
 from dflash_gguf.runner.launch import launch_recipe, read_draft
 from dflash_gguf.runner.measure import mean_acceptance_length
 from dflash_gguf.runner.prompts import tokenize_prompts
-from dflash_gguf.runner.speed import RoundServers, judge, shown
+from dflash_gguf.runner.speed import RoundServers, judge, median_interval, shown
 from dflash_gguf.validation.acceptance import limit_fields, timings_profile
 from benchmarks.side_by_side import measure_side_by_side, progress
 from benchmarks.prompt_sets import pair_files, prompt_set
 
 ALONE = "alone"
+ALONE_AGAIN = "alone (again)"
 
 
 def settings(draft: Path, statics: str = "1,3,block") -> dict[str, int | str]:
@@ -48,11 +52,15 @@ def settings(draft: Path, statics: str = "1,3,block") -> dict[str, int | str]:
 
 
 def measure(target: Path, draft: Path, texts: list, rounds: int, n_predict: int, bin_dir: Path,
-            statics: str = "1,3,block", other_builds: dict[str, Path] | None = None, fresh: bool = False) -> dict:
+            statics: str = "1,3,block", other_builds: dict[str, Path] | None = None, fresh: bool = False,
+            alone_again: bool = False) -> dict:
     """`other_builds`: label -> another build's bin folder whose auto runs beside this build's
     (as "auto (label)"), to measure a change of the controller side by side; `fresh`: new servers for
-    each round (runner/speed.py RoundServers)."""
+    each round (runner/speed.py RoundServers); `alone_again`: a second target-alone server in the same
+    rounds (an A/A pair: its ratio to the first is the spread of two servers with no difference)."""
     launches = {ALONE: launch_recipe(target, None, server_args=["-c", "4096"])}
+    if alone_again:
+        launches[ALONE_AGAIN] = launches[ALONE]
     for name, n_max in settings(draft, statics).items():
         launches[name] = launch_recipe(target, draft, draft_max=n_max, server_args=["-c", "4096"], check=False)
     bins = {name: bin_dir for name in launches}
@@ -85,8 +93,16 @@ def measure(target: Path, draft: Path, texts: list, rounds: int, n_predict: int,
         median, bound = statistics.median(ratio(name, ALONE)), judged(name, ALONE)["tau_bound"]
         return round(median, 3) if bound is None or median <= bound else None
 
+    def spread(name: str) -> dict:
+        """An A/A ratio: no tau bounds it, its median and interval are the measurement's own noise."""
+        rs = ratio(name, ALONE)
+        low, high = median_interval(rs)
+        return {"median": round(statistics.median(rs), 3), "interval": [round(low, 3), round(high, 3)],
+                "range": [round(min(rs), 3), round(max(rs), 3)]}
+
     auto = judged(AUTO, ALONE)
     return {"tokens_per_second": speed, "best_static": best,
+            **({"alone_again_over_alone": spread(ALONE_AGAIN)} if alone_again else {}),
             "auto_over_alone": auto,
             "auto_over_alone_median": median_below_tau(AUTO),
             "other_builds": {n: {"over_alone": judged(n, ALONE), "over_alone_median": median_below_tau(n),
@@ -97,7 +113,7 @@ def measure(target: Path, draft: Path, texts: list, rounds: int, n_predict: int,
             "auto_drafting": timings_profile(c.timings for c in answers[AUTO]),
             "auto_limit": limit_fields((c.timings for c in answers[AUTO]), auto["speedup"]),
             "identical": {n: [c.tokens for c in answers[n]] == [c.tokens for c in answers[ALONE]]
-                          for n in names if n != ALONE},
+                          for n in names if n not in (ALONE, ALONE_AGAIN)},
             "rounds": rounds, "fresh": fresh, "prompts": len(ids), "n_predict": n_predict}
 
 
@@ -114,6 +130,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fresh", action="store_true", help="new servers for every round (runner/speed.py RoundServers)")
     parser.add_argument("--other-build", action="append", default=[], metavar="LABEL=BIN_DIR",
                         help="another build's auto beside this build's, e.g. before=~/.cache/dflash-gguf/llama/<key>/bin")
+    parser.add_argument("--alone-again", action="store_true",
+                        help="a second target-alone server in the same rounds: what two servers with no difference "
+                             "measure (an A/A pair), beside auto's ratio")
     args = parser.parse_args(argv)
     files = pair_files(args.pair)
     bin_dir = find_bin_dir(None, None)
@@ -124,10 +143,14 @@ def main(argv: list[str] | None = None) -> None:
             for name in args.sets.split(","):
                 progress(f"{qtype} {drafter} {name}")
                 row = measure(files[qtype], files[drafter], prompt_set(name, args.prompts), args.rounds,
-                              args.n_predict, bin_dir, args.static, others, args.fresh)
+                              args.n_predict, bin_dir, args.static, others, args.fresh, args.alone_again)
                 rows.append({"pair": args.pair, "type": qtype, "drafter": drafter, "set": name, **row})
                 beside = f"; {row['auto_over_best_static']}x the best static ({row['best_static']})" if row["best_static"] else ""
                 progress(f"{qtype} {drafter} {name}: auto against the target alone {shown(row['auto_over_alone'])}{beside}")
+                if args.alone_again:
+                    aa = row["alone_again_over_alone"]
+                    progress(f"{qtype} {drafter} {name}: a second target alone against the first {aa['median']}x "
+                             f"(95 % interval {aa['interval'][0]}-{aa['interval'][1]})")
     json.dump({"rows": rows}, sys.stdout, indent=2)
     print()
 
