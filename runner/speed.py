@@ -45,6 +45,8 @@ from .server import LlamaServer
 MIN_ROUNDS = 3
 # a range this narrow is a figure, even when its median lies within it of 1x
 RANGE_FLOOR = 0.05
+# tau below this: (nearly) every step verified no drafted token, as a controller that parks does
+PARKED_TAU = 1.05
 
 
 def cpus() -> int:
@@ -174,6 +176,10 @@ def _why(ratios: tuple[float, ...], tau: float | None, unit: str, min_rounds: in
     median = statistics.median(ratios)
     if tau is not None and max(ratios) > tau:
         above = sum(r > tau for r in ratios)
+        if tau < PARKED_TAU:
+            return (f"{above} of the {plural(unit, len(ratios))} came out above tau {tau:.2f}: the speculative server "
+                    "verified almost no drafted token (parked), so it ran the target's own steps and can at best "
+                    f"match it; the rest is the spread of two servers (slowest {unit} {min(ratios):.2f}x)")
         return (f"{above} of the {plural(unit, len(ratios))} came out above tau {tau:.2f}, the most drafting can "
                 "give (every verify step costs at least one target token): a measuring error")
     lo, hi = median_interval(ratios)

@@ -173,6 +173,7 @@ class Candidate:
     accepted: int = 0
     requests: int = 0
     load: float | None = None  # the highest 1-minute load average seen after a pass
+    servers: int = 0          # the server processes its passes ran on (with a new reference each: fresh_servers)
     abandoned: bool = False   # stopped early, far slower than the reference
     stalled: bool = False     # ... because a request took SLOW_FACTOR times the reference's, or more
     error: str | None = None
@@ -221,6 +222,7 @@ class Candidate:
                 "speedup_quartiles": None if self.spread is None else [round(x, 3) for x in self.spread],
                 "tau": None if self.tau is None else round(self.tau, 3),
                 "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else None,
+                "servers": self.servers,
                 "abandoned": self.abandoned, "stalled": self.stalled, "error": self.error}
 
 
@@ -306,6 +308,7 @@ class TuneSettings(Settings):
     server_args: Sequence[str] = ()   # the user's (after --)
     cpus: int | None = None           # the thread grid's top; default: this process's CPUs
     exact: bool = False               # serve --exact: every setting measured batch-invariant
+    fresh_servers: bool = False       # each confirmation pass on a new pair of servers (runner/speed.RoundServers)
 
     def problems(self) -> Iterator[str]:
         refused = refusal(parse_server_args, self.server_args)
@@ -359,7 +362,8 @@ class TuneResult:
             "candidates": [c.to_dict() for c in self.candidates],
             "settings": {"n_predict": s.n_predict, "prompts": self.prompts, "rounds": s.rounds,
                          "confirm_rounds": s.confirm_rounds, "min_speedup": s.min_speedup,
-                         "max_seconds": s.max_seconds, "quick": s.quick, "server_args": list(s.server_args),
+                         "max_seconds": s.max_seconds, "quick": s.quick, "fresh_servers": s.fresh_servers,
+                         "server_args": list(s.server_args),
                          "draft_length": self.draft_length},
             "stopped_before": self.stopped or None,
             "llama": self.llama, "seconds": round(self.seconds, 1), "warnings": self.warnings,
@@ -424,6 +428,7 @@ class _Tuner:
         try:
             with self._running(setting) as server, \
                     Stage(self.progress, f"  {setting.label()}: requests", total=2 * passes * len(self.prompt_ids)) as requests:
+                cand.servers += 1
                 for p in range(passes):
                     if not self._pass(reference, server, cand, p, requests):
                         cand.abandoned = True
@@ -626,8 +631,18 @@ class _Tuner:
                 stopped = stopped or "draft tree"
             # fresh passes of the best: the search's best is the luckiest of many noisy estimates
             best = with_controller(best_drafting(self.candidates.values()), self.candidates.values())
-            self.progress(f"confirmation: {best.setting.label()} against {alone.label()}")
-            confirmed = self.measure(reference, best.setting, s.confirm_rounds, "confirmation", into={})
+            self.progress(f"confirmation: {best.setting.label()} against {alone.label()}"
+                          + (", a new pair of servers each pass" if s.fresh_servers else ""))
+            if not s.fresh_servers:
+                return self.measure(reference, best.setting, s.confirm_rounds, "confirmation", into={}), alone, stopped
+        # two server processes of one command can run several per cent apart for as long as they live
+        # (docs/speed.md#fresh-servers): new ones each pass put that offset into the passes' spread
+        passes: dict[Setting, Candidate] = {}
+        for _ in range(s.confirm_rounds):
+            with self._running(alone) as reference:
+                confirmed = self.measure(reference, best.setting, 1, "confirmation", into=passes)
+            if confirmed.error is not None or confirmed.abandoned or confirmed.stalled:
+                break
         return confirmed, alone, stopped
 
 

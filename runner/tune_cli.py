@@ -12,7 +12,7 @@ import click
 from dflash_gguf.progress import printer
 from dflash_gguf.hub import resolve as hub
 from dflash_gguf.hub.resolve import HubRef
-from dflash_gguf.options import (ServerArgsCommand, build_options, draft_option, exact_option, json_option, n_predict_option,
+from dflash_gguf.options import (ServerArgsCommand, build_options, draft_option, exact_option, fresh_servers_option, json_option, n_predict_option,
                        prompts_option, rounds_needed, rounds_option, rpc_option, target_option)
 from dflash_gguf.settings import Settings, option, refusal, settings_command
 from . import tuned_settings as tuned
@@ -59,7 +59,8 @@ def print_table(result: dict, saved: Path | None) -> None:
     if spec["pairs"]:
         click.echo(f"confirmed speedup       {shown(result['confirmation'])}: {spec['tokens_per_second']:.1f} "
                    f"against {alone['tokens_per_second']:.1f} tok/s ({spec['pairs']} fresh request pairs in "
-                   f"{spec['runs']} passes; request pairs' quartiles {_range(spec['speedup_quartiles'])})")
+                   f"{spec['runs']} passes" + (", a new pair of servers each" if s.get("fresh_servers") else "")
+                   + f"; request pairs' quartiles {_range(spec['speedup_quartiles'])})")
     else:
         click.echo("confirmed speedup       none: no request of the confirmation was answered in time")
     click.echo(f"verdict                 {speed_verdict(result['speedup'], s['min_speedup'], unreliable=result['speedup_unreliable'])}")
@@ -83,6 +84,7 @@ class TuneCommandSettings(Settings):
     max_seconds: float | None = None
     min_speedup: float = DEFAULT_MIN_SPEEDUP
     exact: bool = False
+    fresh_servers: bool = False
     as_json: bool = option("--json", False)
     backend: str | None = None
     llama_bin: Path | None = None
@@ -105,7 +107,7 @@ class TuneCommandSettings(Settings):
             n_predict=self.n_predict or (QUICK["n_predict"] if self.quick else TuneSettings.n_predict),
             rounds=explore, confirm_rounds=confirm,
             min_speedup=self.min_speedup, max_seconds=self.max_seconds, quick=self.quick, backend=self.backend,
-            llama_bin=self.llama_bin, exact=self.exact,
+            llama_bin=self.llama_bin, exact=self.exact, fresh_servers=self.fresh_servers,
             server_args=list(with_rpc(self.rpc, self.server_args) if server_args is None else server_args))
 
 
@@ -123,6 +125,7 @@ class TuneCommandSettings(Settings):
 @click.option("--min-speedup", type=click.FloatRange(min=1.0), default=DEFAULT_MIN_SPEEDUP, show_default=True,
               help="Drafting pays when the confirmed speedup reaches this; below it serve runs the target alone.")
 @exact_option
+@fresh_servers_option
 @json_option
 @build_options
 @rpc_option
@@ -150,7 +153,8 @@ def tune_command(settings: TuneCommandSettings) -> None:
     pairs of its tokens/s over the target alone's. A setting far behind after a few pairs, or
     with a request taking 6x the target alone's (and 5 s), is dropped. The best setting is
     then measured again in fresh pairs: that ratio is the reported speedup, and drafting pays
-    when it reaches --min-speedup. Progress goes to stderr; the table (or --json) to stdout.
+    when it reaches --min-speedup (--fresh-servers: each of its passes on a new pair of servers,
+    the target alone's and the setting's). Progress goes to stderr; the table (or --json) to stdout.
     Two servers run at a time (the target's weights are shared when mapped from the file).
     Defaults: -n 64 and --rounds 3 per setting searched, the confirmation twice as many rounds
     (--quick: -n 32, one round, a confirmation of 3).

@@ -82,26 +82,28 @@ def drafting_lines(profile: dict) -> list[str]:
 
 def run_limit(timings: Iterable[dict], slots: int = 1) -> dict | None:
     """The speedup a run's own acceptance allows at the costs its controller measured, with no
-    overhead: per request, the best draft length n for that request's whole-block acceptance
-    (`draft_full_*_per_depth`, patch 0008), E(n) = 1 + sum_k prod_{i<=k} a_i tokens per step at
-    draft(slots) [n > 0] + verify(slots * (n + 1)) ms (patch 0013: `draft_pass_cost_ms`,
-    `draft_verify_cost_ms`), against one token per verify(slots) ms; requests weighted by the
-    tokens they produced; `ms_per_token`: the time a request waits per token at the limit (the whole
-    step, which every slot in it waits through). None without those fields (a static length, or a
-    build without 0013)."""
-    timings = [t for t in timings if t.get("draft_verify_cost_ms")]
+    overhead: every stretch of text served at its best draft length, knowing how far its block is
+    accepted. Patch 0024's `draft_full_tokens_by_accepted[L]`: a response's tokens by the accepted
+    length L of the scored whole block whose stretch they are in (a block stands for the tokens from its
+    position to the next scored block's, so a parked stretch counts whole, probed once). A token of a
+    stretch of L costs the least of verify(slots) (a plain step) and, for n = 1..L,
+    (draft(slots) + verify(slots * (n + 1))) / (n + 1) (patch 0013's `draft_pass_cost_ms`,
+    `draft_verify_cost_ms`; all slots drafting alike); against one token per verify(slots) ms.
+    `best_lengths`: the tokens served at each best length; `ms_per_token`: the time a request waits
+    per token at the limit. None without those fields (a static length, or a build before 0024)."""
+    timings = [t for t in timings if t.get("draft_verify_cost_ms") and t.get("draft_full_tokens_by_accepted")]
     if not timings:
         return None
     verify, draft = _costs(max(timings, key=lambda t: len(t["draft_verify_cost_ms"])))
-    pooled = _conditional(timings)
     plain, tokens, spent, lengths = verify(slots), 0, 0.0, Counter()
     for t in timings:
-        rates = _conditional([t], pooled)
-        best = max(range(len(rates) + 1), key=lambda n: _expected(rates, n) / _step_ms(n, slots, verify, draft))
-        produced = int(t.get("predicted_n") or 0)
-        tokens += produced
-        spent += produced * _step_ms(best, slots, verify, draft) / _expected(rates, best)
-        lengths[best] += 1
+        for accepted, count in enumerate(t["draft_full_tokens_by_accepted"]):
+            if not count:
+                continue
+            best = min(range(accepted + 1), key=lambda n: _step_ms(n, slots, verify, draft) / (n + 1))
+            tokens += int(count)
+            spent += int(count) * _step_ms(best, slots, verify, draft) / (best + 1)
+            lengths[best] += int(count)
     if not tokens or spent <= 0:
         return None
     return {"limit": round(tokens * plain / spent, 3), "best_lengths": {str(n): c for n, c in sorted(lengths.items())},
@@ -113,27 +115,6 @@ def _costs(t: dict):
     widest step its slots can make); past their end (a build without 0019), the last one."""
     curves = [list(t["draft_verify_cost_ms"]), list(t.get("draft_pass_cost_ms") or [0.0])]
     return tuple((lambda c: lambda size: float(c[min(max(size, 1), len(c)) - 1]))(c) for c in curves)
-
-
-def _conditional(timings: list[dict], fallback: list[float] | None = None) -> list[float]:
-    """a_i per depth from the whole drafted blocks' counts; `fallback`'s rate where a depth was never offered."""
-    offered: Counter[int] = Counter()
-    accepted: Counter[int] = Counter()
-    for t in timings:
-        for i, (o, a) in enumerate(zip(t.get("draft_full_offered_per_depth") or [], t.get("draft_full_accepted_per_depth") or [])):
-            offered[i] += int(o)
-            accepted[i] += int(a)
-    depths = max(len(fallback or []), max(offered, default=-1) + 1)
-    return [accepted[i] / offered[i] if offered[i] else (fallback[i] if fallback and i < len(fallback) else 0.0)
-            for i in range(depths)]
-
-
-def _expected(rates: list[float], n: int) -> float:
-    e, p = 1.0, 1.0
-    for a in rates[:n]:
-        p *= a
-        e += p
-    return e
 
 
 def _step_ms(n: int, slots: int, verify, draft) -> float:
@@ -153,8 +134,8 @@ def time_split(timings: Iterable[dict], slots: int = 1) -> dict | None:
     slots their prompts' steps, which the generating slots wait through) and, where the
     responses carry the controller's costs (0013), what was lost below the limit, per generated token:
     the measured time less the limit's (run_limit) is split exactly into `draft_lengths` (the lengths
-    chosen, at the controller's prices, over the best length per request; with several slots every
-    step priced as if all chose the request's length), `draft_passes` (measured draft passes over the
+    chosen, at the controller's prices, over the best length per stretch in hindsight; with several
+    slots every step priced as if all chose alike), `draft_passes` (measured draft passes over the
     price of the steps that drafted: probes, other slots' drafts, passes dearer than priced),
     `target` (the target's steps over their price), `feed`, `sample` and `rest`. None without 0020."""
     timings = [t for t in timings if t.get("spec_time_ms")]
@@ -229,5 +210,5 @@ def limit_line(speed: dict) -> str | None:
     lengths = ", ".join(f"{n}: {c}" for n, c in limit["best_lengths"].items())
     ratio = speed.get("measured_over_limit")
     measured = f"measured / limit {ratio:.2f}" if ratio is not None else "measured / limit: not measured reliably"
-    return (f"limit {limit['limit']:.2f}x at the controller's costs with no overhead (best length per request "
-            f"{lengths}); {measured}")
+    return (f"limit {limit['limit']:.2f}x at the controller's costs with no overhead, each stretch at its best "
+            f"length in hindsight (tokens by length {lengths}); {measured}")

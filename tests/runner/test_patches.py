@@ -32,20 +32,26 @@
   rides another slot's draft pass, and a ride keeps its probe schedule.
 - 0022-spec-auto-probe-credit: a parked slot probes only as often as its budget has earned, from none at
   start-up: about once per cap steps, not every 8, 16, 32, ... steps after the start or a draft.
+- 0023-spec-auto-deep-depths-lean-on-shallower: a depth's acceptance rate is shrunk toward the rate of the
+  depth above it, so after whole accepted blocks the whole block is expected (not 0.5 a depth).
+- 0024-spec-auto-tokens-by-accepted-length: each auto response counts its tokens by the accepted length of
+  the scored block whose stretch they are in (a probe stands for its whole parked stretch).
 
 `DFLASH_GGUF_TEST_LLAMA_BIN=<bin dir> pytest tests/runner/test_patches.py` runs the same tests against the
-programs of another build; against an unpatched build of the pinned tree all 23 fail (the two of 0006 only on a CPU with AMX).
+programs of another build; against an unpatched build of the pinned tree all 25 fail (the two of 0006 only on a CPU with AMX).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import random
 import re
 import shutil
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -365,7 +371,8 @@ def test_draft_length_auto_reports_its_step_costs(llama_bin: Path, trained_pair:
     """Patch 0013: every auto response carries the step costs its last step was decided with
     (`draft_verify_cost_ms` by batch tokens, `draft_pass_cost_ms` by drafting sequences): the values
     of the last `spec auto:` line, finite and positive, the verify curve covering the whole block plus
-    one; validation/acceptance.py's run limit is computed from them (1.0 at least: n = 0 is a choice).
+    one; validation/acceptance.py's run limit is computed from them with 0024's stretches (1.0 at least: n = 0
+    is a choice).
     Without 0013 the timings hold neither field."""
     from dflash_gguf.validation.acceptance import run_limit
     from training.fixtures.trained_gguf import held_out_prompts
@@ -390,7 +397,8 @@ def test_draft_length_auto_reports_its_step_costs(llama_bin: Path, trained_pair:
                 assert (round(draft[0], 3), round(verify[0], 3), round(verify[width - 1], 3)) == \
                     (float(last[0]), float(last[1]), float(last[3]))
     limit = run_limit(a.timings for a in answers)
-    assert limit is not None and limit["limit"] >= 1.0 and sum(limit["best_lengths"].values()) == 2
+    counted = sum(sum(a.timings.get("draft_full_tokens_by_accepted", [])) for a in answers)
+    assert limit is not None and limit["limit"] >= 1.0 and sum(limit["best_lengths"].values()) == counted
 
 
 def test_draft_length_auto_probes_cost_a_bounded_share(llama_bin: Path, trained_pair: dict[str, Path], tmp_path: Path):
@@ -622,13 +630,14 @@ def test_draft_length_auto_probes_from_an_earned_budget(llama_bin: Path, trained
     (cap = ceil(draft / (0.01 x verify1)) from 8 to 1024, 0014's wait), starting at none: a slot parked
     from the start-up on probes about once per cap steps, not at 8, 24, 56, 120, 248 steps as 0014's
     doubling from 8 did; each decision line ends with the credit, between 0 and 2 probes. Unpatched: no
-    `credit=` on the line, and 5 probes where the budget earned about one."""
-    from training.fixtures.trained_gguf import held_out_prompts
-
+    `credit=` on the line, and 5 probes where the budget earned about one. The text: random hexadecimal
+    digits, of which the drafter predicts nothing, so the slot parks throughout."""
+    rng = random.Random(0)
+    hex_digits = " ".join(f"{rng.getrandbits(32):08x}" for _ in range(40))
     args = ["--parallel", "1", "-c", "1024", "-t", "1", "-md", trained_pair["dflash2"], "--spec-type", "draft-dflash",
             "--spec-draft-n-max", "auto", "-lv", "5"]
     with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / "auto.log") as server:
-        server.client.complete(held_out_prompts()[0], 480, ignore_eos=True)
+        server.client.complete(hex_digits, 480, ignore_eos=True)
     log = (tmp_path / "auto.log").read_text(errors="replace")
     lines = AUTO_CREDIT.findall(log)
     decided = [d for d in AUTO_LINE.findall(log) if d[5] != "limit"]  # `limit`: no room for a draft, no choice
@@ -641,6 +650,83 @@ def test_draft_length_auto_probes_from_an_earned_budget(llama_bin: Path, trained
     assert len(probes) <= earned + 1, f"{len(probes)} probes at steps {probes}, {earned:.2f} earned (caps {min(caps)}-{max(caps)})"
     if probes:  # the first one waits for most of a probe's worth: the cap, less what its costs moved
         assert probes[0] + 1 >= min(caps[:probes[0] + 1]) / 2, (probes, caps[:probes[0] + 1])
+
+
+AUTO_BLOCK = re.compile(r"spec auto: slot=0 n=(\d+) .* credit=[\d.]+ E_block=([\d.]+)")
+DRAFT_ACCEPTED = re.compile(r"accepted (\d+)/(\d+) draft tokens")
+
+
+def _shrunk_block(accepted: int, block: int) -> float:
+    """0023's expected tokens of a whole block after one scored block accepted to depth `accepted`: depth k's
+    rate is (its count + depth k-1's rate) / (its offers + 1), depth 1's shrunk toward 0.5; depths 1..accepted
+    seen accepted once, the next one rejected once, the deeper ones never offered."""
+    e, p, rate = 1.0, 1.0, 0.5
+    for depth in range(1, block + 1):
+        seen, taken = (1, 1) if depth <= accepted else (1, 0) if depth == accepted + 1 else (0, 0)
+        rate = (taken + rate) / (seen + 1)
+        p *= rate
+        e += p
+    return e
+
+
+def test_draft_length_auto_deep_depths_lean_on_the_shallower(llama_bin: Path, trained_pair: dict[str, Path],
+                                                             tmp_path: Path):
+    """Patch 0023: a depth's acceptance rate is its own counts shrunk toward the rate of the depth above it, so a
+    slot whose whole block was just accepted expects most of a block at once: 5.37 tokens of DFlash 2's 8 after
+    the first calibration block of held-out prompt 0 (accepted whole), where 0008's fixed prior of 0.5 at
+    every depth made it 3.60 (0.75 a depth, multiplied down). The decision line ends `E_block=` (what a whole
+    block is expected to give); unpatched it has none."""
+    from training.fixtures.trained_gguf import held_out_prompts
+
+    args = ["--parallel", "1", "-c", "1024", "-t", "1", "-md", trained_pair["dflash2"], "--spec-type", "draft-dflash",
+            "--spec-draft-n-max", "auto", "-lv", "5"]
+    with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / "auto.log") as server:
+        server.client.complete(held_out_prompts()[0], 32, ignore_eos=True)
+    log = (tmp_path / "auto.log").read_text(errors="replace")
+    decisions = [(int(n), float(e)) for n, e in AUTO_BLOCK.findall(log)]
+    assert len(decisions) >= 2, log[-1500:]
+    (first_n, first_e), (_, second_e) = decisions[:2]
+    accepted, block = map(int, DRAFT_ACCEPTED.findall(log)[0])
+    assert first_n == block == 7, decisions[:2]  # the start-up calibration verifies the whole block
+    assert first_e == pytest.approx(1 + sum(0.5 ** k for k in range(1, 8)), abs=2e-3)  # nothing seen yet: 0.5 a depth
+    assert accepted >= 4, f"held-out prompt 0's first block accepted to {accepted} only"
+    assert second_e == pytest.approx(_shrunk_block(accepted, block), abs=2e-3), (accepted, decisions[:3])
+
+
+AUTO_SCORED = re.compile(r"spec auto scored: slot=0 i0=(\d+) accepted=(\d+)")
+
+
+def test_draft_length_auto_counts_each_stretch_by_its_tokens(llama_bin: Path, trained_pair: dict[str, Path],
+                                                             tmp_path: Path):
+    """Patch 0024: every auto response's timings carry `draft_full_tokens_by_accepted[L]`, the request's tokens by
+    the accepted length L of the scored whole block whose stretch they are in (from the block's position to the
+    next scored block's), so a probe stands for its whole parked stretch; validation/acceptance.py's limit
+    serves each stretch at its best length. One slot, 480 tokens that mostly park: every token from the first
+    block's on is counted once, each stretch the log closes (`spec auto scored:` lines, -lv 5) at its block's
+    length, and the calibration's blocks (verified whole) at the length the target accepted. Unpatched: no
+    such field and no scored lines."""
+    from training.fixtures.trained_gguf import held_out_prompts
+
+    args = ["--parallel", "1", "-c", "1024", "-t", "1", "-md", trained_pair["dflash2"], "--spec-type", "draft-dflash",
+            "--spec-draft-n-max", "auto", "-lv", "5"]
+    with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / "auto.log") as server:
+        answer = server.client.complete(held_out_prompts()[1], 480, ignore_eos=True)
+    log = (tmp_path / "auto.log").read_text(errors="replace")
+    by_accepted = answer.timings["draft_full_tokens_by_accepted"]
+    scored = sorted((int(i0), int(a)) for i0, a in AUTO_SCORED.findall(log))
+    assert len(scored) >= 5 and scored[0][0] == 1, scored[:6]  # the first block is drafted after the prompt's token
+    assert sum(by_accepted) == answer.n_predicted - scored[0][0], (by_accepted, answer.n_predicted)
+    closed: Counter[int] = Counter()
+    stretches = []
+    for (i0, a), (nxt, _) in zip(scored, scored[1:]):
+        closed[a] += nxt - i0
+        stretches.append(nxt - i0)
+    assert all(by_accepted[a] >= n for a, n in closed.items()), (by_accepted, closed)
+    assert sum(by_accepted) - sum(closed.values()) <= answer.n_predicted - scored[-1][0]
+    stretches.append(answer.n_predicted - scored[-1][0])
+    assert max(stretches) > 8 * 8, f"no parked stretch counted whole: {stretches}"  # many plain steps, one block
+    for (i0, a), (verified, n) in zip(scored[:4], DRAFT_ACCEPTED.findall(log)[:4]):
+        assert int(n) == 7 and (a == int(verified)), (scored[:4], DRAFT_ACCEPTED.findall(log)[:4])
 
 
 @pytest.mark.parametrize("extra", [(), ("-md", "DRAFTER", "--spec-type", "ngram-simple")],

@@ -21,6 +21,10 @@ def test_a_tight_ratio_within_tau_is_a_figure_with_its_range():
     ([1.2, 1.3, 2.1], 2.0, "1 of the 3 rounds came out above tau 2.00"),
     ([0.9, 1.5, 1.1], 3.0, "the 3 rounds range from 0.90x to 1.50x, wider than the effect (median 1.10x)"),
     ([1.2, 1.25], 3.0, "2 rounds measured, at least 3 are needed"),
+    # auto parked on nearly every step: the same target steps on both sides, the ratio is the servers' spread
+    ([1.01, 0.98, 1.02], 1.002, "2 of the 3 rounds came out above tau 1.00: the speculative server verified almost "
+     "no drafted token (parked), so it ran the target's own steps and can at best match it; the rest is the "
+     "spread of two servers (slowest round 0.98x)"),
 ])
 def test_what_the_run_cannot_support_is_withheld_with_why(ratios, tau, why):
     s = judge(ratios, tau=tau, load=0.5, cores=2)

@@ -352,7 +352,7 @@ def test_quick_tune_on_the_trained_pair_is_saved_and_serve_runs_it(trained_pair:
     assert [(c["stages"], c["setting"]["tree_p_min"]) for c in trees] == [(["draft tree"], None), (["tree floor"], 0.4)]
     assert trees[1]["setting"]["draft_max"] == longest and trees[1]["error"] is None
     confirmed = result["best_drafting"]
-    assert confirmed["stages"] == ["confirmation"]
+    assert confirmed["stages"] == ["confirmation"] and confirmed["servers"] == 1
     # 3 passes over 6 prompts, unless it fell so far behind the target alone that it was stopped early
     assert confirmed["pairs"] == 3 * 6 or (confirmed["abandoned"] and confirmed["speedup"] < 0.33)
     assert result["drafting_pays"] == (result["speedup"] is not None and result["speedup"] >= 1.05)
@@ -418,6 +418,25 @@ def test_a_drafter_that_cannot_pay_is_measured_so_and_serve_runs_the_target_alon
     # (-t 1: llama.cpp's default of every core crawls on a loaded 2-core machine)
     answer, stderr, log = _serve(target, draft, llama_bin, tmp_path / "drafting.log", "--no-tuned", "--", "-t", "1")
     assert answer.draft_n > 0 and "adding speculative" in log
+
+
+@pytest.mark.integration
+def test_fresh_servers_confirm_each_pass_on_a_new_pair(tiny_pair, llama_bin: Path, tmp_path: Path, tuned_home):
+    """--fresh-servers: the confirmation's 3 passes (--quick) each on a new pair of servers, the target alone's
+    and the setting's; the search as without it (one server per setting)."""
+    target, draft = tiny_pair
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def fibonacci(n):\\n\nThe history of the printing press\n")
+    proc = dflash_gguf("tune", "-t", target, "-d", draft, "--quick", "--json", "--llama-bin", llama_bin,
+                       "--prompts", prompts, "-n", "8", "--fresh-servers", "--", "-t", "1", "--spec-draft-n-max", "2",
+                       cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    confirmed = result["best_drafting"]
+    assert result["settings"]["fresh_servers"] is True and "a new pair of servers each pass" in proc.stderr
+    assert confirmed["stages"] == ["confirmation"] and confirmed["servers"] == confirmed["runs"] == 3
+    assert confirmed["pairs"] == 3 * 2
+    assert all(c["servers"] == 1 for c in result["candidates"]), [c["servers"] for c in result["candidates"]]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -30,57 +30,66 @@ def test_a_run_with_no_steps_has_no_profile():
     assert depth_profile([]) == {"steps": 0, "draft_lengths": {}, "parked_share": None, "per_depth": []}
 
 
-def _auto(produced: int, offered: list[int], accepted: list[int], verify=(10.0, 11.0, 12.0, 13.0, 14.0), draft=(3.0,)):
+def _auto(produced: int, by_accepted: list[int], verify=(10.0, 11.0, 12.0, 13.0, 14.0), draft=(3.0,)):
     return {"predicted_n": produced, "draft_verify_cost_ms": list(verify), "draft_pass_cost_ms": list(draft),
-            "draft_full_offered_per_depth": offered, "draft_full_accepted_per_depth": accepted}
+            "draft_full_offered_per_depth": [10, 8, 6, 4], "draft_full_accepted_per_depth": [8, 6, 4, 2],
+            "draft_full_tokens_by_accepted": by_accepted}
 
 
-def test_the_limit_is_the_best_length_per_request_at_the_measured_costs():
-    # a_1..a_4 = 0.8, 0.75, 2/3, 0.5: E(4) = 1 + .8 + .6 + .4 + .2 = 3.0 tokens for 3 + 14 ms against 10 ms a token
-    deep = _auto(48, [10, 8, 6, 4], [8, 6, 4, 2])
-    assert run_limit([deep]) == {"limit": 1.765, "best_lengths": {"4": 1}, "verify_ms": 10.0, "slots": 1,
-                                 "ms_per_token": round(17 / 3, 6)}
-    # a request whose drafts are never accepted is best served by plain steps: the limit is 1.0
-    shallow = _auto(48, [10, 2, 0, 0], [1, 0, 0, 0])
-    assert run_limit([shallow])["limit"] == 1.0 and run_limit([shallow])["best_lengths"] == {"0": 1}
-    # weighted by tokens: 48 at 10/1.765 ms and 48 at 10 ms
-    both = run_limit([deep, shallow])
-    assert both["best_lengths"] == {"0": 1, "4": 1} and both["limit"] == round(96 * 10 / (48 * 17 / 3 + 48 * 10), 3)
+def test_the_limit_serves_each_stretch_at_its_best_length_in_hindsight():
+    # a token of a stretch whose block is accepted to depth L costs min over n <= L of (3 + verify(n + 1)) / (n + 1):
+    # L = 0: 10 ms (plain), L = 2: 15 / 3 = 5 ms, L = 4: 17 / 5 = 3.4 ms; against 10 ms a token
+    run = _auto(49, [8, 0, 10, 0, 30])
+    assert run_limit([run]) == {"limit": round(48 * 10 / 232, 3), "best_lengths": {"0": 8, "2": 10, "4": 30},
+                                "verify_ms": 10.0, "slots": 1, "ms_per_token": round(232 / 48, 6)}
+    # a stretch counts by its tokens, not by its blocks: one probe standing for 40 parked tokens at L = 0
+    # weighs 40 against 8 tokens drafted at L = 4 (the per-depth counts of the blocks would weigh 1 against 2)
+    parked = run_limit([_auto(49, [40, 0, 0, 0, 8])])
+    assert parked["best_lengths"] == {"0": 40, "4": 8} and parked["limit"] == round(48 * 10 / (400 + 8 * 3.4), 3)
+    # blocks never accepted, or accepted where even a known length costs more a token than a plain step: 1.0
+    assert run_limit([_auto(49, [48])]) == {"limit": 1.0, "best_lengths": {"0": 48}, "verify_ms": 10.0, "slots": 1,
+                                            "ms_per_token": 10.0}
+    dear = run_limit([_auto(49, [0, 0, 48], verify=(10.0, 25.0, 40.0))])
+    assert dear["limit"] == 1.0 and dear["best_lengths"] == {"0": 48}
 
 
 def test_more_slots_price_the_wider_batch_and_a_static_run_has_no_limit():
-    deep = _auto(48, [10, 8, 6, 4], [8, 6, 4, 2], verify=[10.0] + [10.0 + 4 * b for b in range(1, 10)])
+    deep = _auto(49, [0, 0, 0, 0, 48], verify=[10.0] + [10.0 + 4 * b for b in range(1, 10)])
     one, two = run_limit([deep], 1), run_limit([deep], 2)
     assert two["limit"] < one["limit"] and two["verify_ms"] == 14.0
     static = {"predicted_n": 48, "draft_offered_per_depth": [10], "draft_accepted_per_depth": [5]}
     assert run_limit([static]) is None and limit_fields([static], 0.9) == {} and limit_line({}) is None
+    # a build before 0024: the per-depth counts alone give no limit
+    older = {k: v for k, v in deep.items() if k != "draft_full_tokens_by_accepted"}
+    assert run_limit([older]) is None
 
 
 def test_measured_over_limit_is_withheld_with_the_speedup():
-    deep = _auto(48, [10, 8, 6, 4], [8, 6, 4, 2])
-    assert limit_fields([deep], 1.5)["measured_over_limit"] == round(1.5 / 1.765, 3)
-    withheld = limit_fields([deep], None)
+    run = _auto(49, [0, 0, 0, 0, 48])  # 3.4 ms a token: 2.941x
+    assert limit_fields([run], 1.5)["measured_over_limit"] == round(1.5 / 2.941, 3)
+    withheld = limit_fields([run], None)
     assert withheld["measured_over_limit"] is None
-    assert "not measured reliably" in limit_line(withheld) and "limit 1.76x" in limit_line(withheld)
+    line = limit_line(withheld)
+    assert "not measured reliably" in line and "limit 2.94x" in line and "tokens by length 4: 48" in line
 
 
 def test_the_time_below_the_limit_is_split_into_named_parts():
-    """Patch 0020's parts: 12 steps drafting 4 (E 3 tokens each) and 4 parked steps made 40 tokens in
-    250 ms after the prompt's (predicted_n 41), against 17/3 ms a token at the limit (every step drafting 4)."""
-    run = {**_auto(41, [10, 8, 6, 4], [8, 6, 4, 2]), "draft_n_chosen_hist": [4, 0, 0, 0, 12], "predicted_ms": 250.0,
+    """Patch 0020's parts: 12 steps drafting 4 and 4 parked steps made 40 tokens in 250 ms after the
+    prompt's (predicted_n 41), against 3.4 ms a token at the limit (every stretch accepted to depth 4)."""
+    run = {**_auto(41, [0, 0, 0, 0, 40]), "draft_n_chosen_hist": [4, 0, 0, 0, 12], "predicted_ms": 250.0,
            "spec_time_ms": {"target": 200.0, "draft": 40.0, "feed": 5.0, "sample": 3.0}}
     time = limit_fields([run], 1.2)["time"]
     assert time["parts_ms"] == {"target": 200.0, "draft": 40.0, "feed": 5.0, "sample": 3.0, "rest": 2.0}
     below = time["below_limit"]
     lost = below["lost_ms_per_token"]
     # priced: 4 plain steps (10 ms) + 12 steps of a draft pass (3 ms) and 5 tokens (14 ms) = 244 ms
-    assert lost["draft_lengths"] == pytest.approx((244 - 40 * 17 / 3) / 40, abs=1e-3)
+    assert lost["draft_lengths"] == pytest.approx((244 - 40 * 3.4) / 40, abs=1e-3)
     assert lost["target"] == pytest.approx((200 - 208) / 40) and lost["draft_passes"] == pytest.approx((40 - 36) / 40)
     assert (lost["feed"], lost["sample"], lost["rest"]) == (0.125, 0.075, 0.05)
     assert sum(lost.values()) == pytest.approx(below["measured_ms_per_token"] - below["limit_ms_per_token"], abs=1e-3)
     lines = time_lines({"time": time})
     assert lines[0].startswith("time by part: the target's steps 80.0%") and "0.25 s generating" in lines[0]
-    assert lines[1].startswith("below the limit: 6.250 ms per token against 5.667") and "drafter feed +0.125" in lines[1]
+    assert lines[1].startswith("below the limit: 6.250 ms per token against 3.400") and "drafter feed +0.125" in lines[1]
 
 
 def test_a_static_run_has_its_time_parts_but_no_limit_and_a_stock_build_neither():
