@@ -90,7 +90,9 @@ def run_limit(timings: Iterable[dict], slots: int = 1) -> dict | None:
     (draft(slots) + verify(slots * (n + 1))) / (n + 1) (patch 0013's `draft_pass_cost_ms`,
     `draft_verify_cost_ms`; all slots drafting alike); against one token per verify(slots) ms.
     `best_lengths`: the tokens served at each best length; `ms_per_token`: the time a request waits
-    per token at the limit. None without those fields (a static length, or a build before 0024)."""
+    per token at the limit. Tokens before a request's first scored block (and requests with none, a
+    slot parked throughout) are left out: no block says what they would have accepted. None without
+    those fields (a static length, or a build before 0024)."""
     timings = [t for t in timings if t.get("draft_verify_cost_ms") and t.get("draft_full_tokens_by_accepted")]
     if not timings:
         return None
