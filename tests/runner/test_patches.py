@@ -36,9 +36,11 @@
   depth above it, so after whole accepted blocks the whole block is expected (not 0.5 a depth).
 - 0024-spec-auto-tokens-by-accepted-length: each auto response counts its tokens by the accepted length of
   the scored block whose stretch they are in (a probe stands for its whole parked stretch).
+- 0025-spec-auto-openings: a request's first step is decided by what earlier requests' first blocks met, not by
+  the counts carried from the last request's end.
 
 `DFLASH_GGUF_TEST_LLAMA_BIN=<bin dir> pytest tests/runner/test_patches.py` runs the same tests against the
-programs of another build; against an unpatched build of the pinned tree all 25 fail (the two of 0006 only on a CPU with AMX).
+programs of another build; against an unpatched build of the pinned tree all 26 fail (the two of 0006 only on a CPU with AMX).
 """
 
 from __future__ import annotations
@@ -731,6 +733,58 @@ def test_draft_length_auto_counts_each_stretch_by_its_tokens(llama_bin: Path, tr
     assert max(stretches) > 8 * 8, f"no parked stretch counted whole: {stretches}"  # many plain steps, one block
     for (i0, a), (verified, n) in zip(scored[:4], DRAFT_ACCEPTED.findall(log)[:4]):
         assert int(n) == 7 and (a == int(verified)), (scored[:4], DRAFT_ACCEPTED.findall(log)[:4])
+
+
+# 0025's decision line at a request's first step; `opening=-` at the others
+AUTO_OPENING = re.compile(r"task (\d+) \| spec auto: slot=0 n=\d+ .* E_block=([\d.]+) "
+                          r"opening=(?:-|([\d.]+)/([\d.]+) carried=([\d.]+))")
+AUTO_SCORED_TASK = re.compile(r"task (\d+) \| spec auto scored: slot=0 i0=(\d+) accepted=(\d+)")
+
+
+def test_draft_length_auto_opens_a_request_from_the_openings(llama_bin: Path, trained_pair: dict[str, Path],
+                                                              tmp_path: Path):
+    """Patch 0025: a request's first step drafts after the prompt alone, and decides by what earlier requests'
+    first blocks met, not by the counts carried from the last request's end: there depth k's rate is the
+    earlier openings' counts (halved every 4 requests) shrunk toward the opening's depth k-1, depth 1's toward
+    the depth-1 rate the slot carried in. One slot, six held-out requests of 480 tokens (long enough that each
+    is probed at its first step, 0021, where a draft pass costs up to 4.8 plain steps): a request's first decision logs `opening=<accepted>/<offered>
+    carried=<rate>` (depth 1), every later one `opening=-`; the counts are the earlier first blocks as the
+    `spec auto scored:` lines score them, and E_block the whole block at the openings' rates. Unpatched: no
+    `opening=`."""
+    from training.fixtures.trained_gguf import held_out_prompts
+
+    args = ["--parallel", "1", "-c", "2048", "-t", "1", "-md", trained_pair["dflash2"], "--spec-type", "draft-dflash",
+            "--spec-draft-n-max", "auto", "-lv", "5"]
+    with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / "auto.log") as server:
+        for prompt in held_out_prompts()[:6]:
+            server.client.complete(prompt, 480, ignore_eos=True)
+    log = (tmp_path / "auto.log").read_text(errors="replace")
+    decisions: dict[int, list[tuple]] = {}
+    for task, e_block, acc, off, carried in AUTO_OPENING.findall(log):
+        decisions.setdefault(int(task), []).append((float(e_block), acc and (float(acc), float(off), float(carried))))
+    openings: dict[int, list[int]] = {}  # each request's first block (drafted after the prompt's token) by its accepted length
+    for task, i0, accepted in AUTO_SCORED_TASK.findall(log):
+        if int(i0) == 1:
+            openings.setdefault(int(task), []).append(int(accepted))
+    assert len(decisions) == 6 and len(openings) >= 2, (sorted(decisions), openings)
+    block = 7
+    counts = [[0.0, 0.0] for _ in range(block)]  # per depth: accepted, offered
+    for task in sorted(decisions):
+        steps = decisions[task]
+        assert steps[0][1] and not any(opening for _, opening in steps[1:]), steps[:3]
+        e_block, (acc, off, carried) = steps[0]
+        assert (acc, off) == (pytest.approx(counts[0][0], abs=2e-3), pytest.approx(counts[0][1], abs=2e-3)), task
+        e, p, rate = 1.0, 1.0, carried
+        for taken, seen in counts:
+            rate = (taken + rate) / (seen + 1)
+            p *= rate
+            e += p
+        assert e_block == pytest.approx(e, abs=2e-3), (task, steps[0], counts)
+        counts = [[c * 0.5 ** 0.25 for c in depth] for depth in counts]
+        for accepted in openings.get(task, []):
+            for depth in range(min(accepted + 1, block)):
+                counts[depth][1] += 1
+                counts[depth][0] += depth < accepted
 
 
 @pytest.mark.parametrize("extra", [(), ("-md", "DRAFTER", "--spec-type", "ngram-simple")],
