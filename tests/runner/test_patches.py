@@ -38,9 +38,11 @@
   the scored block whose stretch they are in (a probe stands for its whole parked stretch).
 - 0025-spec-auto-openings: a request's first step is decided by what earlier requests' first blocks met, not by
   the counts carried from the last request's end.
+- 0026-spec-auto-probe-priced-with-its-feed: a parked slot's probe is priced with the feed of the features it kept,
+  so its probes keep to 0022's budget.
 
 `DFLASH_GGUF_TEST_LLAMA_BIN=<bin dir> pytest tests/runner/test_patches.py` runs the same tests against the
-programs of another build; against an unpatched build of the pinned tree all 26 fail (the two of 0006 only on a CPU with AMX).
+programs of another build; against an unpatched build of the pinned tree all 27 fail (the two of 0006 only on a CPU with AMX).
 """
 
 from __future__ import annotations
@@ -403,23 +405,35 @@ def test_draft_length_auto_reports_its_step_costs(llama_bin: Path, trained_pair:
     assert limit is not None and limit["limit"] >= 1.0 and sum(limit["best_lengths"].values()) == counted
 
 
+# a whole decision line, and the price of the slot's feed on it (0026; none before)
+DECISION = re.compile(r"spec auto: slot=\d+ n=\d+ parked=[^\n]*")
+FEED_PRICE = re.compile(r" feed_ms=([\d.]+) kept=\d+")
+
+
 def test_draft_length_auto_probes_cost_a_bounded_share(llama_bin: Path, trained_pair: dict[str, Path], tmp_path: Path):
     """Patch 0014: a slot that stays parked waits longer between probes than 0008's 64 steps where a
     draft pass is dear (the trained pair's DFlash 2 pass costs several plain steps on this CPU), up to
-    the wait that keeps probes at about 1 % of the plain steps: ceil(draft / (0.01 * verify1)) by the
-    costs logged at the probe, from 8 to 1024. Unpatched the waits stop at 64. The text: random hexadecimal
-    digits, of which the drafter predicts nothing (a text it drafts restarts the schedule)."""
+    the wait that keeps probes at about 1 % of the plain steps: ceil(probe / (0.01 * verify1)) by the
+    costs logged at the probe, from 8 to 1024, a probe's price its draft pass (and since 0026 the feed of the
+    rows the slot keeps, `feed_ms=`). Unpatched the waits stop at 64. The text: random hexadecimal digits, of
+    which the drafter predicts nothing (a text it drafts restarts the schedule)."""
     rng = random.Random(1)
-    texts = [" ".join(f"{rng.getrandbits(32):08x}" for _ in range(40)) for _ in range(5)]
+    texts = [" ".join(f"{rng.getrandbits(32):08x}" for _ in range(40)) for _ in range(8)]
     args = ["--parallel", "1", "-c", "1024", "-t", "1", "-md", trained_pair["dflash2"], "--spec-type", "draft-dflash",
             "--spec-draft-n-max", "auto", "-lv", "5"]
     def waits_so_far() -> tuple[list, list]:
         log = (tmp_path / "auto.log").read_text(errors="replace")
-        lines = [(d, c) for d, c in zip(AUTO_LINE.findall(log), AUTO_COSTS.findall(log))]
-        # any draft pass of a parked slot restarts its wait: the schedule's, a request's first step's (0021)
-        probes = [i for i, (d, _) in enumerate(lines) if d[5].startswith("probe")]
-        # waits between two probes with only parked steps between them (a draft resets the schedule to 8)
-        return lines, [(a, b - a) for a, b in zip(probes, probes[1:]) if all(lines[i][0][2] == "1" for i in range(a, b))]
+        lines = []
+        for text in DECISION.findall(log):
+            d, c, f = AUTO_LINE.search(text), AUTO_COSTS.search(text), FEED_PRICE.search(text)
+            if d and c:  # a `limit` line (no room for a draft) has no costs: not a choice
+                lines.append((d.groups(), c.groups(), float(f.group(1)) if f else 0.0))
+        # any draft pass restarts a slot's wait: a probe (the schedule's, a request's first step's: 0021) or a
+        # draft after the start-up (which resets the schedule to 8)
+        passes = [i for i, (d, *_) in enumerate(lines) if d[5].startswith("probe") or (d[1] != "0" and d[5] != "calibrate")]
+        # waits from a pass to the next probe with only parked steps between them
+        return lines, [(a, b - a) for a, b in zip(passes, passes[1:])
+                       if lines[b][0][5].startswith("probe") and all(lines[i][0][2] == "1" for i in range(a + 1, b))]
 
     with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / "auto.log") as server:
         # the schedule carries over between requests; on a loaded machine a cost measured high or low can make a
@@ -429,9 +443,10 @@ def test_draft_length_auto_probes_cost_a_bounded_share(llama_bin: Path, trained_
             lines, waits = waits_so_far()
             if waits and max(w for _, w in waits) > 64:
                 break
-    assert waits and max(w for _, w in waits) > 64, f"waits between probes {waits}: capped at 0008's 64"
+    events = [(i, d[1], d[5]) for i, (d, *_) in enumerate(lines) if d[5] != "rate" or d[1] != "0"]
+    assert waits and max(w for _, w in waits) > 64, f"waits between probes {waits}: capped at 0008's 64; {events[:40]}"
     # the cap follows the costs step by step: a wait ends by the largest cap its steps were decided with
-    cap = lambda i: max(8, min(1024, math.ceil(float(lines[i][1][0]) / (0.01 * float(lines[i][1][1])))))  # noqa: E731
+    cap = lambda i: max(8, min(1024, math.ceil((float(lines[i][1][0]) + lines[i][2]) / (0.01 * float(lines[i][1][1])))))  # noqa: E731
     for a, wait in waits:
         caps = [cap(i) for i in range(a, a + wait + 1)]
         assert wait <= max(caps) + 1, (wait, min(caps), max(caps))
@@ -785,6 +800,64 @@ def test_draft_length_auto_opens_a_request_from_the_openings(llama_bin: Path, tr
             for depth in range(min(accepted + 1, block)):
                 counts[depth][1] += 1
                 counts[depth][0] += depth < accepted
+
+
+# 0026's decision line: the price of the slot's feed now and the rows it keeps, after 0025's `opening=`
+AUTO_FEED = re.compile(r"spec auto: slot=0 n=\d+ parked=[01] .* why=(\w+) draft_ms=(-?[\d.]+) verify1_ms=(-?[\d.]+) .* "
+                       r"credit=([\d.]+) .* feed_ms=([\d.]+) kept=(\d+)")
+DRAFTER_FED = re.compile(r"dflash kept: seq_id=0 fed=(\d+)")
+
+
+def test_draft_length_auto_prices_a_probe_with_its_feed(llama_bin: Path, trained_pair: dict[str, Path], tmp_path: Path):
+    """Patch 0026: a parked slot's probe is priced with the feed of the rows it kept (fed to the drafter before
+    the probe's pass), not at the draft pass alone: once a feed has been timed, each decision line prices the
+    kept rows at the feeds' rate (`feed_ms=`, proportional to `kept=` between feeds), and a parked step earns
+    1 / cap of a probe with cap = ceil((draft + feed) / (0.01 x verify1)) from 8 to 1024 (0022's budget), so
+    the credit grows more slowly the more the slot keeps. Unpatched: no `feed_ms=` on the line, and the
+    credit grows by the draft pass's share alone. The text: random hexadecimal digits, parked throughout."""
+    rng = random.Random(0)
+    hex_digits = " ".join(f"{rng.getrandbits(32):08x}" for _ in range(40))
+    args = ["--parallel", "1", "-c", "1024", "-t", "1", "-md", trained_pair["dflash2"], "--spec-type", "draft-dflash",
+            "--spec-draft-n-max", "auto", "-lv", "5"]
+    with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / "auto.log") as server:
+        server.client.complete(hex_digits, 480, ignore_eos=True)
+    log = (tmp_path / "auto.log").read_text(errors="replace")
+    decided = [d for d in AUTO_LINE.findall(log) if d[5] != "limit"]
+    lines = [(why, float(d), float(v), float(c), float(f), int(k)) for why, d, v, c, f, k in AUTO_FEED.findall(log)]
+    assert len(lines) == len(decided) > 400, "one decision line per step, each with the feed's price"
+    fed = [int(n) for n in DRAFTER_FED.findall(log)]
+    assert any(n > 1 for n in fed), f"no feed of kept rows: {fed}"
+
+    # after the first line that prices a feed, the price is the kept rows at one rate until the next feed
+    priced = [i for i, line in enumerate(lines) if line[4] > 0.0]
+    assert priced and all(lines[i][5] > 0 for i in priced), "a price for rows kept, none for none"
+    first = priced[0]
+    assert all(line[4] > 0.0 for line in lines[first:] if line[5] >= 20), "every later line with rows kept prices them"
+    stretches, rates = [], []  # a feed empties what the slot keeps: the rate may move there, not between
+    for prev, line in zip(lines[first - 1:], lines[first:]):
+        if line[5] < prev[5] and rates:
+            stretches.append(rates)
+            rates = []
+        if line[5] >= 100:
+            rates.append(line[4] / line[5])
+    stretches = [r for r in stretches + [rates] if r]
+    assert stretches and all(max(r) <= 1.01 * min(r) + 1e-4 for r in stretches), [(min(r), max(r)) for r in stretches]
+
+    def cap(draft: float, feed: float, verify1: float) -> int:
+        return min(1024, max(8, math.ceil((draft + feed) / (0.01 * verify1))))
+
+    # the credit over a run of parked steps (no probe, below the saving cap of 2) grows by 1 / cap a step
+    with_feed, without_feed, grown, k = 0.0, 0.0, 0.0, max(first, 6)
+    for prev, line in zip(lines[k:], lines[k + 1:]):
+        why, draft, verify1, credit, feed, _ = line
+        if why != "rate" or credit >= 1.9 or credit < prev[3]:
+            continue
+        grown += credit - prev[3]
+        with_feed += 1.0 / cap(draft, feed, verify1)
+        without_feed += 1.0 / cap(draft, 0.0, verify1)
+    assert grown > 0.05, f"too little credit earned after the first feed ({grown:.3f}) to tell the prices apart"
+    assert grown == pytest.approx(with_feed, rel=0.05, abs=0.01), (grown, with_feed, without_feed)
+    assert without_feed > 1.2 * with_feed, f"the feed is not a visible share of a probe here: {with_feed:.3f} {without_feed:.3f}"
 
 
 @pytest.mark.parametrize("extra", [(), ("-md", "DRAFTER", "--spec-type", "ngram-simple")],
