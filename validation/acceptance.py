@@ -88,28 +88,60 @@ def run_limit(timings: Iterable[dict], slots: int = 1) -> dict | None:
     position to the next scored block's, so a parked stretch counts whole, probed once). A token of a
     stretch of L costs the least of verify(slots) (a plain step) and, for n = 1..L,
     (draft(slots) + verify(slots * (n + 1))) / (n + 1) (patch 0013's `draft_pass_cost_ms`,
-    `draft_verify_cost_ms`; all slots drafting alike); against one token per verify(slots) ms.
-    `best_lengths`: the tokens served at each best length; `ms_per_token`: the time a request waits
-    per token at the limit. Tokens before a request's first scored block (and requests with none, a
-    slot parked throughout) are left out: no block says what they would have accepted. None without
-    those fields (a static length, or a build before 0024)."""
-    timings = [t for t in timings if t.get("draft_verify_cost_ms") and t.get("draft_full_tokens_by_accepted")]
-    if not timings:
+    `draft_verify_cost_ms`; all slots drafting alike); against one token per verify(slots) ms. Each
+    response is priced at the costs it carries, its server's when it ran: a run of several servers (new
+    ones every round) is not priced at one server's speed. `best_lengths`: the tokens served at each
+    best length; `verify_ms`: a plain step's price, averaged over the tokens; `ms_per_token`: the time a
+    request waits per token at the limit; `one_length`: the same with every stretch at the one length
+    that serves the run best (its `limit`, `length` and `ms_per_token`): the best static setting at
+    the run's prices and acceptance, priced on one server's clock. Tokens before a request's first
+    scored block (and requests with none, a slot parked throughout) are left out: no block says what
+    they would have accepted. None without those fields (a static length, or a build before 0024)."""
+    timings = list(timings)
+    plain, tokens, spent, lengths = _stretches(timings, slots)
+    if not tokens or spent <= 0:
         return None
-    verify, draft = _costs(max(timings, key=lambda t: len(t["draft_verify_cost_ms"])))
-    plain, tokens, spent, lengths = verify(slots), 0, 0.0, Counter()
-    for t in timings:
-        for accepted, count in enumerate(t["draft_full_tokens_by_accepted"]):
+    one, length = _one_length(timings, slots)
+    return {"limit": round(plain / spent, 3), "best_lengths": {str(n): c for n, c in sorted(lengths.items())},
+            "verify_ms": round(plain / tokens, 3), "slots": slots, "ms_per_token": round(spent / tokens, 6),
+            "one_length": {"limit": round(plain / one, 3), "length": length, "ms_per_token": round(one / tokens, 6)}}
+
+
+def _stretches(timings: list[dict], slots: int) -> tuple[float, int, float, Counter]:
+    """run_limit's sums over the scored stretches: their tokens' price in plain steps, their count, their
+    price at the best length each, and the tokens by that length."""
+    plain = spent = 0.0
+    tokens, lengths = 0, Counter()
+    for t in filter(_priced, timings):
+        verify, draft = _costs(t)
+        for accepted, count in enumerate(t.get("draft_full_tokens_by_accepted") or []):
             if not count:
                 continue
             best = min(range(accepted + 1), key=lambda n: _step_ms(n, slots, verify, draft) / (n + 1))
             tokens += int(count)
+            plain += int(count) * verify(slots)
             spent += int(count) * _step_ms(best, slots, verify, draft) / (best + 1)
             lengths[best] += int(count)
-    if not tokens or spent <= 0:
-        return None
-    return {"limit": round(tokens * plain / spent, 3), "best_lengths": {str(n): c for n, c in sorted(lengths.items())},
-            "verify_ms": round(plain, 3), "slots": slots, "ms_per_token": round(spent / tokens, 6)}
+    return plain, tokens, spent, lengths
+
+
+def _one_length(timings: list[dict], slots: int) -> tuple[float, int]:
+    """The scored stretches' price with the whole run at the one length that serves them best (a step
+    of n emits min(L, n) + 1 tokens of a stretch accepted to L; 0: plain steps), and that length: the
+    best static setting at the run's own prices and acceptance, on one server's clock."""
+    counts = []
+    for t in filter(_priced, timings):
+        verify, draft = _costs(t)
+        counts += [(accepted, int(c), verify, draft)
+                   for accepted, c in enumerate(t.get("draft_full_tokens_by_accepted") or []) if c]
+    price = lambda n: sum(c * _step_ms(n, slots, v, d) / (min(a, n) + 1) for a, c, v, d in counts)  # noqa: E731
+    best = min(range(max((a for a, *_ in counts), default=0) + 1), key=price)
+    return price(best), best
+
+
+def _priced(t: dict) -> bool:
+    """Whether a response carries the costs its controller decided with (patch 0013)."""
+    return bool(t.get("draft_verify_cost_ms"))
 
 
 def _costs(t: dict):
@@ -135,9 +167,11 @@ def time_split(timings: Iterable[dict], slots: int = 1) -> dict | None:
     predicted_ms less the parts: host round trips, batch building, the controller, and with several
     slots their prompts' steps, which the generating slots wait through) and, where the
     responses carry the controller's costs (0013), what was lost below the limit, per generated token:
-    the measured time less the limit's (run_limit) is split exactly into `draft_lengths` (the lengths
-    chosen, at the controller's prices, over the best length per stretch in hindsight; with several
-    slots every step priced as if all chose alike), `draft_passes` (measured draft passes over the
+    the measured time less the limit's (run_limit) is split exactly into `hindsight` (the run at its one
+    best length over each stretch at its own: where blocks would be accepted, which no controller knows
+    before drafting), `draft_lengths` (the lengths chosen, at the controller's prices, over that one
+    length: below 0 where choosing beats the best static length; with several slots every step priced
+    as if all chose alike), `draft_passes` (measured draft passes over the
     price of the steps that drafted: probes, other slots' drafts, passes dearer than priced),
     `target` (the target's steps over their price), `feed`, `sample` and `rest`. None without 0020."""
     timings = [t for t in timings if t.get("spec_time_ms")]
@@ -150,27 +184,32 @@ def time_split(timings: Iterable[dict], slots: int = 1) -> dict | None:
     parts["rest"] = max(generation - sum(parts.values()), 0.0)
     out: dict = {"generation_ms": round(generation, 3), "tokens": tokens,
                  "parts_ms": {k: round(v, 3) for k, v in parts.items()}}
-    limit = run_limit(timings, slots)
-    if limit is not None:
-        verify, draft = _costs(max(timings, key=lambda t: len(t["draft_verify_cost_ms"])))
-        priced_verify = priced_draft = 0.0
+    plain, scored, spent, _ = _stretches(timings, slots)
+    if scored and spent > 0:
+        # each response at its own server's prices, its tokens at the limit at the run's gain over
+        # them (those before its first scored block too: no block says what they would have accepted)
+        gain, one_gain, average = plain / spent, plain / _one_length(timings, slots)[0], plain / scored
+        priced_verify = priced_draft = limit_ms = one_ms = 0.0
         for t in timings:
+            verify, draft = _costs(t) if _priced(t) else (lambda _: average, lambda _: 0.0)
             for n, steps in enumerate(t.get("draft_n_chosen_hist") or []):
                 priced_verify += steps * verify(slots * (n + 1))
                 priced_draft += steps * (draft(slots) if n else 0.0)
-        limit_ms = limit["ms_per_token"] * tokens
-        lost = {"draft_lengths": priced_verify + priced_draft - limit_ms,
+            plain_ms = max(int(t.get("predicted_n") or 0) - 1, 0) * verify(slots)
+            limit_ms, one_ms = limit_ms + plain_ms / gain, one_ms + plain_ms / one_gain
+        lost = {"hindsight": one_ms - limit_ms, "draft_lengths": priced_verify + priced_draft - one_ms,
                 "draft_passes": parts["draft"] - priced_draft,
                 "target": parts["target"] - priced_verify,
                 "feed": parts["feed"], "sample": parts["sample"], "rest": parts["rest"]}
         out["below_limit"] = {"measured_ms_per_token": round(sum(parts.values()) / tokens, 4),
-                              "limit_ms_per_token": round(limit["ms_per_token"], 4),
+                              "limit_ms_per_token": round(limit_ms / tokens, 4),
                               "lost_ms_per_token": {k: round(v / tokens, 4) for k, v in lost.items()}}
     return out
 
 
 def limit_fields(timings: Iterable[dict], speedup: float | None, slots: int = 1) -> dict:
-    """`limit` (run_limit) and `measured_over_limit` for a report's speed section, and `time`
+    """`limit` (run_limit), `measured_over_limit` and `measured_over_one_length_limit` (over the best
+    static length's speedup at the run's prices) for a report's speed section, and `time`
     (time_split) where the responses carry it; {} with neither."""
     timings = list(timings)
     out: dict = {}
@@ -179,8 +218,9 @@ def limit_fields(timings: Iterable[dict], speedup: float | None, slots: int = 1)
     limit = run_limit(timings, slots)
     if limit is None:
         return out
-    ratio = round(speedup / limit["limit"], 3) if speedup is not None and limit["limit"] > 0 else None
-    return {"limit": limit, "measured_over_limit": ratio, **out}
+    over = lambda x: round(speedup / x, 3) if speedup is not None and x > 0 else None  # noqa: E731
+    return {"limit": limit, "measured_over_limit": over(limit["limit"]),
+            "measured_over_one_length_limit": over(limit["one_length"]["limit"]), **out}
 
 
 def time_lines(speed: dict) -> list[str]:
@@ -195,7 +235,8 @@ def time_lines(speed: dict) -> list[str]:
              + f" of {total / 1000:.2f} s generating"]
     if below := time.get("below_limit"):
         lost = below["lost_ms_per_token"]
-        labels = {"draft_lengths": "draft lengths chosen", "draft_passes": "draft passes beyond them (probes, other slots')",
+        labels = {"hindsight": "hindsight (where blocks are accepted)",
+                  "draft_lengths": "draft lengths chosen against the best single length", "draft_passes": "draft passes beyond them (probes, other slots')",
                   "target": "the target's steps beyond their price", "feed": "drafter feed",
                   "sample": "sampling", "rest": "the rest"}
         lines.append(f"below the limit: {below['measured_ms_per_token']:.3f} ms per token against "
@@ -210,7 +251,10 @@ def limit_line(speed: dict) -> str | None:
     if not limit:
         return None
     lengths = ", ".join(f"{n}: {c}" for n, c in limit["best_lengths"].items())
-    ratio = speed.get("measured_over_limit")
-    measured = f"measured / limit {ratio:.2f}" if ratio is not None else "measured / limit: not measured reliably"
+    ratio, over_one = speed.get("measured_over_limit"), speed.get("measured_over_one_length_limit")
+    measured = (f"measured / limit {ratio:.2f}, / the best single length's {over_one:.2f}"
+                if ratio is not None and over_one is not None else "measured / limit: not measured reliably")
+    one = limit.get("one_length")
+    one_length = f", {one['limit']:.2f}x at the best single length (n {one['length']})" if one else ""
     return (f"limit {limit['limit']:.2f}x at the controller's costs with no overhead, each stretch at its best "
-            f"length in hindsight (tokens by length {lengths}); {measured}")
+            f"length in hindsight (tokens by length {lengths}){one_length}; {measured}")

@@ -40,15 +40,21 @@ def test_the_limit_serves_each_stretch_at_its_best_length_in_hindsight():
     # a token of a stretch whose block is accepted to depth L costs min over n <= L of (3 + verify(n + 1)) / (n + 1):
     # L = 0: 10 ms (plain), L = 2: 15 / 3 = 5 ms, L = 4: 17 / 5 = 3.4 ms; against 10 ms a token
     run = _auto(49, [8, 0, 10, 0, 30])
+    # one length for the whole run: n = 4 (17 ms a step) serves the 8 tokens at 17 ms, the 10 at 17 / 3
+    # and the 30 at 3.4: 294.67 ms, where n = 2 (15 ms) takes 8 * 15 + 10 * 5 + 30 * 5 = 320 and n = 0 480
+    one = 8 * 17 + 10 * 17 / 3 + 30 * 3.4
     assert run_limit([run]) == {"limit": round(48 * 10 / 232, 3), "best_lengths": {"0": 8, "2": 10, "4": 30},
-                                "verify_ms": 10.0, "slots": 1, "ms_per_token": round(232 / 48, 6)}
+                                "verify_ms": 10.0, "slots": 1, "ms_per_token": round(232 / 48, 6),
+                                "one_length": {"limit": round(480 / one, 3), "length": 4,
+                                               "ms_per_token": round(one / 48, 6)}}
     # a stretch counts by its tokens, not by its blocks: one probe standing for 40 parked tokens at L = 0
     # weighs 40 against 8 tokens drafted at L = 4 (the per-depth counts of the blocks would weigh 1 against 2)
     parked = run_limit([_auto(49, [40, 0, 0, 0, 8])])
     assert parked["best_lengths"] == {"0": 40, "4": 8} and parked["limit"] == round(48 * 10 / (400 + 8 * 3.4), 3)
     # blocks never accepted, or accepted where even a known length costs more a token than a plain step: 1.0
     assert run_limit([_auto(49, [48])]) == {"limit": 1.0, "best_lengths": {"0": 48}, "verify_ms": 10.0, "slots": 1,
-                                            "ms_per_token": 10.0}
+                                            "ms_per_token": 10.0, "one_length": {
+                                                "limit": 1.0, "length": 0, "ms_per_token": 10.0}}
     dear = run_limit([_auto(49, [0, 0, 48], verify=(10.0, 25.0, 40.0))])
     assert dear["limit"] == 1.0 and dear["best_lengths"] == {"0": 48}
 
@@ -99,3 +105,46 @@ def test_a_static_run_has_its_time_parts_but_no_limit_and_a_stock_build_neither(
         "target": 60.0, "draft": 30.0, "feed": 4.0, "sample": 1.0, "rest": 5.0}}}
     assert len(time_lines(limit_fields([static], 0.9))) == 1
     assert time_split([{k: v for k, v in static.items() if k != "spec_time_ms"}]) is None
+
+
+def test_each_response_is_priced_at_its_own_servers_costs():
+    """Two new servers of one run (fresh rounds), one twice as slow: each made 40 tokens at its own
+    prices (its target's steps and draft passes took what they were priced at). Priced at one server's table, the slow one's steps would read as
+    the target's steps beyond their price and the fast one's as time saved."""
+    def run(scale: float) -> dict:
+        priced = scale * (4 * 10 + 12 * (3 + 14))
+        return {**_auto(41, [0, 0, 0, 0, 40], verify=[scale * v for v in (10.0, 11.0, 12.0, 13.0, 14.0)],
+                        draft=(scale * 3.0,)),
+                "draft_n_chosen_hist": [4, 0, 0, 0, 12], "predicted_ms": priced,
+                "spec_time_ms": {"target": scale * 208.0, "draft": scale * 36.0, "feed": 0.0, "sample": 0.0}}
+    runs = [run(1.0), run(2.0)]
+    limit = run_limit(runs)
+    assert limit["limit"] == round(10 / 3.4, 3) and limit["verify_ms"] == 15.0
+    lost = time_split(runs)["below_limit"]["lost_ms_per_token"]
+    assert lost["target"] == 0.0 and lost["draft_passes"] == 0.0
+    # the lengths chosen, each at its server's prices (244 and 488 ms), against 40 tokens at 3.4 and 6.8 ms
+    assert lost["draft_lengths"] == pytest.approx((244 + 488 - 40 * 3.4 - 40 * 6.8) / 80, abs=1e-3)
+
+
+def test_hindsight_is_what_the_best_single_length_loses_to_each_stretch_at_its_own():
+    """Two requests of 47 tokens after their first, stretches accepted to 0, 2 and 4 (8, 9 and 30 tokens)
+    in the first and 4 (47) in the second. The best single length is n = 4: 8 + 3 + 6 steps of 17 ms
+    (289 ms; n = 2 would take 8 * 15 + 9 * 5 + 30 * 5 = 315) and 47 * 3.4 = 159.8 ms, against 8 * 10 +
+    9 * 5 + 30 * 3.4 = 227 ms with each stretch of the first at its own best length. The first request
+    ran at n = 4 throughout: its 62 ms between are hindsight. The second chose a plain step and 10 steps
+    at n = 4: 180 ms against the 159.8 n = 4 throughout would have taken."""
+    first = {**_auto(48, [8, 0, 9, 0, 30]), "draft_n_chosen_hist": [0, 0, 0, 0, 17], "predicted_ms": 289.0,
+             "spec_time_ms": {"target": 17 * 14.0, "draft": 17 * 3.0, "feed": 0.0, "sample": 0.0}}
+    second = {**_auto(48, [0, 0, 0, 0, 47]), "draft_n_chosen_hist": [1, 0, 0, 0, 10], "predicted_ms": 180.0,
+              "spec_time_ms": {"target": 10.0 + 10 * 14.0, "draft": 10 * 3.0, "feed": 0.0, "sample": 0.0}}
+    speed = limit_fields([first, second], 1.5)
+    one = 289 + 47 * 3.4
+    assert speed["limit"]["one_length"] == {"limit": round(940 / one, 3), "length": 4, "ms_per_token": round(one / 94, 6)}
+    lost = speed["time"]["below_limit"]["lost_ms_per_token"]
+    assert lost["hindsight"] == pytest.approx((289 - 227) / 94, abs=1e-3)
+    assert lost["draft_lengths"] == pytest.approx((10 + 170 - 47 * 3.4) / 94, abs=1e-3)
+    assert lost["target"] == lost["draft_passes"] == 0.0
+    assert speed["measured_over_one_length_limit"] == round(1.5 / round(940 / one, 3), 3)
+    line = limit_line(speed)
+    assert "2.09x at the best single length (n 4)" in line and "/ the best single length's 0.72" in line
+    assert "hindsight (where blocks are accepted) +0.660" in time_lines(speed)[1]
