@@ -23,8 +23,9 @@ few pairs is not measured further.
                               then midpoints around the best (coarse to fine)
     4 p_min                   a few confidence cut-offs at the best length
     5 controller              --spec-draft-n-max auto (ggml_patches/0008: the length chosen per
-                              step from live acceptance and measured costs), reported beside the
-                              static settings and preferred within CONTROLLER_MARGIN of the best
+                              step from live acceptance and measured costs), and again at the best
+                              chain's p_min where it has one; reported beside the static settings,
+                              the faster preferred within CONTROLLER_MARGIN of the best
     6 draft tree              --spec-tree-budget 8, 16, 32 (ggml_patches/0009: a tree of drafts from
                               the drafter's one pass, verified in one batch) at the trained length;
                               DFlash and DFlash 2 drafters only (a DSpark drafter verifies the chain)
@@ -272,12 +273,23 @@ def best_drafting(candidates: Sequence[Candidate]) -> Candidate | None:
                                   -(c.setting.threads or 0)), default=None)
 
 
+def controller_settings(best: Candidate | None, auto: Setting) -> list[Setting]:
+    """The controller's settings to measure: `auto`, and beside it `auto` at the p_min of the best chain
+    measured so far where that chain has one (the drafter's confidence cuts each block, so the
+    controller chooses among lengths the drafter is sure of: docs/speed.md#the-controller-and-p_min)."""
+    p_min = best.setting.p_min if best is not None and best.setting.tree_budget is None else None
+    return [auto] + ([dataclasses.replace(auto, p_min=p_min)] if p_min is not None and auto.p_min is None else [])
+
+
 def with_controller(best: Candidate, candidates: Sequence[Candidate]) -> Candidate:
-    """The controller's candidate instead of `best` when it measured within CONTROLLER_MARGIN of it."""
+    """The fastest of the controller's candidates instead of `best` when it measured within
+    CONTROLLER_MARGIN of it."""
     auto = [c for c in candidates if c.setting.drafting and c.setting.draft_max == AUTO and c.error is None
             and c.ratios and not c.stalled and not c.abandoned]
-    if auto and best is not None and best.speedup is not None and auto[0].speedup >= best.speedup * CONTROLLER_MARGIN:
-        return auto[0]
+    fastest = max(auto, key=lambda c: c.speedup, default=None)
+    if fastest is not None and best is not None and best.speedup is not None \
+            and fastest.speedup >= best.speedup * CONTROLLER_MARGIN:
+        return fastest
     return best
 
 
@@ -612,7 +624,8 @@ class _Tuner:
                         break
                     self.stage(reference, f"draft length, refine {i + 1}", [spec(t_best, n) for n in more])
             if not n_fixed and not self.over_budget():
-                self.stage(reference, "controller", [spec(t_best, AUTO)])
+                self.stage(reference, "controller", controller_settings(best_drafting(self.candidates.values()),
+                                                                        spec(t_best, AUTO)))
             elif not n_fixed:
                 stopped = stopped or "controller"
             if tree_open and not self.over_budget():

@@ -25,6 +25,7 @@ from dflash_gguf.runner.tune import (
     Candidate,
     Setting,
     best_drafting,
+    controller_settings,
     draft_grid,
     faster_alone,
     drafting_pays,
@@ -144,6 +145,22 @@ def test_the_controller_is_a_setting_of_its_own_and_is_served_within_three_perce
     assert with_controller(static, [static, far]) is static
     stopped = Candidate(auto, ratios=[1.40], abandoned=True)
     assert with_controller(static, [static, stopped]) is static
+
+
+def test_the_controller_is_measured_again_at_the_best_chains_p_min_and_the_faster_is_served():
+    auto = Setting(True, threads=1, draft_max="auto")
+    chain = Candidate(Setting(True, 1, 7, 0.8), ratios=[1.90, 1.90, 1.90])
+    assert controller_settings(chain, auto) == [auto, Setting(True, 1, "auto", 0.8)]
+    assert Setting(True, 1, "auto", 0.8).server_args() == ["-t", "1", "--spec-draft-p-min", "0.8"]
+    # no p_min on the best chain (or none measured, or a tree's): the controller alone
+    assert controller_settings(Candidate(Setting(True, 1, 7), ratios=[1.5]), auto) == [auto]
+    assert controller_settings(None, auto) == [auto]
+    tree = Candidate(Setting(True, 1, 7, 0.8, tree_budget=16), ratios=[2.0])
+    assert controller_settings(tree, auto) == [auto]
+    # the faster of the two is the controller compared with the best static setting
+    plain, confident = Candidate(auto, ratios=[1.81] * 3), Candidate(Setting(True, 1, "auto", 0.8), ratios=[2.19] * 3)
+    assert with_controller(chain, [chain, plain, confident]) is confident
+    assert with_controller(chain, [chain, plain]) is chain  # 1.81 < 0.97 * 1.90
 
 
 def test_draft_max_auto_reaches_llama_server_and_reports(tiny_pair):
@@ -342,8 +359,10 @@ def test_quick_tune_on_the_trained_pair_is_saved_and_serve_runs_it(trained_pair:
     assert result["settings"]["draft_length"] == longest == 7
     lengths = {c["setting"]["draft_max"] for c in result["candidates"] if c["setting"]["drafting"]}
     assert lengths == {*draft_grid(longest), "auto"}  # the static lengths, and the controller beside them
-    (controller,) = [c for c in result["candidates"] if c["setting"]["draft_max"] == "auto"]
-    assert controller["stages"] == ["controller"] and controller["error"] is None
+    # the controller, and again at the p_min of the best chain before it where that chain has one
+    controllers = [c for c in result["candidates"] if c["setting"]["draft_max"] == "auto"]
+    assert all(c["stages"] == ["controller"] and c["error"] is None for c in controllers)
+    assert [c["setting"]["p_min"] for c in controllers] in ([None], [None, 0.5])
     assert any(c["setting"]["p_min"] == 0.5 for c in result["candidates"])
     # the tree at the trained length, whatever chain length won: a tree verifies its budget at any depth
     trees = [c for c in result["candidates"] if c["setting"]["tree_budget"]]
