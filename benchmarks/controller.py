@@ -12,10 +12,12 @@ Prompt sets and pairs: benchmarks/prompt_sets.py (`chat`, `code`, `mixed`, `writ
 
     python -m benchmarks.controller [--pair smollm2|trained|memory-bound] [--types F16] [--drafters dflash2] [--sets chat,code,mixed]
                                     [--rounds 3] [--n-predict 64] [--prompts 4]
-                                    [--static 1,3,block|none] [--fresh] [--alone-again]
+                                    [--static 1,3,block|none] [--fresh] [--alone-again] [--p-min P]
 
 `--alone-again` adds a second target-alone server to the same rounds: its ratio to the first (median and
-95 % interval) is what two servers with no difference measure here, beside auto's.
+95 % interval) is what two servers with no difference measure here, beside auto's. `--p-min P` gives the
+static lengths `--spec-draft-p-min P` and adds `auto` with it beside `auto` without
+(docs/speed.md#the-controller-and-p_min).
 
 JSON on stdout, progress on stderr; docs/speed.md#the-draft-length-controller shows the table.
 """
@@ -40,29 +42,39 @@ from benchmarks.prompt_sets import pair_files, prompt_set
 
 ALONE = "alone"
 ALONE_AGAIN = "alone (again)"
+P_MIN = "--spec-draft-p-min"
 
 
-def settings(draft: Path, statics: str = "1,3,block") -> dict[str, int | str]:
-    """Each server's --spec-draft-n-max by name (the target alone has none); `statics`: the static
-    lengths measured beside auto ("block": the drafter's whole draft; "none": auto alone)."""
+def settings(draft: Path, statics: str = "1,3,block", p_min: float | None = None) -> dict[str, tuple[int | str, list[str]]]:
+    """Each drafting server's --spec-draft-n-max and added flags by name; `statics`: the static lengths
+    measured beside auto ("block": the drafter's whole draft; "none": auto alone); `p_min`: the static
+    lengths at that --spec-draft-p-min, and auto with it beside auto without."""
     longest = read_draft(draft).draft_length
     wanted = {longest if x == "block" else int(x) for x in statics.split(",") if x != "none"}
     lengths = sorted(wanted & set(range(1, longest + 1)))
-    return {**{f"n {n}": n for n in lengths}, AUTO: AUTO}
+    cut = [P_MIN, f"{p_min:g}"] if p_min is not None else []
+    label = f" p_min {p_min:g}" if p_min is not None else ""
+    return {**{f"n {n}{label}": (n, cut) for n in lengths}, AUTO: (AUTO, []),
+            **({auto_p_min(p_min): (AUTO, cut)} if p_min is not None else {})}
+
+
+def auto_p_min(p_min: float) -> str:
+    return f"{AUTO} p_min {p_min:g}"
 
 
 def measure(target: Path, draft: Path, texts: list, rounds: int, n_predict: int, bin_dir: Path,
             statics: str = "1,3,block", other_builds: dict[str, Path] | None = None, fresh: bool = False,
-            alone_again: bool = False) -> dict:
+            alone_again: bool = False, p_min: float | None = None) -> dict:
     """`other_builds`: label -> another build's bin folder whose auto runs beside this build's
     (as "auto (label)"), to measure a change of the controller side by side; `fresh`: new servers for
     each round (runner/speed.py RoundServers); `alone_again`: a second target-alone server in the same
-    rounds (an A/A pair: its ratio to the first is the spread of two servers with no difference)."""
+    rounds (an A/A pair: its ratio to the first is the spread of two servers with no difference);
+    `p_min`: settings()'s."""
     launches = {ALONE: launch_recipe(target, None, server_args=["-c", "4096"])}
     if alone_again:
         launches[ALONE_AGAIN] = launches[ALONE]
-    for name, n_max in settings(draft, statics).items():
-        launches[name] = launch_recipe(target, draft, draft_max=n_max, server_args=["-c", "4096"], check=False)
+    for name, (n_max, flags) in settings(draft, statics, p_min).items():
+        launches[name] = launch_recipe(target, draft, draft_max=n_max, server_args=["-c", "4096", *flags], check=False)
     bins = {name: bin_dir for name in launches}
     for label, other in (other_builds or {}).items():
         launches[f"{AUTO} ({label})"], bins[f"{AUTO} ({label})"] = launches[AUTO], other
@@ -101,7 +113,14 @@ def measure(target: Path, draft: Path, texts: list, rounds: int, n_predict: int,
                 "range": [round(min(rs), 3), round(max(rs), 3)]}
 
     auto = judged(AUTO, ALONE)
+    confident = auto_p_min(p_min) if p_min is not None else None
     return {"tokens_per_second": speed, "best_static": best,
+            **({"auto_p_min": {"p_min": p_min, "over_alone": judged(confident, ALONE),
+                               "over_auto": round(statistics.median(ratio(confident, AUTO)), 3),
+                               "over_auto_interval": [round(x, 3) for x in median_interval(ratio(confident, AUTO))],
+                               "over_best_static": round(statistics.median(ratio(confident, best)), 3) if best else None,
+                               "drafting": timings_profile(c.timings for c in answers[confident])}}
+               if confident else {}),
             **({"alone_again_over_alone": spread(ALONE_AGAIN)} if alone_again else {}),
             "auto_over_alone": auto,
             "auto_over_alone_median": median_below_tau(AUTO),
@@ -130,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fresh", action="store_true", help="new servers for every round (runner/speed.py RoundServers)")
     parser.add_argument("--other-build", action="append", default=[], metavar="LABEL=BIN_DIR",
                         help="another build's auto beside this build's, e.g. before=~/.cache/dflash-gguf/llama/<key>/bin")
+    parser.add_argument("--p-min", type=float, default=None,
+                        help="--spec-draft-p-min for the static lengths, and auto with it beside auto without")
     parser.add_argument("--alone-again", action="store_true",
                         help="a second target-alone server in the same rounds: what two servers with no difference "
                              "measure (an A/A pair), beside auto's ratio")
@@ -143,10 +164,15 @@ def main(argv: list[str] | None = None) -> None:
             for name in args.sets.split(","):
                 progress(f"{qtype} {drafter} {name}")
                 row = measure(files[qtype], files[drafter], prompt_set(name, args.prompts), args.rounds,
-                              args.n_predict, bin_dir, args.static, others, args.fresh, args.alone_again)
+                              args.n_predict, bin_dir, args.static, others, args.fresh, args.alone_again, args.p_min)
                 rows.append({"pair": args.pair, "type": qtype, "drafter": drafter, "set": name, **row})
                 beside = f"; {row['auto_over_best_static']}x the best static ({row['best_static']})" if row["best_static"] else ""
                 progress(f"{qtype} {drafter} {name}: auto against the target alone {shown(row['auto_over_alone'])}{beside}")
+                if "auto_p_min" in row:
+                    ap = row["auto_p_min"]
+                    progress(f"{qtype} {drafter} {name}: auto p_min {ap['p_min']:g} against the target alone "
+                             f"{shown(ap['over_alone'])}; {ap['over_auto']}x auto (95 % interval "
+                             f"{ap['over_auto_interval'][0]}-{ap['over_auto_interval'][1]})")
                 if args.alone_again:
                     aa = row["alone_again_over_alone"]
                     progress(f"{qtype} {drafter} {name}: a second target alone against the first {aa['median']}x "

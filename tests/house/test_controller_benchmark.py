@@ -31,3 +31,18 @@ def test_without_it_the_row_has_no_a_a_pair(tmp_path, llama_bin):
     row = controller.measure(files["target"], files["dflash2"], read_prompts(files["prompts"])[:1], rounds=1,
                              n_predict=4, bin_dir=llama_bin, statics="none")
     assert "alone_again_over_alone" not in row and controller.ALONE_AGAIN not in row["tokens_per_second"]
+
+
+def test_p_min_cuts_the_static_lengths_and_measures_auto_with_it_beside_auto(tmp_path, llama_bin):
+    files = trained_ggufs(tmp_path)
+    assert controller.settings(files["dflash2"], "block", 0.8) == {
+        "n 7 p_min 0.8": (7, ["--spec-draft-p-min", "0.8"]), "auto": ("auto", []),
+        "auto p_min 0.8": ("auto", ["--spec-draft-p-min", "0.8"])}
+    row = controller.measure(files["target"], files["dflash2"], read_prompts(files["prompts"])[:1], rounds=1,
+                             n_predict=8, bin_dir=llama_bin, statics="block", p_min=0.8)
+    assert set(row["tokens_per_second"]) == {controller.ALONE, "n 7 p_min 0.8", "auto", "auto p_min 0.8"}
+    assert row["best_static"] == "n 7 p_min 0.8"
+    ap = row["auto_p_min"]
+    assert ap["p_min"] == 0.8 and ap["over_auto"] > 0 and ap["over_best_static"] > 0 and ap["drafting"]["steps"] > 0
+    # every setting's tokens are the target alone's: p_min only shortens what is verified
+    assert row["identical"] == {"n 7 p_min 0.8": True, "auto": True, "auto p_min 0.8": True}, row["identical"]
