@@ -40,9 +40,11 @@
   the counts carried from the last request's end.
 - 0026-spec-auto-probe-priced-with-its-feed: a parked slot's probe is priced with the feed of the features it kept,
   so its probes keep to 0022's budget.
+- 0027-spec-auto-calibrate-whole-blocks: with `--spec-draft-p-min`, auto's start-up calibration verifies whole
+  blocks; p_min cuts the later ones as before.
 
 `DFLASH_GGUF_TEST_LLAMA_BIN=<bin dir> pytest tests/runner/test_patches.py` runs the same tests against the
-programs of another build; against an unpatched build of the pinned tree all 27 fail (the two of 0006 only on a CPU with AMX).
+programs of another build; against an unpatched build of the pinned tree all 28 fail (the two of 0006 only on a CPU with AMX).
 """
 
 from __future__ import annotations
@@ -858,6 +860,69 @@ def test_draft_length_auto_prices_a_probe_with_its_feed(llama_bin: Path, trained
     assert grown > 0.05, f"too little credit earned after the first feed ({grown:.3f}) to tell the prices apart"
     assert grown == pytest.approx(with_feed, rel=0.05, abs=0.01), (grown, with_feed, without_feed)
     assert without_feed > 1.2 * with_feed, f"the feed is not a visible share of a probe here: {with_feed:.3f} {without_feed:.3f}"
+
+
+# 0027: a decision line, or the line logged where p_min keeps less of a drafted block than its whole
+AUTO_OR_P_MIN = re.compile(r"spec auto: slot=0 n=\d+ parked=[01] E=[\d.]+ cost_ms=[\d.]+ why=(\w+)"
+                           r"|spec auto p_min: slot=0 i0=(\d+) n=(\d+) confident=(\d+) verify=(\d+)")
+CALIBRATION_VERIFY = re.compile(AUTO_LINE.pattern + r"|spec auto cost: verify size=(\d+)")
+P_MIN_0027 = "0.999"  # the trained DFlash 2 is sure of its blocks: 0.9 cut one block in two requests, 0.999 cuts most
+
+
+def test_draft_length_auto_with_p_min_calibrates_on_whole_blocks(llama_bin: Path, trained_pair: dict[str, Path],
+                                                                 tmp_path: Path):
+    """Patch 0027: with `--spec-draft-p-min`, auto's start-up calibration verifies its 4 blocks whole, whatever
+    p_min keeps of them, so the full verify batch is priced by the least of 4 samples (0015), not by one cold
+    one, and those blocks are scored whole; after it p_min cuts the blocks as before (a `spec auto p_min:` line
+    where it keeps less than the slot chose); the tokens are the target alone's. Unpatched: p_min cut the
+    calibration's blocks (the full batch priced by one sample: a server could start parked), no such line."""
+    from training.fixtures.trained_gguf import held_out_prompts
+
+    prompts = held_out_prompts()[:2]
+    common = ["--parallel", "1", "-c", "1024", "-t", "1"]
+    auto = ["-md", trained_pair["dflash2"], "--spec-type", "draft-dflash", "--spec-draft-n-max", "auto",
+            "--spec-draft-p-min", P_MIN_0027, "-lv", "5"]
+    runs: dict[str, list] = {}
+    for name, args in (("alone", common), ("auto", common + auto)):
+        with LlamaServer(trained_pair["target"], args, bin_dir=llama_bin, log_path=tmp_path / f"{name}.log") as server:
+            runs[name] = [server.client.complete(p, 96, ignore_eos=True) for p in prompts]
+    for alone, answer in zip(runs["alone"], runs["auto"]):
+        assert answer.tokens == alone.tokens
+    log = (tmp_path / "auto.log").read_text(errors="replace")
+
+    # each step's decision line, then its verify batch's cost line: the calibration's 4 drafting steps verify 8 tokens
+    sizes, calibrating_now = [], False
+    for _, n, _, _, _, why, size in CALIBRATION_VERIFY.findall(log):
+        if why:
+            calibrating_now = why == "calibrate" and n == "7"
+        elif calibrating_now:
+            sizes.append(int(size))
+            calibrating_now = False
+    assert sizes == [8, 8, 8, 8], f"the calibration's verify batches, 1 token and 7 drafted each: {sizes}"
+
+    def trims(text: str) -> list[tuple[str, int, int, int, int]]:
+        found, why = [], ""
+        for reason, i0, n, confident, verify in AUTO_OR_P_MIN.findall(text):
+            if reason:
+                why = reason
+            else:
+                found.append((why, int(i0), int(n), int(confident), int(verify)))
+        return found
+
+    calibrating = [t for t in trims(log) if t[0] == "calibrate"]
+    assert calibrating, f"p_min {P_MIN_0027} kept every calibration block whole: nothing to tell apart"
+    assert all(verify == n == 7 for _, _, n, _, verify in calibrating), calibrating
+    later = [t for t in trims(log) if t[0] != "calibrate"]
+    assert later and all(verify == confident < n for _, _, n, confident, verify in later), later[:8]
+    # scored as verified: a calibration block past its confident prefix, the later ones within it (request by
+    # request: a slot's i0 restarts at each)
+    whole, cut = [], []
+    for request in log.split("stop processing"):
+        scored = {int(i0): int(a) for i0, a in AUTO_SCORED.findall(request)}
+        for why, i0, _, confident, _ in trims(request):
+            if i0 in scored:
+                (whole if why == "calibrate" else cut).append((scored[i0], confident))
+    assert any(a > c for a, c in whole) and cut and all(a <= c for a, c in cut), (whole, cut)
 
 
 @pytest.mark.parametrize("extra", [(), ("-md", "DRAFTER", "--spec-type", "ngram-simple")],
