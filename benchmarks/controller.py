@@ -65,8 +65,8 @@ def auto_p_min(p_min: float) -> str:
 def measure(target: Path, draft: Path, texts: list, rounds: int, n_predict: int, bin_dir: Path,
             statics: str = "1,3,block", other_builds: dict[str, Path] | None = None, fresh: bool = False,
             alone_again: bool = False, p_min: float | None = None) -> dict:
-    """`other_builds`: label -> another build's bin folder whose auto runs beside this build's
-    (as "auto (label)"), to measure a change of the controller side by side; `fresh`: new servers for
+    """`other_builds`: label -> another build's bin folder whose auto (and auto at `p_min`) runs beside
+    this build's (as "auto (label)", "auto p_min P (label)"), to measure a change of the controller side by side; `fresh`: new servers for
     each round (runner/speed.py RoundServers); `alone_again`: a second target-alone server in the same
     rounds (an A/A pair: its ratio to the first is the spread of two servers with no difference);
     `p_min`: settings()'s."""
@@ -76,8 +76,10 @@ def measure(target: Path, draft: Path, texts: list, rounds: int, n_predict: int,
     for name, (n_max, flags) in settings(draft, statics, p_min).items():
         launches[name] = launch_recipe(target, draft, draft_max=n_max, server_args=["-c", "4096", *flags], check=False)
     bins = {name: bin_dir for name in launches}
+    autos = [AUTO] + ([auto_p_min(p_min)] if p_min is not None else [])
     for label, other in (other_builds or {}).items():
-        launches[f"{AUTO} ({label})"], bins[f"{AUTO} ({label})"] = launches[AUTO], other
+        for name in autos:
+            launches[f"{name} ({label})"], bins[f"{name} ({label})"] = launches[name], other
     with launches[ALONE].server(bin_dir=bin_dir) as server:
         ids = tokenize_prompts(server.client, texts)
     makers = {name: (lambda launch=launch, b=bins[name]: launch.server(bin_dir=b)) for name, launch in launches.items()}
@@ -125,8 +127,8 @@ def measure(target: Path, draft: Path, texts: list, rounds: int, n_predict: int,
             "auto_over_alone": auto,
             "auto_over_alone_median": median_below_tau(AUTO),
             "other_builds": {n: {"over_alone": judged(n, ALONE), "over_alone_median": median_below_tau(n),
-                                 "this_build_over_it": round(statistics.median(ratio(AUTO, n)), 3)}
-                             for n in names if n.startswith(f"{AUTO} (")},
+                                 "this_build_over_it": round(statistics.median(ratio(n.rsplit(" (", 1)[0], n)), 3)}
+                             for n in names if n.startswith(AUTO) and n.endswith(")")},
             "best_static_over_alone": judged(best, ALONE) if best else None,
             "auto_over_best_static": round(statistics.median(ratio(AUTO, best)), 3) if best else None,
             "auto_drafting": timings_profile(c.timings for c in answers[AUTO]),
@@ -173,6 +175,9 @@ def main(argv: list[str] | None = None) -> None:
                     progress(f"{qtype} {drafter} {name}: auto p_min {ap['p_min']:g} against the target alone "
                              f"{shown(ap['over_alone'])}; {ap['over_auto']}x auto (95 % interval "
                              f"{ap['over_auto_interval'][0]}-{ap['over_auto_interval'][1]})")
+                for other, o in row["other_builds"].items():
+                    progress(f"{qtype} {drafter} {name}: {other} against the target alone {shown(o['over_alone'])}; "
+                             f"this build's over it {o['this_build_over_it']}x")
                 if args.alone_again:
                     aa = row["alone_again_over_alone"]
                     progress(f"{qtype} {drafter} {name}: a second target alone against the first {aa['median']}x "

@@ -1,5 +1,6 @@
 """benchmarks/controller.py: the draft-length controller beside the target alone, with `--alone-again`'s
-second target-alone server in the same rounds (an A/A pair that shows the rounds' own spread)."""
+second target-alone server in the same rounds (an A/A pair that shows the rounds' own spread), `--p-min`'s
+settings and `--other-build`'s autos."""
 
 from __future__ import annotations
 
@@ -46,3 +47,12 @@ def test_p_min_cuts_the_static_lengths_and_measures_auto_with_it_beside_auto(tmp
     assert ap["p_min"] == 0.8 and ap["over_auto"] > 0 and ap["over_best_static"] > 0 and ap["drafting"]["steps"] > 0
     # every setting's tokens are the target alone's: p_min only shortens what is verified
     assert row["identical"] == {"n 7 p_min 0.8": True, "auto": True, "auto p_min 0.8": True}, row["identical"]
+
+
+def test_another_build_runs_auto_and_auto_at_p_min_beside_this_builds(tmp_path, llama_bin):
+    files = trained_ggufs(tmp_path)
+    row = controller.measure(files["target"], files["dflash2"], read_prompts(files["prompts"])[:1], rounds=1,
+                             n_predict=8, bin_dir=llama_bin, statics="none", other_builds={"twin": llama_bin}, p_min=0.8)
+    assert set(row["other_builds"]) == {"auto (twin)", "auto p_min 0.8 (twin)"}, row["other_builds"]
+    assert all(o["this_build_over_it"] > 0 for o in row["other_builds"].values())
+    assert row["identical"] == {"auto": True, "auto p_min 0.8": True, "auto (twin)": True, "auto p_min 0.8 (twin)": True}
