@@ -330,9 +330,10 @@ def test_draft_length_auto_is_identical_and_parks(llama_bin: Path, trained_pair:
     steps) the controller parks, drafting a block now and then only to score it (a probe, as often as
     0014 and 0022 allow).
     Unpatched: "auto" is not a number and llama-server exits at argument parsing."""
-    from training.fixtures.trained_gguf import held_out_prompts
-
-    prompts = held_out_prompts()[:3]
+    # random hexadecimal digits: nothing for a drafter to learn, so parking wins on any machine (on a slow
+    # memory bus the held-out prompts drafted: a plain step cost 1.8 ms against 9.1 for 7 tokens accepted ~7 deep)
+    rng = random.Random(0)
+    prompts = [" ".join(f"{rng.getrandbits(32):08x}" for _ in range(40)) for _ in range(3)]
     common = ["--parallel", "1", "-c", "1024", "-t", "1"]
     spec = ["-md", trained_pair["dflash2"], "--spec-type", "draft-dflash"]
     runs: dict[str, list] = {}
